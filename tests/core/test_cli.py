@@ -1,0 +1,404 @@
+"""``keyseed generate`` and ``keyseed evaluate`` as a data owner and a recipient run them.
+
+Errors are checked through ``app.cli.main`` (exit code, stderr); the end-to-end runs
+start the installed ``keyseed`` command in a subprocess, on a slice of AG News.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+LABELS = ("World", "Sports", "Business", "Sci/Tech")
+WORDS = {
+    "World": ["election", "minister", "troops", "embassy", "parliament"],
+    "Sports": ["match", "goal", "coach", "tournament", "season"],
+    "Business": ["shares", "profit", "market", "merger", "earnings"],
+    "Sci/Tech": ["software", "internet", "chip", "space", "research"],
+}
+
+
+def write_csv(path: Path, rows: list[dict[str, str]], fields: list[str]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> dict[str, Path]:
+    """A tiny labelled corpus and a vocabulary file that covers it."""
+    rows = []
+    for label, words in WORDS.items():
+        for i in range(12):
+            rows.append(
+                {
+                    "title": f"{words[i % 5]} news",
+                    "body": f"{words[(i + 2) % 5]} today",
+                    "class": label,
+                }
+            )
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join([w for ws in WORDS.values() for w in ws] + ["news", "today"]))
+    return {
+        "input": write_csv(tmp_path / "in.csv", rows, ["title", "body", "class"]),
+        "vocab": vocab,
+        "out": tmp_path / "out.jsonl",
+    }
+
+
+def generate_args(small: dict[str, Path], *extra: str) -> list[str]:
+    return [
+        "generate",
+        "--input",
+        str(small["input"]),
+        "--text-column",
+        "title",
+        "--text-column",
+        "body",
+        "--label-column",
+        "class",
+        "--vocabulary",
+        str(small["vocab"]),
+        "--epsilon-vocab",
+        "2",
+        "--epsilon-kde",
+        "4",
+        "--output",
+        str(small["out"]),
+        "--vocabulary-size",
+        "10",
+        "--sequence-length",
+        "3",
+        "--per-class",
+        "5",
+        "--num-features",
+        "128",
+        *extra,
+    ]
+
+
+def outputs_absent(out: Path) -> bool:
+    left = [p.name for p in out.parent.iterdir() if p.name.startswith((out.name, f".{out.name}"))]
+    manifest = out.with_name(out.stem + ".manifest.json")
+    return not out.exists() and not manifest.exists() and not left
+
+
+def test_generate_writes_records_and_manifest(small: dict[str, Path]) -> None:
+    assert main(generate_args(small, "--seed", "3")) == 0
+    records = [json.loads(line) for line in small["out"].read_text().splitlines()]
+    assert len(records) == 5 * len(LABELS)
+    assert {r["label"] for r in records} == set(LABELS)
+    for r in records:
+        assert len(r["keyphrases"]) == 3
+        assert r["text"] == " ".join(r["keyphrases"])
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    assert manifest["privacy"]["epsilon_total"] == pytest.approx(6.0)
+    assert manifest["privacy"]["epsilon_by_mechanism"] == pytest.approx(
+        {"vocabulary": 2.0, "kde": 4.0}
+    )
+    assert manifest["parameters"]["seed"] == 3
+    assert manifest["labels"]["source"] == "input"
+    assert manifest["prompting"] == {"llm": "none"}
+    assert manifest["documents_written"] == len(records)
+    with open(small["input"], newline="", encoding="utf-8") as handle:
+        documents = [f"{r['title']}. {r['body']}" for r in csv.DictReader(handle)]
+    dumped = json.dumps(manifest)
+    assert not any(doc in dumped for doc in documents)  # no private text in the manifest
+
+
+def test_declared_labels_are_used_and_reported(small: dict[str, Path]) -> None:
+    declared = "World,Sports,Business,Sci/Tech,Health"
+    assert main(generate_args(small, "--labels", declared)) == 0
+    labels = {json.loads(x)["label"] for x in small["out"].read_text().splitlines()}
+    assert labels == {*LABELS, "Health"}  # a declared class with no document still appears
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    assert manifest["labels"] == {"names": declared.split(","), "source": "declared"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        (["--epsilon-kde", "0"], "--epsilon-kde"),
+        (["--epsilon-kde", "-1"], "--epsilon-kde"),
+        (["--epsilon-vocab", "inf"], "--epsilon-vocab"),
+        (["--epsilon-vocab", "nan"], "--epsilon-vocab"),
+        (["--vocabulary-size", "500"], "--vocabulary-size"),
+        (["--temperature", "0"], "--temperature"),
+        (["--sequence-length", "0"], "--sequence-length"),
+        (["--per-class", "0"], "--per-class"),
+    ],
+)
+def test_bad_options_name_the_option_and_write_nothing(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], extra: list[str], option: str
+) -> None:
+    assert main(generate_args(small, *extra)) != 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {option}:"), err
+    assert outputs_absent(small["out"])
+
+
+def test_missing_column_is_named(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = generate_args(small)
+    args[args.index("class")] = "label"
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert "--label-column" in err and "'label'" in err and "title" in err
+    assert outputs_absent(small["out"])
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"", "is empty"),
+        (b"title,body,class\n", "no document"),
+        (b"title,body,class\ncaf\xe9,x,World\n", "not valid UTF-8 (first bad byte on line 2)"),
+        (b"title,body,class\nmatch,goal,\n", "empty label (rows 1)"),
+    ],
+)
+def test_bad_input_files(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], content: bytes, needle: str
+) -> None:
+    small["input"].write_bytes(content)
+    assert main(generate_args(small)) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: --input:") or err.startswith("error: --label-column:"), err
+    assert needle in err
+    assert outputs_absent(small["out"])
+
+
+def test_no_document_matches_the_vocabulary(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    small["vocab"].write_text("\n".join(f"zzz{i}" for i in range(20)))
+    assert main(generate_args(small)) != 0
+    assert "error: --vocabulary: no document contains a phrase" in capsys.readouterr().err
+    assert outputs_absent(small["out"])
+
+
+def test_small_class_and_unmatched_documents_warn_the_owner(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with open(small["input"], "a", encoding="utf-8") as handle:
+        handle.write("nothing known,here either,World\nshares up,profit,Health\n")
+    assert main(generate_args(small)) == 0
+    err = capsys.readouterr().err
+    assert "1 of 50 documents contain no phrase" in err
+    assert "label 'Health' has 1 document(s)" in err
+    manifest = small["out"].with_name("out.manifest.json").read_text()
+    assert "Health" in manifest and "document(s)" not in manifest
+
+
+def test_output_must_be_jsonl_in_an_existing_folder(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = generate_args(small)
+    args[args.index(str(small["out"]))] = str(small["out"].with_suffix(".csv"))
+    assert main(args) != 0
+    assert "error: --output: must name a .jsonl file" in capsys.readouterr().err
+    args[args.index(str(small["out"].with_suffix(".csv")))] = "/nonexistent/dir/out.jsonl"
+    assert main(args) != 0
+    assert "error: --output: folder /nonexistent/dir does not exist" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- end to end on AG News
+
+
+def ag_news_slice(source: Path, folder: Path, n_private: int, n_test: int) -> tuple[Path, Path]:
+    with open(source, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    fields = ["title", "description", "class"]
+    private = write_csv(folder / "private.csv", rows[:n_private], fields)
+    test = write_csv(folder / "test.csv", rows[n_private : n_private + n_test], fields)
+    return private, test
+
+
+def keyseed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("keyseed") or str(Path(sys.executable).with_name("keyseed"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.slow
+def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) -> None:
+    private, test = ag_news_slice(ag_news_path, tmp_path, 2000, 400)
+    out = tmp_path / "synthetic.jsonl"
+    done = keyseed(
+        "generate",
+        "--input",
+        str(private),
+        "--text-column",
+        "title",
+        "--text-column",
+        "description",
+        "--label-column",
+        "class",
+        "--vocabulary",
+        "english",
+        "--epsilon-vocab",
+        "1",
+        "--epsilon-kde",
+        "5",
+        "--per-class",
+        "300",
+        "--output",
+        str(out),
+        "--seed",
+        "7",
+    )
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(records) == 1200 and {r["label"] for r in records} == set(LABELS)
+    manifest = json.loads(out.with_name("synthetic.manifest.json").read_text())
+    assert manifest["privacy"]["epsilon_total"] == pytest.approx(6.0)
+    private_text = private.read_text(encoding="utf-8")
+    assert all(r["text"] not in private_text for r in records[:50])
+
+    scored = keyseed(
+        "evaluate",
+        "--synthetic",
+        str(out),
+        "--test",
+        str(test),
+        "--text-column",
+        "title",
+        "--text-column",
+        "description",
+        "--label-column",
+        "class",
+        "--train-real",
+        str(private),
+    )
+    assert scored.returncode == 0, scored.stderr
+    result = json.loads(scored.stdout)
+    assert 0.25 < result["accuracy"] <= 1.0  # the benchmark measures how far above chance
+    assert result["accuracy_real"] > 0.8
+    assert result["n_test"] == 400
+
+
+@pytest.mark.slow
+@pytest.mark.llm
+def test_generate_with_the_local_llm(small: dict[str, Path]) -> None:
+    args = generate_args(small, "--llm", "local", "--document-type", "news headline")
+    args[args.index("--per-class") + 1] = "1"
+    done = keyseed(*args, timeout=600)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(x) for x in small["out"].read_text().splitlines()]
+    assert 1 <= len(records) <= len(LABELS)
+    assert all(r["text"].strip() and r["text"] != " ".join(r["keyphrases"]) for r in records)
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    assert manifest["prompting"]["llm"] == "local"
+    assert manifest["prompting"]["requested"] == len(LABELS)
+    assert manifest["prompting"]["succeeded"] == len(records)
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+def test_evaluate_prints_accuracy_and_real_baseline(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(generate_args(small, "--per-class", "20")) == 0
+    capsys.readouterr()
+    common = ["--text-column", "title", "--text-column", "body", "--label-column", "class"]
+    assert (
+        main(
+            [
+                "evaluate",
+                "--synthetic",
+                str(small["out"]),
+                "--test",
+                str(small["input"]),
+                *common,
+                "--train-real",
+                str(small["input"]),
+                "--classifier",
+                "tfidf",
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert result["accuracy_real"] == 1.0  # trained and tested on the same tiny corpus
+    assert result["n_train"] == 80 and result["n_test"] == 48
+    assert result["classifier"] == "tfidf" and result["coral"] is False
+
+
+def test_evaluate_with_unlabeled_texts_uses_coral(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(generate_args(small, "--per-class", "20")) == 0
+    capsys.readouterr()
+    common = ["--text-column", "title", "--text-column", "body", "--label-column", "class"]
+    assert (
+        main(
+            [
+                "evaluate",
+                "--synthetic",
+                str(small["out"]),
+                "--test",
+                str(small["input"]),
+                *common,
+                "--unlabeled",
+                str(small["input"]),
+                "--coral-weight",
+                "10",
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert result["classifier"] == "embedding" and result["coral"] is True
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        ("not json\n", [], "error: --synthetic: row 1 is not valid JSON"),
+        ('{"text": "x"}\n', [], "error: --synthetic: row 1 has no label"),
+        ('{"label": "World", "text": "x"}\n', [], "error: --synthetic: training needs"),
+        (
+            '{"label": "World", "text": "a"}\n{"label": "Sports", "text": "b"}\n',
+            ["--unlabeled", "IN", "--classifier", "tfidf"],
+            "error: --unlabeled:",
+        ),
+    ],
+)
+def test_evaluate_errors_name_the_option(
+    small: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    small["out"].write_text(content)
+    extra = [str(small["input"]) if x == "IN" else x for x in extra]
+    code = main(
+        [
+            "evaluate",
+            "--synthetic",
+            str(small["out"]),
+            "--test",
+            str(small["input"]),
+            "--text-column",
+            "title",
+            "--label-column",
+            "class",
+            *extra,
+        ]
+    )
+    assert code != 0
+    assert capsys.readouterr().err.startswith(message)

@@ -1,0 +1,272 @@
+"""The engine end to end on a small corpus: sequences, manifest, and exact accounting.
+
+The accounting test does not trust the report: it records every OpenDP measurement the
+run actually constructs (the real ``make_laplace`` still runs; the spy only writes down
+its scale and its privacy map at the sensitivity the code declared) and recomputes the
+run's ε from those by basic composition: sequential over the whole corpus, parallel over
+the per-class structures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+
+from workers.dpkps import noise
+from workers.dpkps.config import GenerationConfig
+from workers.dpkps.embeddings import SentenceEmbedder
+from workers.dpkps.errors import ConfigError, InputDataError
+from workers.dpkps.pipeline import generate_sequences
+from workers.dpkps.vocabulary import Vocabulary
+
+TOPICS = {
+    "cardiology": ["heart failure", "chest pain", "arrhythmia", "blood pressure", "stent"],
+    "neurology": ["seizure", "migraine", "stroke", "tremor", "memory loss"],
+    "dermatology": ["rash", "eczema", "itching", "skin lesion", "psoriasis"],
+}
+FILLER = ["patient", "follow up", "clinic", "history"]
+
+
+def corpus(per_class: int = 40, seed: int = 0) -> tuple[list[str], list[str]]:
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for label, words in TOPICS.items():
+        for _ in range(per_class):
+            picked = [*rng.choice(words, size=3, replace=False), str(rng.choice(FILLER))]
+            texts.append("The patient reports " + ", ".join(picked) + ".")
+            labels.append(label)
+    return texts, labels
+
+
+@pytest.fixture(scope="module")
+def vocabulary() -> Vocabulary:
+    phrases = [p for words in TOPICS.values() for p in words] + FILLER
+    phrases += [f"unrelated term {i}" for i in range(200)]
+    return Vocabulary.from_phrases("test-clinical", phrases)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceEmbedder:
+    return SentenceEmbedder()
+
+
+def config(**overrides: Any) -> GenerationConfig:
+    base: dict[str, Any] = dict(
+        epsilon_vocab=4.0,
+        epsilon_kde=8.0,
+        per_class=30,
+        vocabulary_size=30,
+        max_matches_per_document=4,
+        sequence_length=3,
+        num_features=256,
+        bandwidth=0.5,
+        temperature=0.5,
+        seed=1,
+    )
+    base.update(overrides)
+    return GenerationConfig(**base)
+
+
+class MeasurementSpy:
+    """Records each OpenDP Laplace measurement built, and its map at the declared d_in."""
+
+    def __init__(self) -> None:
+        self.built: list[dict[str, float]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        real_calibrated = noise._calibrated
+        spy = self
+
+        def calibrated(make: Any, d_in: float, epsilon: float) -> tuple[Any, float]:
+            meas, scale = real_calibrated(make, d_in, epsilon)
+            spy.built.append(
+                {"scale": scale, "d_in": float(d_in), "epsilon": float(meas.map(d_in))}
+            )
+            return meas, scale
+
+        monkeypatch.setattr(noise, "_calibrated", calibrated)
+
+
+@pytest.mark.parametrize(
+    ("mode", "ensemble", "structures_per_class"),
+    [("independent", "log", 1), ("iterative", "log", 3), ("iterative", "linear", 3)],
+)
+def test_reported_spend_equals_the_mechanisms_built(
+    monkeypatch: pytest.MonkeyPatch,
+    vocabulary: Vocabulary,
+    embedder: SentenceEmbedder,
+    mode: str,
+    ensemble: str,
+    structures_per_class: int,
+) -> None:
+    spy = MeasurementSpy()
+    spy.install(monkeypatch)
+    texts, labels = corpus()
+    cfg = config(mode=mode, ensemble=ensemble, contribution_bound=0.7)
+    result = generate_sequences(
+        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg, embedder=embedder
+    )
+    classes = len(TOPICS)
+    assert len(spy.built) == 1 + classes * structures_per_class
+    vocab_built, kde_built = spy.built[0], spy.built[1:]
+    # the vocabulary histogram: sensitivity S, noised on every public phrase
+    assert vocab_built["d_in"] == cfg.max_matches_per_document
+    assert vocab_built["scale"] == pytest.approx(cfg.max_matches_per_document / cfg.epsilon_vocab)
+    # each KDE: sensitivity c·I (plus the float margin), scale c·I/ε_share
+    share = cfg.epsilon_kde / structures_per_class
+    for built in kde_built:
+        assert built["d_in"] == pytest.approx(0.7 * cfg.num_features, rel=1e-8)
+        assert built["scale"] == pytest.approx(0.7 * cfg.num_features / share, rel=1e-8)
+    per_class = [sum(b["epsilon"] for b in kde_built[i::classes]) for i in range(classes)]
+    recomputed = vocab_built["epsilon"] + max(per_class)
+    report = result.report
+    assert report.total == pytest.approx(recomputed, rel=1e-12)
+    assert report.total <= cfg.epsilon_total + 1e-9
+    assert report.total == pytest.approx(cfg.epsilon_total, rel=1e-9)
+    assert report.by_mechanism() == pytest.approx(
+        {"vocabulary": cfg.epsilon_vocab, "kde": cfg.epsilon_kde}, rel=1e-9
+    )
+    manifest = result.manifest()
+    assert manifest["privacy"]["epsilon_total"] == report.total
+    assert len(manifest["privacy"]["mechanisms"]) == len(spy.built)
+
+
+def test_class_counts_are_charged_and_drive_the_split(
+    monkeypatch: pytest.MonkeyPatch,
+    vocabulary: Vocabulary,
+    embedder: SentenceEmbedder,
+) -> None:
+    spy = MeasurementSpy()
+    spy.install(monkeypatch)
+    texts, labels = corpus()
+    # an uneven corpus: cardiology three times as large
+    texts, labels = texts + texts[:80], labels + labels[:80]
+    cfg = config(per_class=None, epsilon_count=5.0, total=120, mode="independent")
+    result = generate_sequences(
+        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg, embedder=embedder
+    )
+    counts = [b for b in spy.built if b["d_in"] == 1]
+    assert len(counts) == 1 and counts[0]["scale"] == pytest.approx(1 / 5.0)
+    assert result.report.by_mechanism()["class_counts"] == pytest.approx(5.0)
+    assert result.report.total == pytest.approx(4.0 + 8.0 + 5.0)
+    split = Counter(s.label for s in result.sequences)
+    assert sum(split.values()) == 120
+    assert split["cardiology"] > split["dermatology"]
+
+
+def test_sequences_follow_their_class(vocabulary: Vocabulary, embedder: SentenceEmbedder) -> None:
+    texts, labels = corpus(per_class=200)
+    cfg = config(epsilon_kde=50.0, epsilon_vocab=20.0, mode="independent", vocabulary_size=20)
+    result = generate_sequences(
+        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg, embedder=embedder
+    )
+    assert len(result.sequences) == 30 * len(TOPICS)
+    on_topic = sum(sum(p in TOPICS[s.label] for p in s.keyphrases) for s in result.sequences) / sum(
+        len(s.keyphrases) for s in result.sequences
+    )
+    assert on_topic > 0.6  # 5 of 20 private phrases belong to each class: chance is 0.25
+    for s in result.sequences:
+        assert len(s.keyphrases) == 3 and len(set(s.keyphrases)) == 3
+
+
+def test_owner_diagnostics_stay_out_of_the_manifest(
+    vocabulary: Vocabulary, embedder: SentenceEmbedder
+) -> None:
+    texts, labels = corpus()
+    texts[0] = "nothing from the vocabulary here"
+    result = generate_sequences(
+        texts,
+        labels,
+        label_set=list(TOPICS),
+        vocabulary=vocabulary,
+        config=config(mode="independent"),
+        embedder=embedder,
+    )
+    assert result.owner_diagnostics.documents_without_match == 1
+    flat = repr(result.manifest())
+    assert "documents_without_match" not in flat and "documents_per_class" not in flat
+    assert str(len(texts)) not in flat.split("'sequences': ")[0]  # no corpus size before counts
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"epsilon_vocab": 0.0}, "epsilon_vocab"),
+        ({"epsilon_kde": math.inf}, "epsilon_kde"),
+        ({"epsilon_kde": math.nan}, "epsilon_kde"),
+        ({"vocabulary_size": 10_000}, "vocabulary_size"),
+        ({"mode": "greedy"}, "mode"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"contribution_bound": 2.0}, "contribution_bound"),
+        ({"sequence_length": 40}, "sequence_length"),
+    ],
+)
+def test_bad_configuration_names_the_field(
+    vocabulary: Vocabulary, embedder: SentenceEmbedder, overrides: dict[str, Any], field: str
+) -> None:
+    texts, labels = corpus(per_class=5)
+    with pytest.raises(ConfigError) as err:
+        generate_sequences(
+            texts,
+            labels,
+            label_set=list(TOPICS),
+            vocabulary=vocabulary,
+            config=config(**overrides),
+            embedder=embedder,
+        )
+    assert err.value.field == field
+
+
+def test_corpus_without_any_match_is_refused(
+    vocabulary: Vocabulary, embedder: SentenceEmbedder
+) -> None:
+    with pytest.raises(InputDataError) as err:
+        generate_sequences(
+            ["nothing here", "or here"],
+            ["cardiology", "neurology"],
+            label_set=list(TOPICS),
+            vocabulary=vocabulary,
+            config=config(),
+            embedder=embedder,
+        )
+    assert err.value.field == "vocabulary"
+
+
+def test_undeclared_labels_are_named_by_row(
+    vocabulary: Vocabulary, embedder: SentenceEmbedder
+) -> None:
+    texts, labels = corpus(per_class=2)
+    labels[3] = "oncology"
+    with pytest.raises(InputDataError, match=r"rows 4\b") as err:
+        generate_sequences(
+            texts,
+            labels,
+            label_set=list(TOPICS),
+            vocabulary=vocabulary,
+            config=config(),
+            embedder=embedder,
+        )
+    assert err.value.field == "labels"
+    assert texts[3] not in str(err.value)
+
+
+def test_a_declared_class_without_documents_still_gets_sequences(
+    vocabulary: Vocabulary, embedder: SentenceEmbedder
+) -> None:
+    """Its structure is pure noise, but it is released like the others: whether a class
+    is empty must not show in the output's shape."""
+    texts, labels = corpus(per_class=20)
+    keep = [i for i, label in enumerate(labels) if label != "dermatology"]
+    result = generate_sequences(
+        [texts[i] for i in keep],
+        [labels[i] for i in keep],
+        label_set=list(TOPICS),
+        vocabulary=vocabulary,
+        config=config(mode="independent"),
+        embedder=embedder,
+    )
+    assert Counter(s.label for s in result.sequences)["dermatology"] == 30

@@ -1,0 +1,42 @@
+"""Empirical privacy-loss estimates from samples of a mechanism on neighbouring inputs.
+
+Given outputs of a mechanism on corpus ``D`` and on ``D'`` (one document added), the
+privacy loss of an event ``E`` is ``|ln P[M(D) ∈ E] − ln P[M(D') ∈ E]|``; an ε-DP
+mechanism keeps it ≤ ε for every event. We estimate it on tail events of a
+one-dimensional statistic that carries the whole difference: ``{M ≥ t}`` and
+``{M ≤ t}`` for thresholds ``t`` at the quantiles of the pooled samples, keeping only
+events that both samples hit at least ``min_count`` times, so each ratio is measured to
+a few per cent.
+
+Why tails: for Laplace noise of scale ``b`` and a shift ``Δ`` between the two inputs,
+``P[M(D') ≥ t] / P[M(D) ≥ t] = e^{Δ/b}`` exactly for every ``t`` beyond the larger of
+the two centres; the tail events reach the worst case, where bins in the middle do not.
+The estimate is therefore about ε for a correct mechanism and about 2ε for one whose
+noise is half as wide (the control every test runs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def estimate_privacy_loss(x: np.ndarray, y: np.ndarray, *, min_count: int = 400) -> float:
+    """Largest |log ratio| of tail frequencies of two samples (events hit ≥ min_count)."""
+    x = np.sort(np.asarray(x, dtype=float))
+    y = np.sort(np.asarray(y, dtype=float))
+    thresholds = np.unique(np.quantile(np.concatenate([x, y]), np.linspace(0.005, 0.995, 199)))
+    best: float | None = None
+    for upper in (True, False):
+        if upper:  # counts of samples >= t
+            cx = x.size - np.searchsorted(x, thresholds, side="left")
+            cy = y.size - np.searchsorted(y, thresholds, side="left")
+        else:  # counts of samples <= t
+            cx = np.searchsorted(x, thresholds, side="right")
+            cy = np.searchsorted(y, thresholds, side="right")
+        ok = (cx >= min_count) & (cy >= min_count)
+        if ok.any():
+            ratio = np.abs(np.log(cx[ok] / x.size) - np.log(cy[ok] / y.size))
+            best = max(best or 0.0, float(ratio.max()))
+    if best is None:
+        raise ValueError("no tail event holds enough samples of both outputs")
+    return best

@@ -1,0 +1,270 @@
+"""DP kernel density estimates over keyphrase embeddings (method.md, step 4; Wagner et al. 2023).
+
+A structure releases ``F̃ = Σ_j φ_j + Laplace(b)^I`` where ``φ_j ∈ [−√2, √2]^I`` is the
+ONE feature vector document ``j`` contributes, however long it is. Under add/remove-one
+adjacency the sum moves by ``φ_j`` alone, so its L1 sensitivity is ``√2 · I`` and the
+Laplace scale is ``b = √2 · I / ε``. (The paper's ``2√2·I/ε`` is for a mean under
+replace-one adjacency; keyseed's ledger counts documents added or removed.)
+
+Two shapes of contribution:
+
+* bag (independent mode, ``blocks = 0``): ``φ_j`` is the mean of ``f(e_v)`` over the
+  document's first ``M`` distinct keyphrases. The sum over documents equals
+  ``Σ_v c_v f(e_v)`` with ``c_v`` the share-weighted count of phrase ``v``, so the cost is
+  one product over distinct phrases, whatever the number of documents.
+* sequence (``blocks = B ≥ 1``): ``φ_j = f(x_j)`` where ``x_j`` concatenates the embeddings
+  of the document's first ``B`` distinct keyphrases, zero-padded to ``B`` blocks, each
+  block scaled by ``1/√B`` (so a full ``x_j`` has unit norm). ``ω_bᵀ e_v`` depends only on
+  the phrase, so each distinct phrase is projected once per block and gathered.
+
+The document's keyphrases are its matches against the private vocabulary Ṽ (itself a
+DP release), so a structure is a function of the corpus and of Ṽ: adaptive sequential
+composition charges ``ε_voc + ε_kde``.
+
+Per class, an ensemble of structures shares ``ε_kde`` equally: the logarithmic ensemble
+(paper App. B.2) has block counts ``1, 2, 4, …`` capped at ``L``; the linear ensemble has
+``1, 2, …, L``. Classes are disjoint, so each class may spend the whole ``ε_kde``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from workers.dpkps.accounting import MechanismSpend
+from workers.dpkps.config import ENSEMBLES, MODES, check_epsilon
+from workers.dpkps.errors import ConfigError
+from workers.dpkps.features import RandomFourierFeatures, feature_map
+from workers.dpkps.noise import laplace_vector
+
+_DOC_CHUNK = 2048
+
+
+def ensemble_block_counts(ensemble: str, length: int) -> list[int]:
+    """Block counts of the structures an iterative run builds for sequences of ``length``.
+
+    >>> ensemble_block_counts("log", 10)
+    [1, 2, 4, 8, 10]
+    >>> ensemble_block_counts("log", 8)
+    [1, 2, 4, 8]
+    >>> ensemble_block_counts("linear", 4)
+    [1, 2, 3, 4]
+    """
+    if length < 1:
+        raise ConfigError("must be ≥ 1", field="sequence_length")
+    if ensemble == "linear":
+        return list(range(1, length + 1))
+    if ensemble == "log":
+        top = math.ceil(math.log2(length)) if length > 1 else 0
+        return sorted({min(2**j, length) for j in range(top + 1)})
+    raise ConfigError(f"must be one of {ENSEMBLES}", field="ensemble")
+
+
+MAX_BOUND = math.sqrt(2.0)  # |f_k| ≤ √2: a bound of √2·I clips nothing
+
+
+def check_bound(bound: float) -> float:
+    """The contribution bound ``c`` must lie in (0, √2]."""
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        raise ConfigError("must be a number", field="contribution_bound")
+    if not (math.isfinite(bound) and 0 < bound <= MAX_BOUND):
+        raise ConfigError(f"must be in (0, {MAX_BOUND:.4f}]", field="contribution_bound")
+    return float(bound)
+
+
+def kde_sensitivity(num_features: int, bound: float = MAX_BOUND) -> float:
+    """L1 sensitivity of ``Σ_j φ_j`` under add/remove of one document: ``c · I``.
+
+    Every ``φ_j`` is clipped to ``‖φ_j‖₁ ≤ c · I`` (:func:`clip_rows`); with ``c = √2``
+    that is the box ``[−√2, √2]^I`` itself and nothing is clipped.
+    """
+    return check_bound(bound) * num_features
+
+
+def clip_rows(rows: torch.Tensor, limit: float) -> torch.Tensor:
+    """Scale each row down to L1 norm ≤ ``limit`` (rows already within it are unchanged)."""
+    norms = rows.abs().sum(dim=1, keepdim=True)
+    factor = torch.clamp(limit / norms.clamp_min(1e-300), max=1.0)
+    return rows * factor
+
+
+def bag_sum(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    num_features: int,
+    max_phrases: int,
+    bound: float = MAX_BOUND,
+) -> NDArray[np.float64]:
+    """Raw ``Σ_j clip(mean_{v ∈ doc j} f(e_v))``.
+
+    Each distinct phrase is featurised once (``U × I``); a chunk of documents is a sparse
+    ``docs × U`` matrix of weights ``1/len``, so its rows ``φ_j`` are one product, and
+    clipping needs each of them. Without clipping (``bound = √2``) the sum collapses to
+    ``Σ_v c_v f(e_v)``, a weighted histogram over distinct phrases.
+    """
+    limit = check_bound(bound) * num_features
+    docs = [list(p[:max_phrases]) for p in doc_phrases if len(p)]
+    if not docs:
+        return np.zeros(num_features, dtype=np.float64)
+    used, inverse = np.unique(np.concatenate(docs).astype(np.int64), return_inverse=True)
+    rows = torch.as_tensor(used, device=embeddings.device)
+    phase = rff.project(embeddings[rows], 0, num_features)
+    feats = feature_map(phase, rff.phases(num_features)).to(torch.float64)
+    lengths = np.array([len(d) for d in docs])
+    owner = np.repeat(np.arange(len(docs)), lengths)
+    weight = np.repeat(1.0 / lengths, lengths)
+    if bound >= MAX_BOUND:
+        hist = np.zeros(used.size)
+        np.add.at(hist, inverse, weight)
+        w = torch.as_tensor(hist, dtype=torch.float64, device=feats.device)
+        out: NDArray[np.float64] = (w @ feats).cpu().numpy()
+        return out
+    total = torch.zeros(num_features, dtype=torch.float64, device=feats.device)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for first in range(0, len(docs), _DOC_CHUNK):
+        last = min(first + _DOC_CHUNK, len(docs))
+        span = slice(starts[first], starts[last])
+        index = torch.as_tensor(np.stack([owner[span] - first, inverse[span]]))
+        matrix = torch.sparse_coo_tensor(
+            index,
+            torch.as_tensor(weight[span]),
+            (last - first, used.size),
+            check_invariants=False,
+        ).to(feats.device)
+        phi = torch.sparse.mm(matrix, feats)  # repeated phrases are summed: coalesced
+        total += clip_rows(phi, limit).sum(dim=0)
+    result: NDArray[np.float64] = total.cpu().numpy()
+    return result
+
+
+def sequence_sum(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    num_features: int,
+    blocks: int,
+    bound: float = MAX_BOUND,
+) -> NDArray[np.float64]:
+    """Raw ``Σ_j clip(f(x_j))`` with ``x_j`` the first ``blocks`` phrases of doc ``j``."""
+    limit = check_bound(bound) * num_features
+    docs = [list(p[:blocks]) for p in doc_phrases if len(p)]
+    total = torch.zeros(num_features, dtype=torch.float64, device=embeddings.device)
+    if not docs:
+        return total.cpu().numpy()
+    projections = [rff.project(embeddings, b, num_features) for b in range(blocks)]
+    beta, scale = rff.phases(num_features), 1.0 / math.sqrt(blocks)
+    for start in range(0, len(docs), _DOC_CHUNK):
+        chunk = docs[start : start + _DOC_CHUNK]
+        phase = torch.zeros(
+            len(chunk), num_features, dtype=projections[0].dtype, device=total.device
+        )
+        for b in range(blocks):
+            rows = [i for i, d in enumerate(chunk) if len(d) > b]
+            if not rows:
+                break
+            idx = torch.as_tensor([chunk[i][b] for i in rows], device=total.device)
+            phase[torch.as_tensor(rows, device=total.device)] += projections[b][idx]
+        phi = feature_map(scale * phase, beta).to(torch.float64)
+        total += clip_rows(phi, limit).sum(dim=0)
+    out: NDArray[np.float64] = total.cpu().numpy()
+    return out
+
+
+@dataclass(frozen=True)
+class DPKDE:
+    """One released structure: the noisy feature sum and what it cost."""
+
+    label: str
+    blocks: int  # 0: bag structure of the independent mode
+    num_features: int
+    noisy_sum: NDArray[np.float64]
+    spend: MechanismSpend
+
+
+def build_structure(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    label: str,
+    blocks: int,
+    num_features: int,
+    epsilon: float,
+    max_phrases: int = 32,
+    bound: float = MAX_BOUND,
+) -> DPKDE:
+    """Build one DP-KDE structure for the documents of one class."""
+    if not 1 <= num_features <= rff.num_features:
+        raise ConfigError(f"must be in [1, {rff.num_features}]", field="num_features")
+    if blocks == 0:
+        raw = bag_sum(
+            doc_phrases,
+            embeddings,
+            rff,
+            num_features=num_features,
+            max_phrases=max_phrases,
+            bound=bound,
+        )
+    else:
+        raw = sequence_sum(
+            doc_phrases, embeddings, rff, num_features=num_features, blocks=blocks, bound=bound
+        )
+    noisy, spend = laplace_vector(
+        raw,
+        sensitivity=kde_sensitivity(num_features, bound),
+        epsilon=epsilon,
+        mechanism="kde",
+        name=f"kde[label={label},blocks={blocks}]",
+        partition=label,
+    )
+    del raw  # raw sums never outlive the structure's construction
+    return DPKDE(
+        label=label, blocks=blocks, num_features=num_features, noisy_sum=noisy, spend=spend
+    )
+
+
+def build_class_ensemble(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    label: str,
+    mode: str,
+    ensemble: str,
+    length: int,
+    epsilon: float,
+    num_features: int,
+    max_phrases: int = 32,
+    bound: float = MAX_BOUND,
+) -> list[DPKDE]:
+    """The structures one class needs: one bag, or one per ensemble block count."""
+    epsilon = check_epsilon(epsilon, field="epsilon_kde")
+    if mode == "independent":
+        block_counts = [0]
+    elif mode == "iterative":
+        block_counts = ensemble_block_counts(ensemble, length)
+    else:
+        raise ConfigError(f"must be one of {MODES}", field="mode")
+    share = epsilon / len(block_counts)
+    return [
+        build_structure(
+            doc_phrases,
+            embeddings,
+            rff,
+            label=label,
+            blocks=b,
+            num_features=num_features,
+            epsilon=share,
+            max_phrases=max_phrases,
+            bound=bound,
+        )
+        for b in block_counts
+    ]

@@ -1,0 +1,274 @@
+"""The DP-KPS engine end to end, up to the keyphrase sequences (method.md, steps 1-6).
+
+:func:`generate_sequences` takes a labelled private corpus and returns keyphrase
+sequences per class together with the exact privacy spend of the run. Prompting an LLM
+with the sequences (step 7) is post-processing and lives in
+:mod:`workers.dpkps.prompting`; callers persist the sequences first, so prompting can be
+retried without touching private data or spending budget again.
+
+What leaves :func:`generate_sequences` in :class:`GenerationResult`:
+
+* ``sequences``, ``private_vocabulary`` and ``report``: DP releases and their cost,
+  safe to store, log in aggregate and ship with a released corpus;
+* ``owner_diagnostics``: raw facts about the private corpus (how many documents, how
+  many matched nothing, class sizes) for the data owner running the offline command
+  line. They are NOT differentially private and must never reach a log, a response, a
+  manifest or a prompt; the service discards them.
+
+Defaults were chosen by measurement on AG News; see ``benchmarks/`` and BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from workers.dpkps.accounting import MechanismSpend, PrivacyReport
+from workers.dpkps.config import GenerationConfig
+from workers.dpkps.embeddings import Embedder, EmbeddingCache, select_device
+from workers.dpkps.errors import InputDataError
+from workers.dpkps.extraction import KeyphraseExtractor
+from workers.dpkps.features import RandomFourierFeatures
+from workers.dpkps.kde import build_class_ensemble
+from workers.dpkps.private_vocab import select_private_vocabulary
+from workers.dpkps.proportions import allocate, noisy_class_counts
+from workers.dpkps.sampling import sample_independent, sample_iterative
+from workers.dpkps.vocabulary import Vocabulary
+
+STAGES = ("extract", "private_vocabulary", "embed", "dp_kde", "sequences")
+ProgressFn = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class SyntheticSequence:
+    label: str
+    keyphrases: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OwnerDiagnostics:
+    """Raw, NOT private facts about the corpus, for the data owner's eyes only."""
+
+    documents: int
+    documents_without_match: int
+    documents_per_class: dict[str, int]
+    documents_without_private_phrase: int
+
+
+@dataclass
+class GenerationResult:
+    sequences: list[SyntheticSequence]
+    report: PrivacyReport
+    private_vocabulary: list[str]
+    config: GenerationConfig
+    vocabulary: dict[str, Any]
+    embedding_model: str
+    owner_diagnostics: OwnerDiagnostics = field(repr=False)
+
+    def manifest(self) -> dict[str, Any]:
+        """Everything public about the run: method, parameters, models, spend."""
+        return {
+            "method": "DP-KPS (Nagesh et al., 2024) with DP-KDE by random Fourier features",
+            "parameters": self.config.to_dict(),
+            "vocabulary": self.vocabulary,
+            "embedding_model": self.embedding_model,
+            "privacy": self.report.to_dict(),
+            "sequences": len(self.sequences),
+        }
+
+
+def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Sequence[str]) -> None:
+    """Shape checks that name rows (1-based), never their text."""
+    if len(documents) != len(labels):
+        raise InputDataError("documents and labels differ in length", field="labels")
+    if not documents:
+        raise InputDataError("the corpus holds no document", field="documents")
+    if not label_set:
+        raise InputDataError("the label set is empty", field="labels")
+    if len(set(label_set)) != len(label_set):
+        raise InputDataError("the label set repeats a label", field="labels")
+    declared = set(label_set)
+    bad = [i + 1 for i, label in enumerate(labels) if label not in declared]
+    if bad:
+        rows = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
+        raise InputDataError(
+            f"{len(bad)} document(s) carry a label outside the declared set (rows {rows})",
+            field="labels",
+        )
+
+
+def _noop(stage: str, fraction: float) -> None:
+    return None
+
+
+def generate_sequences(
+    documents: Sequence[str],
+    labels: Sequence[str],
+    *,
+    label_set: Sequence[str],
+    vocabulary: Vocabulary,
+    config: GenerationConfig,
+    embedder: Embedder,
+    cache: EmbeddingCache | None = None,
+    progress: ProgressFn | None = None,
+) -> GenerationResult:
+    """Run steps 1-6 of DP-KPS on a labelled private corpus."""
+    config.validate()
+    report_progress = progress or _noop
+    label_set = list(label_set)
+    check_corpus(documents, labels, label_set)
+    config.check_vocabulary(vocabulary.name, len(vocabulary))
+    device = select_device(config.device)
+
+    # 1. keyphrase extraction against the public vocabulary
+    extractor = KeyphraseExtractor(vocabulary)
+    matches: list[list[int]] = []
+    step = max(1, len(documents) // 50)
+    for i, doc in enumerate(documents):
+        matches.append(extractor.extract(doc, limit=config.max_matches_per_document))
+        if i % step == 0:
+            report_progress("extract", i / len(documents))
+    report_progress("extract", 1.0)
+    without_match = sum(1 for m in matches if not m)
+    if without_match == len(documents):
+        raise InputDataError(
+            f"no document contains a phrase of vocabulary {vocabulary.name!r}",
+            field="vocabulary",
+        )
+
+    # 2. private vocabulary: Laplace histogram over every public phrase, top N
+    private = select_private_vocabulary(
+        matches,
+        vocabulary_size=len(vocabulary),
+        size=config.vocabulary_size,
+        epsilon=config.epsilon_vocab,
+        max_per_document=config.max_matches_per_document,
+    )
+    del matches
+    phrases = [vocabulary.phrases[i] for i in private.indices]
+    spends: list[MechanismSpend] = [private.spend]
+    report_progress("private_vocabulary", 1.0)
+
+    # 3. embeddings of Ṽ (public phrases, public model), cached per (vocabulary, model)
+    if cache is not None:
+        vectors = cache.lookup(
+            phrases=vocabulary.phrases,
+            fingerprint=vocabulary.fingerprint,
+            indices=private.indices,
+            embedder=embedder,
+        )
+    else:
+        vectors = embedder.encode(phrases)
+    embeddings = torch.as_tensor(vectors, dtype=torch.float32, device=device)
+    report_progress("embed", 1.0)
+
+    # Each document's distinct keyphrases over Ṽ, in document order.
+    private_extractor = KeyphraseExtractor(Vocabulary.from_phrases("private", phrases))
+    keep = max(config.sequence_length, config.max_phrases_per_document)
+    doc_phrases = [list(dict.fromkeys(private_extractor.extract(d)))[:keep] for d in documents]
+
+    # 5. sequences per class: fixed, or split by noisy class counts
+    if config.epsilon_count is not None:
+        assert config.total is not None
+        noisy, count_spend = noisy_class_counts(
+            labels, label_set=label_set, epsilon=config.epsilon_count
+        )
+        spends.append(count_spend)
+        wanted = allocate(config.total, noisy)
+    else:
+        assert config.per_class is not None
+        wanted = {label: config.per_class for label in label_set}
+
+    # 4 + 6. one DP-KDE ensemble per class (parallel composition), then sampling
+    blocks = config.sequence_length if config.mode == "iterative" else 1
+    rff = RandomFourierFeatures(
+        dim=embeddings.shape[1],
+        num_features=config.num_features,
+        max_blocks=blocks,
+        bandwidth=config.bandwidth,
+        seed=config.seed,
+        device=device,
+    )
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    by_class: dict[str, list[list[int]]] = {label: [] for label in label_set}
+    for label, phrases_of_doc in zip(labels, doc_phrases, strict=True):
+        by_class[label].append(phrases_of_doc)
+    sequences: list[SyntheticSequence] = []
+    for n, label in enumerate(label_set):
+        structures = build_class_ensemble(
+            by_class[label],
+            embeddings,
+            rff,
+            label=label,
+            mode=config.mode,
+            ensemble=config.ensemble,
+            length=config.sequence_length,
+            epsilon=config.epsilon_kde,
+            num_features=config.num_features,
+            max_phrases=config.max_phrases_per_document,
+            bound=config.contribution_bound,
+        )
+        spends.extend(k.spend for k in structures)
+        report_progress("dp_kde", (n + 1) / len(label_set))
+        count = wanted[label]
+        if count == 0:
+            continue
+        if config.mode == "independent":
+            drawn = sample_independent(
+                structures[0],
+                embeddings,
+                rff,
+                count=count,
+                length=config.sequence_length,
+                temperature=config.temperature,
+                generator=generator,
+                distinct=config.distinct,
+                noise_floor=config.noise_floor,
+            )
+        else:
+            drawn = sample_iterative(
+                structures,
+                embeddings,
+                rff,
+                count=count,
+                length=config.sequence_length,
+                temperature=config.temperature,
+                generator=generator,
+                distinct=config.distinct,
+                noise_floor=config.noise_floor,
+            )
+        sequences.extend(
+            SyntheticSequence(label, tuple(phrases[i] for i in row)) for row in drawn.tolist()
+        )
+        report_progress("sequences", (n + 1) / len(label_set))
+
+    diagnostics = OwnerDiagnostics(
+        documents=len(documents),
+        documents_without_match=without_match,
+        documents_per_class={label: len(by_class[label]) for label in label_set},
+        documents_without_private_phrase=sum(1 for p in doc_phrases if not p),
+    )
+    del by_class, doc_phrases
+    return GenerationResult(
+        sequences=sequences,
+        report=PrivacyReport(tuple(spends)),
+        private_vocabulary=phrases,
+        config=config,
+        vocabulary={
+            "name": vocabulary.name,
+            "size": len(vocabulary),
+            "fingerprint": vocabulary.fingerprint,
+        },
+        embedding_model=embedder.name,
+        owner_diagnostics=diagnostics,
+    )
+
+
+def shuffled(sequences: Sequence[SyntheticSequence], seed: int) -> list[SyntheticSequence]:
+    """The sequences in a seeded random order, so classes are interleaved in output."""
+    order = np.random.default_rng(seed).permutation(len(sequences))
+    return [sequences[i] for i in order]

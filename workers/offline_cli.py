@@ -1,0 +1,554 @@
+"""``keyseed generate`` and ``keyseed evaluate``: the engine on files, without the service.
+
+``generate`` is for a data owner on their own machine: it reads a labelled CSV (or
+JSONL), runs DP-KPS, optionally prompts an LLM, and writes ``OUT.jsonl`` (one synthetic
+document a line) and ``OUT.manifest.json`` (every parameter, the models, and the ε spent
+by mechanism). Both files appear only when the run succeeded: they are written under
+temporary names and renamed at the end, so an interrupted or failed run leaves nothing
+that looks complete.
+
+What reaches the terminal: progress bars and errors on stderr. Errors name the option
+(``--epsilon-kde: must be finite and > 0``) or the row of the input, never a document's
+text. A few warnings about the corpus itself (documents without any vocabulary phrase,
+very small classes) are facts about the private data that only its owner sees here;
+they are never written to the output or the manifest.
+
+``evaluate`` is the paper's measure, run by the data recipient: train a classifier on
+the synthetic corpus, score it on real labelled texts, optionally beside the same
+classifier trained on real texts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from workers.dpkps.errors import ConfigError, KeyseedError
+
+HANDLER = "workers.offline_cli"
+SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
+
+
+def _option(field: str | None) -> str:
+    """The command-line option of a configuration field (``epsilon_kde`` -> ``--epsilon-kde``)."""
+    if not field:
+        return "keyseed"
+    known = {"documents": "--input", "labels": "--label-column", "phrases": "--vocabulary"}
+    if field in known:
+        return known[field]
+    return "--" + field.replace("_", "-")
+
+
+def _defaults() -> dict[str, Any]:
+    from workers.dpkps.config import GenerationConfig
+
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(GenerationConfig)
+        if f.default is not dataclasses.MISSING
+    }
+
+
+def register(sub: Any) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="make a DP synthetic corpus from a labelled CSV",
+        description="Run DP-KPS on a labelled private corpus and write a synthetic one.",
+    )
+    gen.set_defaults(handler=f"{HANDLER}:generate")
+    io = gen.add_argument_group("input and output")
+    io.add_argument("--input", required=True, type=Path, help="labelled CSV or JSONL file")
+    io.add_argument(
+        "--text-column",
+        action="append",
+        required=True,
+        dest="text_columns",
+        help="text column; repeat to join several with '. '",
+    )
+    io.add_argument("--label-column", required=True)
+    io.add_argument(
+        "--labels",
+        default=None,
+        help="declared label set, comma-separated (public schema); default: the "
+        "labels found in the input, which the output then reveals",
+    )
+    io.add_argument(
+        "--vocabulary",
+        default="english",
+        help="english, medical, or a UTF-8 file with one phrase a line",
+    )
+    io.add_argument("--output", required=True, type=Path, help="OUT.jsonl")
+    priv = gen.add_argument_group("privacy (ε is spent once per run)")
+    priv.add_argument("--epsilon-vocab", type=float, required=True)
+    priv.add_argument("--epsilon-kde", type=float, required=True)
+    priv.add_argument(
+        "--epsilon-count",
+        type=float,
+        default=None,
+        help="spend this ε on noisy class counts and split --total by them",
+    )
+    d = _defaults()
+    eng = gen.add_argument_group("engine")
+    eng.add_argument(
+        "--per-class",
+        type=int,
+        default=None,
+        help=f"sequences per declared label (default {d['per_class']})",
+    )
+    eng.add_argument("--total", type=int, default=None, help="sequences in all (--epsilon-count)")
+    eng.add_argument("--sequence-length", type=int, default=d["sequence_length"])
+    eng.add_argument("--mode", choices=("independent", "iterative"), default=d["mode"])
+    eng.add_argument("--ensemble", choices=("log", "linear"), default=d["ensemble"])
+    eng.add_argument("--vocabulary-size", type=int, default=d["vocabulary_size"])
+    eng.add_argument("--max-matches-per-document", type=int, default=d["max_matches_per_document"])
+    eng.add_argument("--max-phrases-per-document", type=int, default=d["max_phrases_per_document"])
+    eng.add_argument("--num-features", type=int, default=d["num_features"])
+    eng.add_argument("--bandwidth", type=float, default=d["bandwidth"])
+    eng.add_argument("--temperature", type=float, default=d["temperature"])
+    eng.add_argument(
+        "--seed",
+        type=int,
+        default=d["seed"],
+        help="public randomness (features, sampling); DP noise is never seeded",
+    )
+    eng.add_argument("--device", default=None, help="cpu, cuda (default: GPU if available)")
+    llm = gen.add_argument_group("language model")
+    llm.add_argument(
+        "--llm",
+        choices=("none", "local", "openai"),
+        default="none",
+        help="none: keyphrase sequences only; local: the packaged SmolLM2; "
+        "openai: the endpoint in KEYSEED_LLM_BASE_URL/_MODEL/_API_KEY",
+    )
+    llm.add_argument(
+        "--document-type",
+        default="document",
+        help="public name of the kind of text, e.g. 'news article'",
+    )
+    llm.add_argument(
+        "--few-shot",
+        type=Path,
+        default=None,
+        help="public example texts from the data recipient, one per line",
+    )
+    llm.add_argument("--llm-concurrency", type=int, default=None)
+    llm.add_argument("--max-llm-calls", type=int, default=None)
+
+    ev = sub.add_parser(
+        "evaluate",
+        help="accuracy of a classifier trained on a synthetic corpus",
+        description="Train a classifier on a synthetic corpus and score it on real texts.",
+    )
+    ev.set_defaults(handler=f"{HANDLER}:evaluate")
+    ev.add_argument("--synthetic", required=True, type=Path, help="OUT.jsonl of generate")
+    ev.add_argument("--test", required=True, type=Path, help="real labelled CSV")
+    ev.add_argument("--text-column", action="append", required=True, dest="text_columns")
+    ev.add_argument("--label-column", required=True)
+    ev.add_argument(
+        "--train-real",
+        type=Path,
+        default=None,
+        help="real labelled CSV: also report the classifier trained on it",
+    )
+    ev.add_argument(
+        "--unlabeled",
+        type=Path,
+        default=None,
+        help="the recipient's unlabelled texts (same text columns): CORAL",
+    )
+    ev.add_argument("--classifier", choices=("embedding", "tfidf"), default=None)
+    ev.add_argument(
+        "--coral-weight",
+        type=float,
+        default=None,
+        help="weight of the CORAL term with --unlabeled (default 100)",
+    )
+    ev.add_argument("--seed", type=int, default=0)
+
+
+def _fail(exc: KeyseedError) -> int:
+    print(f"error: {_option(exc.field)}: {exc.message}", file=sys.stderr)
+    return 2
+
+
+@contextmanager
+def _atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
+    """Temporary siblings of ``paths``; renamed over them only if the block succeeds."""
+    temps = [p.with_name(f".{p.name}.partial-{os.getpid()}") for p in paths]
+    try:
+        yield temps
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, final in zip(temps, paths, strict=True):
+        os.replace(tmp, final)
+
+
+class _Progress:
+    """One tqdm bar per stage, on stderr."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self._bars: dict[str, Any] = {}
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        bar = self._bars.get(stage)
+        if bar is None:
+            for other in self._bars.values():
+                other.close()
+            bar = self._tqdm(
+                total=1000,
+                desc=stage,
+                file=sys.stderr,
+                leave=False,
+                bar_format="{desc:>20}: {percentage:3.0f}%|{bar}| {elapsed}",
+            )
+            self._bars[stage] = bar
+        bar.n = round(1000 * min(max(fraction, 0.0), 1.0))
+        bar.refresh()
+
+    def prompts(self, done: int, total: int) -> None:
+        self("prompts", done / total if total else 1.0)
+
+    def close(self) -> None:
+        for bar in self._bars.values():
+            bar.close()
+
+
+def _read_few_shot(path: Path | None) -> tuple[str, ...]:
+    if path is None:
+        return ()
+    from workers.dpkps.errors import InputDataError
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputDataError(f"cannot read {path} as UTF-8 text", field="few_shot") from exc
+    return tuple(line.strip() for line in lines if line.strip())
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from workers.dpkps.config import GenerationConfig
+
+    per_class = args.per_class
+    if args.epsilon_count is None and per_class is None:
+        per_class = _defaults()["per_class"]
+    if args.epsilon_count is not None:
+        per_class = None if args.per_class is None else args.per_class
+    return GenerationConfig(
+        epsilon_vocab=args.epsilon_vocab,
+        epsilon_kde=args.epsilon_kde,
+        epsilon_count=args.epsilon_count,
+        per_class=per_class,
+        total=args.total,
+        vocabulary_size=args.vocabulary_size,
+        max_matches_per_document=args.max_matches_per_document,
+        sequence_length=args.sequence_length,
+        mode=args.mode,
+        ensemble=args.ensemble,
+        num_features=args.num_features,
+        bandwidth=args.bandwidth,
+        temperature=args.temperature,
+        max_phrases_per_document=args.max_phrases_per_document,
+        seed=args.seed,
+        device=args.device,
+    ).validate()
+
+
+def _warn_owner(result: Any) -> None:
+    """Facts about the private corpus, for its owner's terminal only."""
+    diag = result.owner_diagnostics
+    if diag.documents_without_match:
+        print(
+            f"warning: {diag.documents_without_match} of {diag.documents} documents contain no "
+            "phrase of the vocabulary; they contribute nothing to the synthetic corpus",
+            file=sys.stderr,
+        )
+    for label, n in diag.documents_per_class.items():
+        if n < SMALL_CLASS:
+            print(
+                f"warning: label {label!r} has {n} document(s); its sequences will be mostly "
+                "noise at this ε",
+                file=sys.stderr,
+            )
+
+
+def _endpoint_for(choice: str, settings: Any) -> Any:
+    from workers.dpkps.prompting import LLMEndpoint
+
+    endpoint = LLMEndpoint.from_settings(settings)
+    if endpoint is None:
+        key = settings.llm_api_key.get_secret_value() or os.environ.get("OPENAI_API_KEY", "")
+        if not key:
+            raise ConfigError(
+                "set KEYSEED_LLM_API_KEY (or OPENAI_API_KEY), and KEYSEED_LLM_BASE_URL for a "
+                "server other than OpenAI's",
+                field="llm",
+            )
+        endpoint = LLMEndpoint(
+            base_url="https://api.openai.com/v1",
+            model=settings.llm_model or "gpt-4o-mini",
+            api_key=key,
+            timeout=settings.llm_timeout,
+            max_tokens=settings.llm_max_tokens,
+        )
+    return endpoint
+
+
+def _prompt(
+    args: argparse.Namespace, sequences: Sequence[Any], settings: Any, progress: _Progress
+) -> tuple[list[str | None], dict[str, Any]]:
+    """Texts for every sequence (None where the LLM failed) and a public summary."""
+    from workers.dpkps.local_llm import LocalLLMServer
+    from workers.dpkps.prompting import PromptSpec, run_prompts
+
+    spec = PromptSpec(
+        document_type=args.document_type, few_shot=_read_few_shot(args.few_shot)
+    ).validate()
+    keyphrases = [list(s.keyphrases) for s in sequences]
+    concurrency = args.llm_concurrency or settings.llm_concurrency
+    max_calls = args.max_llm_calls or settings.llm_max_calls
+
+    def run(endpoint: Any) -> list[Any]:
+        return run_prompts(
+            keyphrases,
+            endpoint=endpoint,
+            spec=spec,
+            concurrency=concurrency,
+            max_calls=max_calls,
+            progress=progress.prompts,
+        )
+
+    if args.llm == "local":
+        with LocalLLMServer() as server:
+            endpoint = server.endpoint
+            outcomes = run(endpoint)
+    else:
+        endpoint = _endpoint_for(args.llm, settings)
+        outcomes = run(endpoint)
+    failures = Counter(o.error for o in outcomes if o.text is None)
+    summary = {
+        "llm": args.llm,
+        "base_url": endpoint.base_url if args.llm == "openai" else "local",
+        "model": endpoint.model,
+        "document_type": spec.document_type,
+        "few_shot_examples": len(spec.few_shot),
+        "requested": len(outcomes),
+        "succeeded": len(outcomes) - sum(failures.values()),
+        "failed": dict(failures),
+    }
+    return [o.text for o in outcomes], summary
+
+
+def generate(args: argparse.Namespace) -> int:
+    started = time.time()
+    try:
+        return _generate(args, started)
+    except KeyseedError as exc:
+        return _fail(exc)
+
+
+def _generate(args: argparse.Namespace, started: float) -> int:
+    from workers.dpkps.corpus import read_labelled
+    from workers.dpkps.embeddings import EmbeddingCache, SentenceEmbedder
+    from workers.dpkps.errors import InputDataError
+    from workers.dpkps.pipeline import generate_sequences, shuffled
+    from workers.dpkps.vocabulary import load_vocabulary
+    from workers.settings import CoreSettings
+
+    config = _config(args)
+    if args.output.suffix.lower() != ".jsonl":
+        raise ConfigError("must name a .jsonl file", field="output")
+    if not args.output.parent.is_dir():
+        raise ConfigError(f"folder {args.output.parent} does not exist", field="output")
+    if args.llm_concurrency is not None and not 1 <= args.llm_concurrency <= 256:
+        raise ConfigError("must be between 1 and 256", field="llm_concurrency")
+    if args.max_llm_calls is not None and args.max_llm_calls < 1:
+        raise ConfigError("must be ≥ 1", field="max_llm_calls")
+    settings = CoreSettings()
+    corpus = read_labelled(
+        args.input, text_columns=args.text_columns, label_column=args.label_column
+    )
+    if args.labels is not None:
+        label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
+        if not label_set:
+            raise ConfigError("declare at least one label", field="labels")
+        label_source = "declared"
+    else:
+        label_set = sorted(corpus.label_set())
+        label_source = "input"
+    if len(label_set) < 2:
+        raise InputDataError("a labelled corpus needs at least two labels", field="labels")
+    vocabulary = load_vocabulary(args.vocabulary)
+    config.check_vocabulary(vocabulary.name, len(vocabulary))
+    embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
+    cache = EmbeddingCache(settings.embedding_cache_dir)
+    progress = _Progress()
+    try:
+        result = generate_sequences(
+            corpus.texts,
+            corpus.labels,
+            label_set=label_set,
+            vocabulary=vocabulary,
+            config=config,
+            embedder=embedder,
+            cache=cache,
+            progress=progress,
+        )
+        progress.close()
+        _warn_owner(result)
+        sequences = shuffled(result.sequences, config.seed)
+        prompting: dict[str, Any] = {"llm": "none"}
+        texts: list[str | None] = [" ".join(s.keyphrases) for s in sequences]
+        if args.llm != "none":
+            texts, prompting = _prompt(args, sequences, settings, progress)
+    finally:
+        progress.close()
+    manifest_path = args.output.with_name(args.output.name[: -len(".jsonl")] + ".manifest.json")
+    manifest = {
+        **result.manifest(),
+        "labels": {"names": label_set, "source": label_source},
+        "prompting": prompting,
+        "input": {"text_columns": args.text_columns, "label_column": args.label_column},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": round(time.time() - started, 1),
+    }
+    written = 0
+    with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
+        with open(out_tmp, "w", encoding="utf-8") as out:
+            for seq, text in zip(sequences, texts, strict=True):
+                if text is None:
+                    continue  # the LLM failed on it; counted in the manifest
+                record = {"label": seq.label, "keyphrases": list(seq.keyphrases), "text": text}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                written += 1
+        manifest["documents_written"] = written
+        manifest_tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+        if written == 0:
+            raise KeyseedError("the language model produced no text for any sequence", field="llm")
+    print(
+        f"wrote {written} synthetic documents to {args.output} "
+        f"(ε spent: {result.report.total:g}; manifest {manifest_path})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _read_synthetic(path: Path) -> tuple[list[str], list[str]]:
+    from workers.dpkps.errors import InputDataError
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError as exc:
+        raise InputDataError(f"{path} does not exist", field="synthetic") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputDataError(f"cannot read {path} as UTF-8", field="synthetic") from exc
+    texts: list[str] = []
+    labels: list[str] = []
+    for row, line in enumerate((x for x in lines if x.strip()), start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputDataError(f"row {row} is not valid JSON", field="synthetic") from None
+        if not isinstance(record, dict) or "label" not in record:
+            raise InputDataError(f"row {row} has no label", field="synthetic")
+        text = record.get("text") or " ".join(record.get("keyphrases") or [])
+        if not isinstance(text, str) or not text.strip():
+            raise InputDataError(f"row {row} has neither text nor keyphrases", field="synthetic")
+        texts.append(text)
+        labels.append(str(record["label"]))
+    if not texts:
+        raise InputDataError(f"{path} holds no synthetic document", field="synthetic")
+    return texts, labels
+
+
+@contextmanager
+def _fields_as(options: dict[str, str]) -> Iterator[None]:
+    """Re-label an evaluation error's field as the option that supplied the data."""
+    try:
+        yield
+    except KeyseedError as exc:
+        if exc.field in options:
+            exc.field = options[exc.field]
+        raise
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    try:
+        return _evaluate(args)
+    except KeyseedError as exc:
+        return _fail(exc)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from workers.dpkps.corpus import read_labelled
+    from workers.dpkps.embeddings import SentenceEmbedder
+    from workers.dpkps.evaluation import DEFAULT_CLASSIFIER, train_and_score
+
+    classifier = args.classifier or DEFAULT_CLASSIFIER
+    texts, labels = _read_synthetic(args.synthetic)
+    test = read_labelled(
+        args.test, text_columns=args.text_columns, label_column=args.label_column, field="test"
+    )
+    unlabeled = None
+    if args.unlabeled is not None:
+        unlabeled = read_labelled(
+            args.unlabeled, text_columns=args.text_columns, label_column=None, field="unlabeled"
+        ).texts
+    embedder = SentenceEmbedder() if classifier == "embedding" else None
+    coral = {} if args.coral_weight is None else {"coral_weight": args.coral_weight}
+    data = {
+        "train_texts": "synthetic",
+        "train_labels": "synthetic",
+        "test_texts": "test",
+        "test_labels": "test",
+    }
+    with _fields_as(data):
+        synthetic = train_and_score(
+            texts,
+            labels,
+            test.texts,
+            test.labels,
+            classifier=classifier,
+            unlabeled=unlabeled,
+            seed=args.seed,
+            embedder=embedder,
+            **coral,
+        )
+    out: dict[str, Any] = {**synthetic.to_dict()}
+    if args.train_real is not None:
+        real = read_labelled(
+            args.train_real,
+            text_columns=args.text_columns,
+            label_column=args.label_column,
+            field="train_real",
+        )
+        with _fields_as({**data, "train_texts": "train_real", "train_labels": "train_real"}):
+            baseline = train_and_score(
+                real.texts,
+                real.labels,
+                test.texts,
+                test.labels,
+                classifier=classifier,
+                seed=args.seed,
+                embedder=embedder,
+            )
+        out["accuracy_real"] = baseline.accuracy
+        out["macro_f1_real"] = baseline.macro_f1
+        out["relative_accuracy"] = (
+            synthetic.accuracy / baseline.accuracy if baseline.accuracy else None
+        )
+    print(json.dumps(out))
+    return 0
