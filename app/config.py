@@ -1,0 +1,148 @@
+"""The service's settings: :class:`workers.settings.CoreSettings` plus what the API needs.
+
+Every name is read from ``KEYSEED_<NAME>``; ``DATABASE_URL`` and ``REDIS_URL`` are
+honoured as well. With neither set the service runs embedded: a SQLite file and a
+SQLite-backed Celery broker under ``data_dir``, and a document key generated there.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from workers.settings import CoreSettings
+
+DATA_KEY_FILE = "data.key"
+BUILTIN_LLMS = ("none", "local")  # no prompting; the packaged model served locally
+
+
+class LLMEndpointSettings(BaseModel):
+    """An OpenAI-compatible endpoint a job may name; its key never leaves the server."""
+
+    base_url: str = Field(pattern=r"^https?://")
+    model: str = Field(min_length=1)
+    api_key: SecretStr = SecretStr("")
+    api_key_file: Path | None = None
+
+    def key(self) -> str:
+        if self.api_key.get_secret_value():
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            return self.api_key_file.read_text(encoding="utf-8").strip()
+        return ""
+
+
+class Settings(CoreSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="KEYSEED_", extra="ignore", validate_by_name=True, hide_input_in_errors=True
+    )
+
+    data_dir: Path = Path("var")
+    database_url: str = Field(
+        default="", validation_alias=AliasChoices("KEYSEED_DATABASE_URL", "DATABASE_URL")
+    )
+    broker_url: str = Field(
+        default="",
+        validation_alias=AliasChoices("KEYSEED_BROKER_URL", "KEYSEED_REDIS_URL", "REDIS_URL"),
+    )
+    data_key: SecretStr = SecretStr("")  # base64 of 32 bytes (AES-256-GCM)
+    data_key_file: Path | None = None
+    max_upload_bytes: int = Field(default=256 * 2**20, ge=1024)
+    max_json_bytes: int = Field(default=2**20, ge=1024)
+    llm_endpoints: dict[str, LLMEndpointSettings] = Field(default_factory=dict)
+    sequences_queue: Literal["cpu", "gpu"] = "cpu"  # where stages 1-6 run
+    job_soft_time_limit: int = Field(default=6 * 3600, ge=1)
+    job_time_limit: int = Field(default=6 * 3600 + 300, ge=1)
+    # Redis key prefix of every broker key (isolates deployments sharing one Redis).
+    broker_key_prefix: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9._:-]*$")
+    # The running packaged LLM server (``keyseed serve`` starts one and sets this); when
+    # empty, a job naming the "local" LLM starts one for the duration of its prompting.
+    local_llm_url: str = Field(default="", pattern=r"^(https?://.+)?$")
+    llm_max_retries: int = Field(default=5, ge=0, le=100)  # per sequence, per prompting run
+    llm_backoff_base: float = Field(default=0.5, ge=0, le=3600)
+    llm_backoff_max: float = Field(default=30.0, ge=0, le=3600)
+    progress_interval: float = Field(default=2.0, ge=0, le=3600)  # seconds between writes
+    log_level: str = "INFO"
+    log_json: bool = True
+    # The admin dashboard's session cookie is Secure over https ("auto"), or always/never.
+    admin_cookie_secure: Literal["auto", "always", "never"] = "auto"
+    admin_session_hours: float = Field(default=8.0, gt=0, le=7 * 24)
+
+    @field_validator("llm_endpoints")
+    @classmethod
+    def _no_reserved_names(
+        cls, value: dict[str, LLMEndpointSettings]
+    ) -> dict[str, LLMEndpointSettings]:
+        clash = sorted(set(value) & set(BUILTIN_LLMS))
+        if clash:
+            raise ValueError(f"endpoint names {clash} are reserved")
+        return value
+
+    @property
+    def embedded(self) -> bool:
+        return not self.database_url
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            if url.startswith("postgres://"):
+                url = "postgresql://" + url.removeprefix("postgres://")
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+            return url
+        return f"sqlite:///{self.data_dir.resolve() / 'keyseed.sqlite3'}"
+
+    @property
+    def celery_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.data_dir.resolve() / 'broker.sqlite3'}"
+
+    @property
+    def llm_names(self) -> tuple[str, ...]:
+        """Every name a job spec may give as ``llm``."""
+        return (*BUILTIN_LLMS, *sorted(self.llm_endpoints))
+
+    def document_key(self) -> bytes:
+        """The AES-256 key of documents at rest.
+
+        From ``KEYSEED_DATA_KEY`` or ``KEYSEED_DATA_KEY_FILE`` (base64 of 32 bytes). When
+        neither is set and the service is embedded, a key is generated once into
+        ``data_dir/data.key`` (mode 0600); a server database requires a configured key.
+        """
+        text = self.data_key.get_secret_value().strip()
+        if not text and self.data_key_file is not None:
+            text = self.data_key_file.read_text(encoding="utf-8").strip()
+        if not text:
+            if not self.embedded:
+                raise RuntimeError("set KEYSEED_DATA_KEY or KEYSEED_DATA_KEY_FILE")
+            text = _embedded_key(self.data_dir / DATA_KEY_FILE)
+        try:
+            key = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            key = b""
+        if len(key) != 32:
+            raise RuntimeError("the document key must be the base64 of 32 random bytes")
+        return key
+
+
+def _embedded_key(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text(encoding="utf-8").strip()
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(base64.b64encode(os.urandom(32)).decode("ascii") + "\n")
+    return path.read_text(encoding="utf-8").strip()
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return Settings()

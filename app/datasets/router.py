@@ -1,0 +1,150 @@
+"""``/v1/datasets``: upload (multipart), read, delete, change the cap, read the ledger."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, UploadFile, status
+from pydantic.json_schema import SkipJsonSchema
+
+from app.datasets import service
+from app.datasets.schemas import MAX_EPSILON, CapChange, DatasetOut, LedgerEntryOut, LedgerOut
+from app.datasets.upload import UploadSpec, detect_format
+from app.deps import CipherDep, SessionDep, SettingsDep, allowed
+from app.errors import ContentTooLarge, Unprocessable, problems
+from app.identity.policy import Action, Principal
+from app.identity.schemas import NAME_PATTERN
+from app.ledger import service as ledger
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=problems(401, 403, 413, 422))
+_NAME = NAME_PATTERN
+MAX_LABELS = 1000
+MAX_TEXT_COLUMNS = 20
+
+
+def _names(values: list[str], *, field: str, limit: int) -> tuple[str, ...]:
+    """Declared names, stripped; one value with commas is a comma-separated list."""
+    if len(values) == 1 and "," in values[0]:
+        values = values[0].split(",")
+    names = tuple(v.strip() for v in values)
+    if not names or len(names) > limit:
+        raise Unprocessable(f"declare between 1 and {limit}", field=field)
+    if any(not n or len(n) > 200 or not n.isprintable() for n in names):
+        raise Unprocessable(
+            "a declared name is empty, longer than 200 characters or not printable", field=field
+        )
+    if len(set(names)) != len(names):
+        raise Unprocessable("a name is declared twice", field=field)
+    return names
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatasetOut,
+    responses=problems(400, 413, 415),
+    summary="Upload a labelled corpus (CSV or JSONL)",
+)
+def upload_dataset(
+    session: SessionDep,
+    cipher: CipherDep,
+    settings: SettingsDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
+    file: Annotated[UploadFile, File(description="UTF-8 CSV with a header row, or JSONL")],
+    name: Annotated[str, Form(min_length=1, max_length=200, pattern=_NAME)],
+    text_column: Annotated[list[str], Form(min_length=1, description="Repeat for several columns")],
+    label_column: Annotated[str, Form(min_length=1, max_length=200, pattern=_NAME)],
+    labels: Annotated[
+        list[str],
+        Form(
+            min_length=1,
+            description="The declared label set (public schema); repeat, or "
+            "give one comma-separated value",
+        ),
+    ],
+    epsilon_cap: Annotated[float, Form(gt=0, le=MAX_EPSILON, allow_inf_nan=False)],
+    format: Annotated[
+        Literal["csv", "jsonl"] | SkipJsonSchema[None],
+        Form(description="Detected from the file name and content when not given"),
+    ] = None,
+    on_empty: Annotated[Literal["skip", "reject"], Form()] = "skip",
+    on_duplicate: Annotated[Literal["skip", "reject"], Form()] = "skip",
+) -> DatasetOut:
+    """Documents are sealed (AES-256-GCM) before they are stored; the response and any
+    error name rows and counts, never a document. Rows whose label is not declared,
+    whose label or text column is missing, are refused with their row numbers, and then
+    nothing is stored."""
+    size = file.size if file.size is not None else 0
+    if size > settings.max_upload_bytes:
+        raise ContentTooLarge(f"the file is larger than {settings.max_upload_bytes} bytes")
+    text_columns = _names(text_column, field="text_column", limit=MAX_TEXT_COLUMNS)
+    label_set = _names(labels, field="labels", limit=MAX_LABELS)
+    if label_column.strip() in text_columns:
+        raise Unprocessable("the label column is also a text column", field="label_column")
+    head = file.file.read(8192)
+    file.file.seek(0)
+    spec = UploadSpec(
+        format=detect_format(format, file.filename, head),
+        text_columns=text_columns,
+        label_column=label_column.strip(),
+        labels=label_set,
+        on_empty=on_empty,
+        on_duplicate=on_duplicate,
+    )
+    new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, upload=spec)
+    dataset = service.create_dataset(session, principal, cipher, new, file.file, size)
+    return service.to_out(session, dataset)
+
+
+@router.get("", response_model=list[DatasetOut])
+def list_datasets(
+    session: SessionDep, principal: Annotated[Principal, allowed(Action.DATASET_READ)]
+) -> list[DatasetOut]:
+    return [service.to_out(session, d) for d in service.list_datasets(session, principal)]
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=problems(404))
+def get_dataset(
+    dataset_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_READ)],
+) -> DatasetOut:
+    return service.to_out(session, service.get_dataset(session, principal, dataset_id))
+
+
+@router.delete("/{dataset_id}", response_model=DatasetOut, responses=problems(404, 409))
+def delete_dataset(
+    dataset_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_DELETE)],
+) -> DatasetOut:
+    """Purge the documents. The dataset's metadata, jobs, releases and ledger remain."""
+    return service.to_out(session, service.delete_dataset(session, principal, dataset_id))
+
+
+@router.patch("/{dataset_id}", response_model=DatasetOut, responses=problems(400, 404, 409))
+def change_cap(
+    dataset_id: uuid.UUID,
+    body: CapChange,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_SET_CAP)],
+) -> DatasetOut:
+    """Set the dataset's ε cap (admin only; the reason goes to the audit trail)."""
+    dataset = service.set_cap(session, principal, dataset_id, body.epsilon_cap, body.reason)
+    return service.to_out(session, dataset)
+
+
+@router.get("/{dataset_id}/ledger", response_model=LedgerOut, responses=problems(404))
+def get_ledger(
+    dataset_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.LEDGER_READ)],
+) -> LedgerOut:
+    dataset = service.get_dataset(session, principal, dataset_id)
+    figures, entries = ledger.ledger_of(session, dataset)
+    return LedgerOut(
+        dataset_id=dataset.id,
+        budget=service.budget_out(figures),
+        entries=[LedgerEntryOut.model_validate(e) for e in entries],
+    )

@@ -1,0 +1,78 @@
+"""What the API shows of a dataset: metadata, declared labels, sizes, budget; never text."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+MAX_EPSILON = 1000.0
+
+
+def not_a_boolean(value: Any) -> Any:
+    """Refuse ``true``/``false`` where a number is asked (pydantic would read 1 and 0)."""
+    if isinstance(value, bool):
+        raise ValueError("true or false is not accepted here")
+    return value
+
+
+# A privacy parameter: finite (``allow_inf_nan=False`` on the models), positive, bounded.
+# (The bounds come first: after a validator they would be missing from the JSON schema.)
+Epsilon = Annotated[float, Field(gt=0, le=MAX_EPSILON), BeforeValidator(not_a_boolean)]
+
+
+class BudgetOut(BaseModel):
+    epsilon_cap: float
+    delta_cap: float
+    spent: float
+    reserved: float
+    remaining: float
+    accountant: str
+
+
+class DatasetOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    organisation_id: uuid.UUID
+    name: str
+    format: str
+    text_columns: list[str]
+    label_column: str
+    labels: list[str]
+    documents: int
+    skipped_empty: int
+    skipped_duplicate: int
+    upload_bytes: int
+    created_at: datetime
+    deleted_at: datetime | None
+    budget: BudgetOut
+
+
+class CapChange(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    epsilon_cap: Epsilon
+    reason: str = Field(min_length=3, max_length=1000, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]+$")
+
+
+class LedgerEntryOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    job_id: uuid.UUID
+    kind: str
+    epsilon: float
+    delta: float
+    epsilon_by_mechanism: dict[str, Any]
+    accountant: str
+    actor: str
+    created_at: datetime
+
+
+class LedgerOut(BaseModel):
+    dataset_id: uuid.UUID
+    budget: BudgetOut
+    entries: list[LedgerEntryOut]

@@ -1,0 +1,248 @@
+"""Reading an uploaded corpus (CSV or JSONL) as a stream, with errors that name rows.
+
+Rows are numbered from 1 (the header of a CSV is row 0; blank lines are not rows).
+Nothing in an error comes from the file: messages name rows, lines and the columns the
+uploader declared, never a value, a header cell or a label found in the data.
+
+Policies the uploader chooses (``on_empty``, ``on_duplicate``): ``skip`` (default) leaves
+empty and repeated documents out and counts them; ``reject`` makes them row errors. A
+repeat is a document whose text equals an earlier one's after whitespace is collapsed.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from app.errors import Unprocessable, UnsupportedMediaType
+
+csv.field_size_limit(2**31 - 1)  # the body limit bounds a field; clinical notes are long
+
+MAX_ROW_ERRORS = 50
+MAX_DOCUMENT_CHARS = 1_000_000
+FORMATS = ("csv", "jsonl")
+POLICIES = ("skip", "reject")
+_SIGNATURES = {
+    b"PK\x03\x04": "a zip archive",
+    b"PK\x05\x06": "a zip archive",
+    b"\x1f\x8b": "gzip data",
+    b"BZh": "bzip2 data",
+    b"\xfd7zXZ\x00": "xz data",
+    b"\x28\xb5\x2f\xfd": "zstd data",
+    b"7z\xbc\xaf\x27\x1c": "a 7-zip archive",
+    b"Rar!": "a RAR archive",
+    b"%PDF-": "a PDF document",
+    b"\xd0\xcf\x11\xe0": "an OLE document (old Excel or Word)",
+    b"\xff\xfe": "UTF-16 text",
+    b"\xfe\xff": "UTF-16 text",
+}
+
+
+@dataclass(frozen=True)
+class UploadSpec:
+    format: str
+    text_columns: tuple[str, ...]
+    label_column: str
+    labels: tuple[str, ...]
+    on_empty: str = "skip"
+    on_duplicate: str = "skip"
+
+
+@dataclass
+class UploadReport:
+    rows: int = 0
+    documents: int = 0
+    skipped_empty: int = 0
+    skipped_duplicate: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    error_count: int = 0
+
+    def error(self, row: int, message: str, column: str | None = None) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_ROW_ERRORS:
+            self.errors.append({"row": row, "column": column, "message": message})
+
+
+class _LineError(Exception):
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.line = line
+        self.problem = problem
+
+
+def check_content(head: bytes) -> None:
+    """Refuse archives, compressed and binary files from their first bytes."""
+    for signature, what in _SIGNATURES.items():
+        if head.startswith(signature):
+            raise UnsupportedMediaType(f"the file is {what}; upload UTF-8 CSV or JSONL text")
+    if b"\x00" in head:
+        raise UnsupportedMediaType("the file holds binary data; upload UTF-8 CSV or JSONL text")
+
+
+def detect_format(declared: str | None, filename: str | None, head: bytes) -> str:
+    if declared:
+        return declared
+    suffix = (filename or "").rsplit(".", 1)[-1].lower() if "." in (filename or "") else ""
+    if suffix in ("jsonl", "ndjson"):
+        return "jsonl"
+    if suffix in ("csv", "txt"):
+        return "csv"
+    return "jsonl" if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") else "csv"
+
+
+def _lines(stream: IO[bytes]) -> Iterator[str]:
+    """Decoded lines (ending kept, for the CSV reader); errors name the physical line."""
+    for number, raw in enumerate(iter(stream.readline, b""), start=1):
+        if b"\x00" in raw:
+            raise _LineError(number, "holds binary data (a NUL byte)")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _LineError(number, "is not valid UTF-8") from None
+        yield line.removeprefix("\ufeff") if number == 1 else line
+
+
+def _csv_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
+    reader = csv.reader(_lines(stream))
+    header = next((values for values in reader if any(v.strip() for v in values)), None)
+    if header is None:
+        raise Unprocessable("the file is empty", field="file")
+    names = [name.strip() for name in header]
+    for column in (*spec.text_columns, spec.label_column):
+        which = "label_column" if column == spec.label_column else "text_column"
+        if column not in names:
+            raise Unprocessable(f"column {column!r} is not in the header", field=which)
+        if names.count(column) > 1:  # which of them holds the data would be a guess
+            raise Unprocessable(f"column {column!r} is in the header more than once", field=which)
+    row = 0
+    for values in reader:
+        if not any(v.strip() for v in values):
+            continue  # a blank line is not a row
+        row += 1
+        if len(values) != len(names):
+            yield row, {"__error__": f"has {len(values)} fields, the header {len(names)}"}
+            continue
+        yield row, dict(zip(names, values, strict=True))
+
+
+def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
+    row = 0
+    for line in _lines(stream):
+        if not line.strip():
+            continue
+        row += 1
+        try:
+            value = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            yield row, {"__error__": "is not valid JSON"}
+            continue
+        if not isinstance(value, dict):
+            yield row, {"__error__": "is not a JSON object"}
+            continue
+        yield row, value
+
+
+def _cell(record: dict[str, Any], column: str) -> str | None:
+    """The text of a cell, or None when it is absent, not a scalar, or not Unicode text
+    (JSON can escape a lone surrogate, which no UTF-8 text holds)."""
+    if column not in record:
+        return None
+    value = record[column]
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return text
+
+
+def read_documents(
+    stream: IO[bytes], spec: UploadSpec, report: UploadReport
+) -> Iterator[tuple[int, str, str]]:
+    """``(row, text, label)`` of every row to store; row errors go to ``report``.
+
+    Once a row error is seen nothing more is yielded (the upload will be refused), but
+    the file is read to the end so that the report lists the errors of every row.
+    Structural errors (not UTF-8, malformed CSV, missing column) raise ``Unprocessable``.
+    """
+    declared = set(spec.labels)
+    seen: dict[bytes, int] = {}
+    records = _csv_records if spec.format == "csv" else _jsonl_records
+    row = 0
+    try:
+        for row, record in records(stream, spec):
+            report.rows = row
+            if "__error__" in record:
+                report.error(row, f"the row {record['__error__']}")
+                continue
+            parts: list[str] = []
+            for column in spec.text_columns:
+                cell = _cell(record, column)
+                if cell is None:
+                    report.error(row, "the column is missing or not Unicode text", column)
+                    break
+                parts.append(" ".join(cell.split()))
+            else:
+                label = _cell(record, spec.label_column)
+                text = ". ".join(p for p in parts if p)
+                if _check_row(report, row, text, label, spec, declared, seen):
+                    assert label is not None
+                    if report.error_count == 0:
+                        report.documents += 1
+                        yield row, text, label.strip()
+    except _LineError as exc:
+        raise Unprocessable(
+            f"line {exc.line} (row {row + 1}) {exc.problem}",
+            field="file",
+            row=row + 1,
+            line=exc.line,
+        ) from None
+    except csv.Error:
+        raise Unprocessable(f"malformed CSV at row {row + 1}", field="file", row=row + 1) from None
+
+
+def _check_row(
+    report: UploadReport,
+    row: int,
+    text: str,
+    label: str | None,
+    spec: UploadSpec,
+    declared: set[str],
+    seen: dict[bytes, int],
+) -> bool:
+    """Whether the row is a document to store (errors and skips are recorded)."""
+    if label is None:
+        report.error(row, "the label is missing or not Unicode text", spec.label_column)
+        return False
+    if not label.strip():
+        report.error(row, "the label is empty", spec.label_column)
+        return False
+    if label.strip() not in declared:
+        report.error(row, "the label is not one of the declared labels", spec.label_column)
+        return False
+    if len(text) > MAX_DOCUMENT_CHARS:
+        report.error(row, f"the document is longer than {MAX_DOCUMENT_CHARS} characters")
+        return False
+    if not text:
+        if spec.on_empty == "reject":
+            report.error(row, "the document is empty")
+        else:
+            report.skipped_empty += 1
+        return False
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    first = seen.setdefault(digest, row)
+    if first != row:
+        if spec.on_duplicate == "reject":
+            report.error(row, f"the document repeats row {first}")
+        else:
+            report.skipped_duplicate += 1
+        return False
+    return True

@@ -1,0 +1,76 @@
+"""Request dependencies, defined once: the session, the settings, the caller.
+
+The session commits when the route returns and rolls back when it raises; it ends
+before the response is sent (``scope="function"``), so a failed commit is an error
+response, never a success the database does not hold. Routes never commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.crypto import DocumentCipher
+from app.db import Database
+from app.errors import Unauthorized
+from app.identity import policy
+from app.identity import service as identity
+from app.identity.policy import Action, Principal
+
+_bearer = HTTPBearer(
+    auto_error=False, bearerFormat="ks_<prefix>_<secret>", description="An API key"
+)
+
+
+def get_database(request: Request) -> Database:
+    database: Database = request.app.state.database
+    return database
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_cipher(request: Request) -> DocumentCipher:
+    cipher: DocumentCipher = request.app.state.cipher
+    return cipher
+
+
+def get_session(database: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
+    with database.transaction() as session:
+        yield session
+
+
+DatabaseDep = Annotated[Database, Depends(get_database)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+CipherDep = Annotated[DocumentCipher, Depends(get_cipher)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def get_principal(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if credentials is None or not credentials.credentials:
+        raise Unauthorized("send an API key: Authorization: Bearer ks_…")
+    return identity.authenticate(session, credentials.credentials)
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal, scope="function")]
+
+
+def allowed(action: Action) -> Any:
+    """``Annotated[Principal, allowed(Action.X)]``: the caller, if its role may do X."""
+
+    def dependency(principal: CurrentPrincipal) -> Principal:
+        return policy.authorize(principal, action)
+
+    dependency.__name__ = f"allowed_{action.name.lower()}"
+    check: Callable[..., Principal] = dependency
+    return Depends(check, scope="function")

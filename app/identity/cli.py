@@ -1,0 +1,190 @@
+"""``keyseed admin``: the platform's first key, organisations, keys, people, migrations.
+
+Every command works on the database of the service settings (``KEYSEED_DATABASE_URL`` or
+``DATABASE_URL``; the embedded SQLite file otherwise) and, except ``migrate``, expects
+its schema to be current: run ``keyseed admin migrate`` first. Secrets are printed once,
+as the last line of stdout; everything else goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+HANDLER = "app.identity.cli"
+
+
+def register(subparsers: Any) -> None:
+    admin = subparsers.add_parser("admin", help="administer the keyseed service")
+    commands = admin.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
+
+    migrate = commands.add_parser("migrate", help="bring the database schema up to date")
+    migrate.add_argument("--revision", default="head")
+    migrate.set_defaults(handler=f"{HANDLER}:migrate")
+
+    bootstrap = commands.add_parser("bootstrap", help="make the first admin key")
+    bootstrap.add_argument(
+        "--force", action="store_true", help="make another admin key even if one exists"
+    )
+    bootstrap.set_defaults(handler=f"{HANDLER}:bootstrap")
+
+    org = commands.add_parser("create-org", help="create an organisation; prints its id")
+    org.add_argument("name")
+    org.add_argument("--kind", choices=("owner", "client"), required=True)
+    org.set_defaults(handler=f"{HANDLER}:create_org")
+
+    key = commands.add_parser("create-key", help="create an API key; prints the key")
+    key.add_argument("--org", type=uuid.UUID, help="organisation id (not for admin/auditor)")
+    key.add_argument("--role", choices=("owner", "client", "admin", "auditor"), required=True)
+    key.add_argument("--name", default="")
+    key.set_defaults(handler=f"{HANDLER}:create_key")
+
+    revoke = commands.add_parser("revoke-key", help="revoke an API key")
+    revoke.add_argument("key", help="the key's id, its prefix, or the key itself")
+    revoke.set_defaults(handler=f"{HANDLER}:revoke_key")
+
+    user = commands.add_parser("create-user", help="create a dashboard user (admin|auditor)")
+    user.add_argument("--username", required=True)
+    user.add_argument("--role", choices=("admin", "auditor"), required=True)
+    user.add_argument("--email")
+    user.add_argument(
+        "--password-file", type=Path, help="else $KEYSEED_ADMIN_PASSWORD, else a prompt"
+    )
+    user.set_defaults(handler=f"{HANDLER}:create_user")
+
+
+def _fail(message: str) -> int:
+    print(f"keyseed admin: {message}", file=sys.stderr)
+    return 1
+
+
+def _run(action: Any) -> int:
+    """Run ``action(session)`` in one transaction against a current schema."""
+    import migrations
+    from app.config import get_settings
+    from app.db import Database
+    from app.errors import Problem
+
+    settings = get_settings()
+    url = settings.sqlalchemy_url
+    try:
+        current = migrations.current_revision(url)
+    except Exception as exc:
+        return _fail(f"cannot reach the database ({type(exc).__name__})")
+    if current != migrations.head_revision():
+        return _fail("the database schema is not current: run `keyseed admin migrate`")
+    database = Database.from_settings(settings)
+    try:
+        with database.transaction() as session:
+            output = action(session)
+    except Problem as exc:
+        return _fail(str(exc.detail or exc.title))
+    finally:
+        database.dispose()
+    print(output)
+    return 0
+
+
+def migrate(args: argparse.Namespace) -> int:
+    import migrations
+    from app.config import get_settings
+
+    migrations.upgrade(get_settings().sqlalchemy_url, args.revision)
+    print(f"database at revision {args.revision}", file=sys.stderr)
+    return 0
+
+
+def bootstrap(args: argparse.Namespace) -> int:
+    from app.identity import service
+
+    def action(session: Any) -> str:
+        key, plaintext = service.bootstrap(session, force=args.force)
+        print(f"admin key {key.prefix} created; it is shown once:", file=sys.stderr)
+        return plaintext
+
+    return _run(action)
+
+
+def create_org(args: argparse.Namespace) -> int:
+    from app.identity import service
+    from app.identity.policy import Actor
+
+    def action(session: Any) -> str:
+        organisation = service.create_organisation(
+            session, Actor.system("cli"), name=args.name, kind=args.kind
+        )
+        return str(organisation.id)
+
+    return _run(action)
+
+
+def create_key(args: argparse.Namespace) -> int:
+    from app.identity import service
+    from app.identity.policy import Actor
+
+    def action(session: Any) -> str:
+        key, plaintext = service.create_key(
+            session, Actor.system("cli"), organisation_id=args.org, role=args.role, name=args.name
+        )
+        print(f"{args.role} key {key.prefix} created; it is shown once:", file=sys.stderr)
+        return plaintext
+
+    return _run(action)
+
+
+def revoke_key(args: argparse.Namespace) -> int:
+    from app.errors import NotFound
+    from app.identity import repository, service
+    from app.identity.policy import Actor
+
+    def action(session: Any) -> str:
+        try:
+            key_id = uuid.UUID(args.key)
+        except ValueError:
+            prefix = args.key.split("_")[1] if args.key.startswith("ks_") else args.key
+            found = repository.key_by_prefix(session, prefix)
+            if found is None:
+                raise NotFound("no such key") from None
+            key_id = found.id
+        key = service.revoke_key(session, Actor.system("cli"), key_id)
+        return str(key.id)
+
+    return _run(action)
+
+
+def _password(args: argparse.Namespace) -> str:
+    if args.password_file is not None:
+        return str(args.password_file.read_text(encoding="utf-8")).rstrip("\n")
+    if os.environ.get("KEYSEED_ADMIN_PASSWORD"):
+        return os.environ["KEYSEED_ADMIN_PASSWORD"]
+    if not sys.stdin.isatty():
+        raise SystemExit(_fail("give --password-file or set KEYSEED_ADMIN_PASSWORD"))
+    first = getpass.getpass("password: ")
+    if first != getpass.getpass("again: "):
+        raise SystemExit(_fail("the passwords differ"))
+    return first
+
+
+def create_user(args: argparse.Namespace) -> int:
+    from app.identity import service
+    from app.identity.policy import Actor
+
+    password = _password(args)
+
+    def action(session: Any) -> str:
+        user = service.create_user(
+            session,
+            Actor.system("cli"),
+            username=args.username,
+            role=args.role,
+            password=password,
+            email=args.email,
+        )
+        return str(user.id)
+
+    return _run(action)

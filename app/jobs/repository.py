@@ -1,0 +1,91 @@
+"""SQL for jobs and their keyphrase sequences."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from app.models import Job, KeyphraseSequence
+
+ACTIVE_STATES = ("queued", "running")
+
+
+def add(session: Session, job: Job) -> Job:
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get(session: Session, job_id: uuid.UUID, *, for_update: bool = False) -> Job | None:
+    query = select(Job).where(Job.id == job_id)
+    if for_update:
+        query = query.with_for_update().execution_options(populate_existing=True)
+    return session.scalar(query)
+
+
+def list_for_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[Job]:
+    query = select(Job).where(Job.dataset_id == dataset_id).order_by(Job.created_at.desc())
+    return session.scalars(query).all()
+
+
+def active_of_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[Job]:
+    query = select(Job).where(Job.dataset_id == dataset_id, Job.state.in_(ACTIVE_STATES))
+    return session.scalars(query.execution_options(populate_existing=True)).all()
+
+
+def counts_by_state(session: Session) -> dict[str, int]:
+    query = select(Job.state, func.count()).group_by(Job.state)
+    return {state: int(count) for state, count in session.execute(query).all()}
+
+
+def insert_sequences(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(insert(KeyphraseSequence), list(rows))
+
+
+def sequences_page(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    after: int,
+    limit: int,
+    with_text_only: bool = False,
+    without_text_only: bool = False,
+) -> Sequence[KeyphraseSequence]:
+    """Sequences of a job by position, after ``after`` (keyset pagination)."""
+    query = select(KeyphraseSequence).where(
+        KeyphraseSequence.job_id == job_id, KeyphraseSequence.position > after
+    )
+    if with_text_only:
+        query = query.where(KeyphraseSequence.text.is_not(None))
+    if without_text_only:
+        query = query.where(KeyphraseSequence.text.is_(None))
+    return session.scalars(query.order_by(KeyphraseSequence.position).limit(limit)).all()
+
+
+def get_sequence(session: Session, job_id: uuid.UUID, position: int) -> KeyphraseSequence | None:
+    query = select(KeyphraseSequence).where(
+        KeyphraseSequence.job_id == job_id, KeyphraseSequence.position == position
+    )
+    return session.scalar(query)
+
+
+def count_sequences(session: Session, job_id: uuid.UUID, *, with_text_only: bool = False) -> int:
+    query = select(func.count()).where(KeyphraseSequence.job_id == job_id)
+    if with_text_only:
+        query = query.where(KeyphraseSequence.text.is_not(None))
+    return int(session.scalar(query) or 0)
+
+
+def missing_texts_by_error(session: Session, job_id: uuid.UUID) -> dict[str, int]:
+    """Sequences without a text, counted by their error code (None: never attempted)."""
+    query = (
+        select(KeyphraseSequence.error, func.count())
+        .where(KeyphraseSequence.job_id == job_id, KeyphraseSequence.text.is_(None))
+        .group_by(KeyphraseSequence.error)
+    )
+    return {error or "not_attempted": int(count) for error, count in session.execute(query).all()}

@@ -1,0 +1,81 @@
+"""Jobs: submitted against a dataset's budget, read, cancelled, their prompting retried."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, status
+
+from app.deps import SessionDep, SettingsDep, allowed
+from app.errors import problems
+from app.identity.policy import Action, Principal
+from app.jobs import service
+from app.jobs.schemas import JobOut, JobSpec
+
+router = APIRouter(prefix="/v1", tags=["jobs"], responses=problems(401, 403, 404, 413, 422))
+
+
+@router.post(
+    "/datasets/{dataset_id}/jobs",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=problems(400, 409),
+)
+def submit_job(
+    dataset_id: uuid.UUID,
+    spec: JobSpec,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: Annotated[Principal, allowed(Action.JOB_SUBMIT)],
+) -> JobOut:
+    """Validate the spec, reserve its whole ε against the dataset's cap (409 when it
+    does not fit, naming what was asked and what remains) and queue the job."""
+    job = service.submit(session, principal, dataset_id, spec, settings)
+    return service.to_out(session, job)
+
+
+@router.get("/datasets/{dataset_id}/jobs", response_model=list[JobOut])
+def list_jobs(
+    dataset_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.JOB_READ)],
+) -> list[JobOut]:
+    return [service.to_out(session, j) for j in service.list_jobs(session, principal, dataset_id)]
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut)
+def get_job(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.JOB_READ)],
+) -> JobOut:
+    return service.to_out(session, service.get_job(session, principal, job_id))
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut, responses=problems(409))
+def cancel_job(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.JOB_CANCEL)],
+) -> JobOut:
+    """A job that has not read private data is cancelled and its reservation released;
+    a running one is asked to stop, and the ε it committed stays spent."""
+    return service.to_out(session, service.cancel(session, principal, job_id))
+
+
+@router.post(
+    "/jobs/{job_id}/retry",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=problems(409),
+)
+def retry_job(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.JOB_RETRY)],
+) -> JobOut:
+    """Prompt the LLM again for the sequences of a failed job that have no text (after
+    an LLM outage, say). Only jobs whose keyphrase sequences were saved qualify: the
+    private documents are not read again and no budget is reserved or spent."""
+    return service.to_out(session, service.retry(session, principal, job_id))

@@ -1,0 +1,249 @@
+"""The job life cycle as the workers drive it: state transitions and the budget rules.
+
+What is here is the bookkeeping around the engine, not the engine call itself:
+
+* :func:`start_sequences` moves a queued job to ``running`` and commits its spend with
+  :func:`app.ledger.service.commit_spend` BEFORE anything private is read; it returns
+  ``None`` when the job must not touch private data (cancelled, ended, dataset deleted,
+  or its sequences persisted already, so a redelivered task does not run the DP
+  mechanisms a second time);
+* :func:`private_documents` is the only way to decrypt a dataset's documents, and it
+  refuses unless the job's spend is committed;
+* :func:`save_sequences` persists the DP keyphrase sequences before any prompt;
+* :func:`pending_prompts` / :func:`save_outcome` let the prompting stage resume;
+* :func:`report_progress`, :func:`cancel_requested`, :func:`finish` and :func:`fail`
+  record the rest of the life cycle.
+
+Each function takes a session and leaves committing to its caller (one transaction per
+step), except that :func:`start_sequences` must be committed before the first document
+is decrypted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.crypto import DocumentCipher
+from app.datasets import repository as datasets_repo
+from app.db import enqueue_after_commit
+from app.errors import Conflict, NotFound
+from app.identity.policy import Actor
+from app.jobs import repository
+from app.ledger import service as ledger
+from app.models import Dataset, Job, utcnow
+from app.worker import RUN_PROMPTS
+
+WORKER = Actor.system("worker")
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    """What the sequences stage needs: ids, the declared labels and the spec."""
+
+    job_id: uuid.UUID
+    dataset_id: uuid.UUID
+    labels: list[str]
+    spec: dict[str, Any]
+    epsilon_by_mechanism: dict[str, float] = field(default_factory=dict)  # as reserved
+    restarted: bool = False  # a redelivered task: the spend was committed already
+
+
+def _job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+    job = repository.get(session, job_id, for_update=lock)
+    if job is None:
+        raise NotFound("no such job")
+    return job
+
+
+def _lock(session: Session, job_id: uuid.UUID) -> tuple[Job, Dataset | None]:
+    """Lock the job's dataset, then the job (the order every ledger change uses)."""
+    dataset = datasets_repo.get(session, _job(session, job_id).dataset_id, for_update=True)
+    return _job(session, job_id, lock=True), dataset
+
+
+def start_sequences(
+    session: Session, job_id: uuid.UUID, actor: Actor = WORKER
+) -> StartedJob | None:
+    """queued → running with the job's ε committed, or None if it must not run."""
+    job, dataset = _lock(session, job_id)
+    if job.state in TERMINAL_STATES or job.sequences_total > 0:
+        return None
+    if dataset is None or dataset.deleted_at is not None:
+        _end(job, "failed", "dataset_deleted", "the dataset was deleted")
+        if ledger.job_budget_state(session, job.id) == "reserved":
+            ledger.release_reservation(session, job.id, actor)
+        return None
+    if job.cancel_requested:
+        _end(job, "cancelled")
+        if ledger.job_budget_state(session, job.id) == "reserved":
+            ledger.release_reservation(session, job.id, actor)
+        return None
+    restarted = job.state == "running"
+    ledger.commit_spend(session, job.id, actor)
+    job.state, job.stage, job.progress = "running", "extract", 0.0
+    job.started_at = job.started_at or utcnow()
+    return StartedJob(
+        job.id,
+        dataset.id,
+        list(dataset.labels),
+        dict(job.spec),
+        {name: float(value) for name, value in job.epsilon_by_mechanism.items()},
+        restarted,
+    )
+
+
+def private_documents(
+    session: Session, cipher: DocumentCipher, job_id: uuid.UUID
+) -> Iterator[tuple[str, str]]:
+    """``(text, label)`` of the job's dataset, in row order, decrypted one at a time.
+
+    Refuses (:class:`Conflict`) unless the job's spend is committed: no private read is
+    ever uncharged. The text must stay in the worker's memory: never log, persist or
+    send it anywhere.
+    """
+    job = _job(session, job_id)
+    if ledger.job_budget_state(session, job.id) != "committed":
+        raise Conflict("the job's budget is not committed: it may not read private data")
+    for document in datasets_repo.iter_documents(session, job.dataset_id):
+        yield cipher.open(
+            document.dataset_id,
+            document.row,
+            document.key_id,
+            document.nonce,
+            document.ciphertext,
+        )
+
+
+def report_progress(session: Session, job_id: uuid.UUID, stage: str, fraction: float) -> None:
+    job = _job(session, job_id)
+    job.stage, job.progress = stage, min(max(float(fraction), 0.0), 1.0)
+
+
+def save_sequences(
+    session: Session,
+    job_id: uuid.UUID,
+    sequences: Iterable[tuple[str, Sequence[str]]],
+    *,
+    private_vocabulary: Sequence[str],
+    manifest: dict[str, Any],
+    texts_from_keyphrases: bool = False,
+) -> int:
+    """Persist the DP outputs of stages 1-6 (label, keyphrases) and the public manifest,
+    and queue the prompting stage for when this commits (unless the job has no LLM).
+
+    ``manifest`` is the engine's ``GenerationResult.manifest()``; the owner diagnostics
+    of a run are raw facts about private data and must not be passed here. With
+    ``texts_from_keyphrases`` (a job without LLM) each text is its keyphrases joined by
+    spaces.
+    """
+    job = _job(session, job_id, lock=True)
+    if job.sequences_total > 0:
+        raise Conflict("the job's sequences are persisted already")
+    rows = [
+        {
+            "job_id": job.id,
+            "position": i,
+            "label": label,
+            "keyphrases": list(phrases),
+            "text": " ".join(phrases) if texts_from_keyphrases else None,
+            "attempts": 0,
+        }
+        for i, (label, phrases) in enumerate(sequences)
+    ]
+    repository.insert_sequences(session, rows)
+    job.sequences_total = len(rows)
+    job.texts_done = len(rows) if texts_from_keyphrases else 0
+    job.private_vocabulary = list(private_vocabulary)
+    job.manifest = manifest
+    job.stage, job.progress = "prompts", 0.0
+    if job.spec.get("llm") != "none":
+        enqueue_after_commit(session, RUN_PROMPTS, str(job.id))
+    return len(rows)
+
+
+def pending_prompts(
+    session: Session, job_id: uuid.UUID, *, after: int = -1, limit: int = 1000
+) -> list[tuple[int, list[str]]]:
+    """``(position, keyphrases)`` of sequences without a text yet, by position after
+    ``after`` (to resume prompting a page at a time)."""
+    page = repository.sequences_page(
+        session, job_id, after=after, limit=limit, without_text_only=True
+    )
+    return [(s.position, list(s.keyphrases)) for s in page]
+
+
+def missing_texts(session: Session, job_id: uuid.UUID) -> dict[str, int]:
+    """How many sequences have no text, by error code (``not_attempted`` without one)."""
+    return repository.missing_texts_by_error(session, job_id)
+
+
+def save_outcome(
+    session: Session,
+    job_id: uuid.UUID,
+    position: int,
+    *,
+    text: str | None,
+    error: str | None,
+    attempts: int,
+) -> None:
+    """Record what the LLM made of one sequence (``error`` is a short code).
+
+    The job row is locked first: outcomes are saved concurrently, and each one updates
+    the job's counters.
+    """
+    job = _job(session, job_id, lock=True)
+    sequence = repository.get_sequence(session, job_id, position)
+    if sequence is None:
+        raise NotFound("no such sequence")
+    was_done = sequence.text is not None
+    was_failed = sequence.error is not None and not was_done
+    sequence.text, sequence.error = text, error
+    sequence.attempts += attempts
+    sequence.generated_at = utcnow()
+    job.llm_calls += attempts
+    job.texts_done += int(text is not None) - int(was_done)
+    job.texts_failed += int(text is None and error is not None) - int(was_failed)
+    if job.sequences_total:
+        job.progress = min(1.0, (job.texts_done + job.texts_failed) / job.sequences_total)
+
+
+def cancel_requested(session: Session, job_id: uuid.UUID) -> bool:
+    """Whether the job was asked to stop; if so it is marked cancelled (spend stays)."""
+    job = _job(session, job_id, lock=True)
+    if job.cancel_requested and job.state not in TERMINAL_STATES:
+        _end(job, "cancelled")
+    return job.cancel_requested
+
+
+def _end(job: Job, state: str, code: str | None = None, message: str | None = None) -> None:
+    job.state, job.finished_at = state, utcnow()
+    job.error_code, job.error_message = code, message
+    if state == "succeeded":
+        job.progress, job.stage = 1.0, None
+
+
+def finish(session: Session, job_id: uuid.UUID) -> None:
+    job = _job(session, job_id, lock=True)
+    if job.state != "running":
+        raise Conflict(f"only a running job can succeed (this one is {job.state})")
+    _end(job, "succeeded")
+
+
+def fail(session: Session, job_id: uuid.UUID, code: str, message: str) -> None:
+    """Mark the job failed. ``message`` is shown to users: ids, counts, codes only.
+
+    A job that failed before its spend was committed has its reservation released;
+    otherwise the spend stays, as for any job that read private data.
+    """
+    job, _ = _lock(session, job_id)
+    if job.state in TERMINAL_STATES:
+        return
+    _end(job, "failed", code[:64], message[:1000])
+    if ledger.job_budget_state(session, job.id) == "reserved":
+        ledger.release_reservation(session, job.id, WORKER)

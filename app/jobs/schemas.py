@@ -1,0 +1,160 @@
+"""A job spec carries every engine parameter, the vocabulary, the LLM and the prompt.
+
+Bounds here give early, typed 422s; the engine's own :meth:`GenerationConfig.validate`
+and :meth:`PromptSpec.validate` run as well, so a spec the engine would refuse is never
+queued. The LLM is named (``none``, ``local`` or an endpoint configured on the server):
+a spec never carries a URL or a key. ``device`` is the worker's business, not the spec's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from app.datasets.schemas import Epsilon, not_a_boolean
+from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
+from workers.dpkps.config import LIMITS, GenerationConfig
+from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
+
+Example = Annotated[
+    str,
+    StringConstraints(
+        min_length=1, max_length=PROMPT_LIMITS["example_chars"], pattern=TEXT_PATTERN
+    ),
+]
+
+_BOOLEAN_FIELDS = frozenset({"distinct"})
+
+# Every engine parameter but the device, which is the worker's business.
+ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "device")
+_ENGINE: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    vocabulary: str = Field(
+        min_length=1,
+        max_length=64,
+        description="A built-in vocabulary name ('english', 'medical') or the id of an "
+        "uploaded vocabulary",
+    )
+    llm: str = Field(
+        default="local",
+        min_length=1,
+        max_length=64,
+        description="'none' (keyphrase sequences only), 'local' (the packaged model) or "
+        "the name of an endpoint configured on the server",
+    )
+    document_type: str = Field(
+        min_length=1, max_length=PROMPT_LIMITS["document_type_chars"], pattern=NAME_PATTERN
+    )
+    few_shot: list[Example] = Field(
+        default_factory=list,
+        max_length=PROMPT_LIMITS["few_shot"],
+        description="PUBLIC example texts to imitate (never private documents)",
+    )
+    template: str | None = Field(
+        default=None, max_length=PROMPT_LIMITS["template_chars"], pattern=TEXT_PATTERN
+    )
+    max_llm_calls: int | None = Field(default=None, ge=1, le=10**9)
+
+    epsilon_vocab: Epsilon
+    epsilon_kde: Epsilon
+    epsilon_count: Epsilon | None = None
+    # Defaults are the engine's own (chosen by measurement; see BENCHMARKS.md).
+    per_class: int | None = Field(default=_ENGINE["per_class"], ge=1, le=LIMITS["per_class"])
+    total: int | None = Field(default=_ENGINE["total"], ge=1, le=LIMITS["total"])
+    vocabulary_size: int = Field(
+        default=_ENGINE["vocabulary_size"], ge=1, le=LIMITS["vocabulary_size"]
+    )
+    max_matches_per_document: int = Field(
+        default=_ENGINE["max_matches_per_document"], ge=1, le=LIMITS["max_matches_per_document"]
+    )
+    sequence_length: int = Field(
+        default=_ENGINE["sequence_length"], ge=1, le=LIMITS["sequence_length"]
+    )
+    mode: Literal["independent", "iterative"] = _ENGINE["mode"]
+    ensemble: Literal["log", "linear"] = _ENGINE["ensemble"]
+    num_features: int = Field(default=_ENGINE["num_features"], ge=1, le=LIMITS["num_features"])
+    bandwidth: float = Field(default=_ENGINE["bandwidth"], gt=0, le=1e6)
+    temperature: float = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
+    noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)
+    contribution_bound: float = Field(
+        default=_ENGINE["contribution_bound"], gt=0, le=math.sqrt(2.0)
+    )
+    max_phrases_per_document: int = Field(
+        default=_ENGINE["max_phrases_per_document"], ge=1, le=LIMITS["max_phrases_per_document"]
+    )
+    distinct: bool = _ENGINE["distinct"]
+    # At most 2**53 - 1: beyond it a JSON number is not exact in most clients (I-JSON).
+    seed: int = Field(default=_ENGINE["seed"], ge=0, le=2**53 - 1)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        return value if info.field_name in _BOOLEAN_FIELDS else not_a_boolean(value)
+
+    @model_validator(mode="after")
+    def _counts_replace_per_class(self) -> JobSpec:
+        # With noisy class counts, `total` is split by them and `per_class` means nothing.
+        if self.epsilon_count is not None and "per_class" not in self.model_fields_set:
+            self.per_class = None
+        return self
+
+    def engine_parameters(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ENGINE_FIELDS}
+
+    def generation_config(self) -> GenerationConfig:
+        """The engine's configuration; raises ``ConfigError`` naming the field."""
+        return GenerationConfig(**self.engine_parameters()).validate()
+
+
+class JobCounts(BaseModel):
+    sequences: int
+    texts_done: int
+    texts_failed: int
+    llm_calls: int
+
+
+class JobError(BaseModel):
+    code: str
+    message: str | None
+
+
+class JobEpsilon(BaseModel):
+    requested: float
+    by_mechanism: dict[str, float]
+    budget_state: Literal["reserved", "committed", "released"]
+
+
+class JobOut(BaseModel):
+    id: uuid.UUID
+    dataset_id: uuid.UUID
+    organisation_id: uuid.UUID
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    stage: str | None
+    progress: float
+    cancel_requested: bool
+    counts: JobCounts
+    error: JobError | None
+    epsilon: JobEpsilon
+    spec: dict[str, Any]
+    submitted_by: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime

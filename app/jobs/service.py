@@ -1,0 +1,251 @@
+"""Submitting, reading and cancelling jobs.
+
+A submission is one transaction: the spec is validated by the engine's own checks, the
+dataset row is locked, the job's whole ε is reserved against the cap, the job is
+written, and its first task is sent to the broker only once all of that has committed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.datasets import repository as datasets_repo
+from app.db import enqueue_after_commit
+from app.errors import Conflict, NotFound, Unprocessable
+from app.identity import policy
+from app.identity.policy import Actor, Principal
+from app.jobs import repository
+from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
+from app.ledger import audit
+from app.ledger import service as ledger
+from app.logging import current_request_id
+from app.models import Dataset, Job, utcnow
+from app.vocabularies import service as vocabularies
+from app.worker import RUN_PROMPTS, RUN_SEQUENCES
+from workers.dpkps.config import GenerationConfig
+from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+def epsilon_by_mechanism(config: GenerationConfig) -> dict[str, float]:
+    """What a run of ``config`` may spend, by mechanism (known before it runs).
+
+    The vocabulary histogram and the class counts use the whole corpus; the DP-KDE
+    ensembles are per class, on disjoint documents, so ``kde`` is charged once.
+    """
+    spend = {"vocabulary": float(config.epsilon_vocab), "kde": float(config.epsilon_kde)}
+    if config.epsilon_count is not None:
+        spend["class_counts"] = float(config.epsilon_count)
+    return spend
+
+
+def _visible_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
+    dataset = datasets_repo.get(session, dataset_id)
+    if dataset is None:
+        raise NotFound("no such dataset")
+    policy.ensure_visible(principal, dataset.organisation_id, "dataset")
+    return dataset
+
+
+def _check_prompting(spec: JobSpec, settings: Settings) -> None:
+    if spec.llm not in settings.llm_names:
+        raise Unprocessable(
+            f"unknown LLM endpoint; this server offers {', '.join(settings.llm_names)}",
+            field="llm",
+        )
+    if spec.max_llm_calls is not None and spec.max_llm_calls > settings.llm_max_calls:
+        raise Unprocessable(
+            f"must be at most {settings.llm_max_calls} on this server", field="max_llm_calls"
+        )
+    PromptSpec(
+        spec.document_type, tuple(spec.few_shot), spec.template or DEFAULT_TEMPLATE
+    ).validate()
+
+
+def submit(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    spec: JobSpec,
+    settings: Settings,
+) -> Job:
+    dataset = _visible_dataset(session, principal, dataset_id)
+    config = spec.generation_config()
+    _check_prompting(spec, settings)
+    vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
+    if config.vocabulary_size > vocabulary.size:
+        raise Unprocessable(
+            f"asks for {config.vocabulary_size} phrases but vocabulary {vocabulary.name!r} "
+            f"has {vocabulary.size}",
+            field="vocabulary_size",
+        )
+    by_mechanism = epsilon_by_mechanism(config)
+    stored_spec = spec.model_dump(mode="json")
+    stored_spec["vocabulary_ref"] = {
+        "kind": vocabulary.kind,
+        "id": vocabulary.id,
+        "name": vocabulary.name,
+        "size": vocabulary.size,
+        "fingerprint": vocabulary.fingerprint,
+    }
+    task_id = str(uuid.uuid4())
+    job = Job(
+        id=uuid.uuid4(),
+        dataset_id=dataset.id,
+        organisation_id=dataset.organisation_id,
+        submitted_by=principal.actor.ref,
+        spec=stored_spec,
+        state="queued",
+        epsilon=ledger.total(by_mechanism.values()),
+        epsilon_by_mechanism=by_mechanism,
+        task_ids=[task_id],
+        request_id=current_request_id(),
+    )
+    ledger.reserve(session, job, principal.actor)
+    audit.record(
+        session,
+        "job.submitted",
+        principal.actor,
+        organisation_id=job.organisation_id,
+        target=("job", job.id),
+        dataset_id=str(dataset.id),
+        epsilon=job.epsilon,
+        epsilon_by_mechanism=by_mechanism,
+        llm=spec.llm,
+    )
+    enqueue_after_commit(session, RUN_SEQUENCES, str(job.id), task_id=task_id)
+    return job
+
+
+def get_job(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
+    job = repository.get(session, job_id)
+    if job is None:
+        raise NotFound("no such job")
+    policy.ensure_visible(principal, job.organisation_id, "job")
+    return job
+
+
+def list_jobs(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Sequence[Job]:
+    _visible_dataset(session, principal, dataset_id)
+    return repository.list_for_dataset(session, dataset_id)
+
+
+def stop(session: Session, job: Job, actor: Actor) -> Job:
+    """Cancel a job: at once when it has not read private data (its reservation is
+    released), else by request (the worker observes it; the spend stays committed).
+
+    Takes the dataset lock first, like every change to the ledger, so that it cannot
+    interleave with a worker committing the spend.
+    """
+    datasets_repo.get(session, job.dataset_id, for_update=True)
+    current = repository.get(session, job.id, for_update=True)
+    assert current is not None
+    if current.state in TERMINAL_STATES:
+        raise Conflict(f"the job has ended ({current.state})")
+    target = ("job", current.id)
+    if ledger.job_budget_state(session, current.id) == "reserved":
+        current.state, current.finished_at, current.stage = "cancelled", utcnow(), None
+        ledger.release_reservation(session, current.id, actor)
+        audit.record(
+            session,
+            "job.cancelled",
+            actor,
+            organisation_id=current.organisation_id,
+            target=target,
+            epsilon_released=current.epsilon,
+        )
+    elif not current.cancel_requested:
+        current.cancel_requested = True
+        audit.record(
+            session,
+            "job.cancel_requested",
+            actor,
+            organisation_id=current.organisation_id,
+            target=target,
+        )
+    session.flush()
+    return current
+
+
+def cancel(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
+    return stop(session, get_job(session, principal, job_id), principal.actor)
+
+
+def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
+    """Prompt again the sequences of a failed job that have no text yet.
+
+    Only the prompting stage runs again, from the persisted DP keyphrase sequences: no
+    private document is read and no budget is reserved or spent (LLM calls are
+    post-processing). Takes the dataset lock first, like :func:`stop`.
+    """
+    job = get_job(session, principal, job_id)
+    dataset = datasets_repo.get(session, job.dataset_id, for_update=True)
+    current = repository.get(session, job.id, for_update=True)
+    assert current is not None
+    if current.sequences_total == 0:
+        raise Conflict("the job has no saved keyphrase sequences to prompt again; submit a new job")
+    if current.state != "failed":
+        raise Conflict(f"only a failed job can be retried (this one is {current.state})")
+    if dataset is None or dataset.deleted_at is not None:
+        raise Conflict("the dataset was deleted; its jobs cannot be retried")
+    missing = current.sequences_total - repository.count_sequences(
+        session, current.id, with_text_only=True
+    )
+    if missing == 0 or current.spec.get("llm") == "none":
+        raise Conflict("every sequence of the job has a text already")
+    task_id = str(uuid.uuid4())
+    current.state, current.stage, current.finished_at = "running", "prompts", None
+    current.error_code = current.error_message = None
+    current.cancel_requested = False  # asking again supersedes an earlier stop
+    current.task_ids = [*current.task_ids, task_id]
+    audit.record(
+        session,
+        "job.retried",
+        principal.actor,
+        organisation_id=current.organisation_id,
+        target=("job", current.id),
+        sequences_without_text=missing,
+    )
+    enqueue_after_commit(session, RUN_PROMPTS, str(current.id), task_id=task_id)
+    session.flush()
+    return current
+
+
+def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) -> None:
+    for job in repository.active_of_dataset(session, dataset_id):
+        stop(session, job, actor)
+
+
+def to_out(session: Session, job: Job) -> JobOut:
+    return JobOut(
+        id=job.id,
+        dataset_id=job.dataset_id,
+        organisation_id=job.organisation_id,
+        state=job.state,  # type: ignore[arg-type]
+        stage=job.stage,
+        progress=job.progress,
+        cancel_requested=job.cancel_requested,
+        counts=JobCounts(
+            sequences=job.sequences_total,
+            texts_done=job.texts_done,
+            texts_failed=job.texts_failed,
+            llm_calls=job.llm_calls,
+        ),
+        error=JobError(code=job.error_code, message=job.error_message) if job.error_code else None,
+        epsilon=JobEpsilon(
+            requested=job.epsilon,
+            by_mechanism=job.epsilon_by_mechanism,
+            budget_state=ledger.job_budget_state(session, job.id),  # type: ignore[arg-type]
+        ),
+        spec=job.spec,
+        submitted_by=job.submitted_by,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        updated_at=job.updated_at,
+    )

@@ -1,0 +1,471 @@
+"""The two stages of a job as a worker runs them (service.md, "Job life cycle").
+
+:func:`run_sequences` (stages 1-6, the only code that reads private documents):
+
+1. :func:`app.jobs.runner.start_sequences` commits the job's ε before anything private
+   is read, or says the job must not run;
+2. the documents are decrypted into memory, the engine runs with a progress callback
+   that writes the job's stage and progress (throttled) and stops the run when the job
+   was cancelled;
+3. the ε the engine reports, by mechanism, must be the ε the ledger holds for the job;
+   otherwise the job fails and nothing is saved (a bug, logged as such);
+4. the DP keyphrase sequences are saved, and the prompting stage is queued once that
+   commits; a job without LLM takes its keyphrases, joined by spaces, as its texts.
+
+:func:`run_prompts` (step 7) reads the persisted sequences that have no text yet, calls
+the LLM for them and saves each outcome as it arrives, so a crash, an outage or a
+retry (``POST /v1/jobs/{id}/retry``) resumes where it stopped, with no private read
+and no budget spent.
+
+What reaches logs, job errors and metrics: ids, stages, durations, ε, DP counts and
+short error codes. Never a document, a raw count of documents (the engine's owner
+diagnostics are not even read), or the text of an exception (it may quote data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from celery.exceptions import SoftTimeLimitExceeded
+
+from app.config import Settings
+from app.crypto import DocumentCipher
+from app.db import Database
+from app.errors import Conflict, NotFound
+from app.jobs import llm, runner
+from app.jobs import repository as jobs_repo
+from app.jobs.schemas import JobSpec
+from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, STAGE_DURATION
+from app.vocabularies import service as vocabularies
+from workers.dpkps import prompting
+from workers.dpkps.config import GenerationConfig
+from workers.dpkps.errors import InputDataError, KeyseedError, LLMError
+from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
+
+if TYPE_CHECKING:
+    from workers.dpkps.embeddings import SentenceEmbedder
+    from workers.dpkps.vocabulary import Vocabulary
+
+log = structlog.get_logger("keyseed.jobs")
+
+StageHook = Callable[[uuid.UUID, str, float], None]  # job, stage, fraction
+PROMPT_BATCH = 500  # sequences read and prompted at a time
+# The engine's ε is OpenDP's privacy map at the calibrated noise scale: never above what
+# was asked, and below it by float rounding only (0.49999999999999944 for 0.5).
+ACCOUNTING_TOLERANCE = 1e-9
+
+
+class JobCancelled(Exception):
+    """The job was asked to stop; it is marked cancelled already."""
+
+
+class AccountingMismatch(Exception):
+    """The engine spent other ε than the ledger holds for the job (a bug)."""
+
+
+@dataclass
+class WorkerContext:
+    """What a worker process needs to run stages: settings, database, document key.
+
+    ``stage_hooks`` are called after each progress write (outside any transaction).
+    """
+
+    settings: Settings
+    database: Database
+    cipher: DocumentCipher
+    stage_hooks: list[StageHook] = field(default_factory=list)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, celery: Any = None) -> WorkerContext:
+        database = Database.from_settings(settings, celery=celery)
+        return cls(settings, database, DocumentCipher(settings.document_key()))
+
+
+# ------------------------------------------------------------------ shared helpers
+
+
+def _error_code(exc: KeyseedError) -> str:
+    if isinstance(exc, LLMError):
+        return "llm_unavailable"
+    return "input_data_error" if isinstance(exc, InputDataError) else "config_error"
+
+
+def _end(state: str) -> str:
+    JOBS_ENDED.labels(state).inc()
+    return state
+
+
+def _fail(ctx: WorkerContext, job_id: uuid.UUID, code: str, message: str) -> str:
+    with ctx.database.transaction() as session:
+        runner.fail(session, job_id, code, message)
+    log.warning("job.failed", job_id=str(job_id), code=code)
+    return _end("failed")
+
+
+def _crashed(ctx: WorkerContext, job_id: uuid.UUID, stage: str, exc: BaseException) -> str:
+    # The message of an arbitrary exception may quote data: log its type and frames.
+    log.error(
+        f"job.{stage}.crashed",
+        job_id=str(job_id),
+        error=type(exc).__name__,
+        frames=traceback.format_tb(exc.__traceback__)[-8:],
+    )
+    return _fail(
+        ctx,
+        job_id,
+        "internal_error",
+        f"the {stage} stage stopped on an unexpected error; the worker log has the details",
+    )
+
+
+def check_accounting(reported: Mapping[str, float], reserved: Mapping[str, float]) -> None:
+    """The engine's ε by mechanism must be the ledger's, up to float rounding."""
+    if set(reported) != set(reserved):
+        raise AccountingMismatch(
+            f"mechanisms {sorted(reported)} were run but {sorted(reserved)} were reserved"
+        )
+    for name, epsilon in reported.items():
+        expected = float(reserved[name])
+        if abs(float(epsilon) - expected) > ACCOUNTING_TOLERANCE * max(1.0, expected):
+            raise AccountingMismatch(f"{name}: ε = {epsilon!r} spent, ε = {expected!r} reserved")
+
+
+# ------------------------------------------------------------------ stages 1-6
+
+
+class StageTracker:
+    """The engine's progress callback: stage and progress written to the job (at a
+    stage change, else at most every ``progress_interval`` seconds), cancellation
+    checked at each write, and wall time summed per stage for the metrics."""
+
+    def __init__(self, ctx: WorkerContext, job_id: uuid.UUID) -> None:
+        self.ctx = ctx
+        self.job_id = job_id
+        self.stage: str | None = None
+        self.mark = time.monotonic()
+        self.last_write = float("-inf")
+        self.durations: dict[str, float] = {}
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        now = time.monotonic()
+        # the engine reports a stage when work of it is done: the time since the last
+        # report belongs to the stage reported now
+        self.durations[stage] = self.durations.get(stage, 0.0) + (now - self.mark)
+        self.mark = now
+        if stage == self.stage and now - self.last_write < self.ctx.settings.progress_interval:
+            return
+        self.stage = stage
+        self.write(stage, fraction)
+        self.last_write = time.monotonic()
+
+    def write(self, stage: str, fraction: float) -> None:
+        with self.ctx.database.transaction() as session:
+            cancelled = runner.cancel_requested(session, self.job_id)
+            if not cancelled:
+                runner.report_progress(session, self.job_id, stage, fraction)
+        if cancelled:
+            raise JobCancelled
+        for hook in self.ctx.stage_hooks:
+            hook(self.job_id, stage, fraction)
+
+    def close(self) -> None:
+        for stage, seconds in self.durations.items():
+            STAGE_DURATION.labels(stage).observe(seconds)
+        self.durations.clear()
+
+
+@functools.cache
+def _embedder(model: str, device: str) -> SentenceEmbedder:
+    """One embedding model per worker process (loading it takes seconds)."""
+    from workers.dpkps.embeddings import SentenceEmbedder
+
+    return SentenceEmbedder(model, device=device)
+
+
+@functools.cache
+def _builtin_vocabulary(name: str) -> Vocabulary:
+    from workers.dpkps.vocabulary import load_vocabulary
+
+    return load_vocabulary(name)
+
+
+def _vocabulary(ctx: WorkerContext, spec: Mapping[str, Any]) -> Vocabulary:
+    ref = vocabularies.VocabularyRef(**spec["vocabulary_ref"])
+    if ref.kind == "builtin":
+        vocabulary = _builtin_vocabulary(ref.id)
+    else:
+        with ctx.database.session() as session:
+            vocabulary = vocabularies.engine_vocabulary_for(session, ref)
+    if vocabulary.fingerprint != ref.fingerprint:
+        raise InputDataError(
+            f"vocabulary {ref.name!r} has changed since the job was submitted",
+            field="vocabulary",
+        )
+    return vocabulary
+
+
+def job_spec(stored: Mapping[str, Any]) -> JobSpec:
+    """The spec as submitted (the stored copy also records the vocabulary it resolved)."""
+    return JobSpec.model_validate({k: v for k, v in stored.items() if k != "vocabulary_ref"})
+
+
+def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
+    """Stages 1-6 of a job; returns what became of it (for logs and tests)."""
+    try:
+        with ctx.database.transaction() as session:
+            started = runner.start_sequences(session, job_id)
+    except NotFound:
+        log.warning("job.sequences.no_such_job", job_id=str(job_id))
+        return "missing"
+    if started is None:
+        log.info("job.sequences.skipped", job_id=str(job_id))
+        return "skipped"
+    if not started.restarted:
+        for mechanism, epsilon in started.epsilon_by_mechanism.items():
+            EPSILON_COMMITTED.labels(mechanism).inc(epsilon)
+    log.info(
+        "job.sequences.started",
+        job_id=str(job_id),
+        epsilon_by_mechanism=started.epsilon_by_mechanism,
+        restarted=started.restarted,
+    )
+    tracker = StageTracker(ctx, job_id)
+    try:
+        return _sequences(ctx, started, tracker)
+    except JobCancelled:
+        log.info("job.cancelled", job_id=str(job_id), stage=tracker.stage)
+        return _end("cancelled")
+    except SoftTimeLimitExceeded:
+        return _fail(
+            ctx,
+            job_id,
+            "time_limit",
+            f"the job ran longer than its time limit ({ctx.settings.job_soft_time_limit} s)",
+        )
+    except AccountingMismatch as exc:
+        # The figures are configuration (public); this is a bug, and nothing was saved.
+        log.critical("job.sequences.accounting_mismatch", job_id=str(job_id), detail=str(exc))
+        return _fail(
+            ctx,
+            job_id,
+            "accounting_mismatch",
+            "the ε the engine spent differs from the ε reserved for the job; nothing was "
+            "saved and the ε committed stays spent. This is a bug: please report it.",
+        )
+    except KeyseedError as exc:
+        return _fail(ctx, job_id, _error_code(exc), exc.message)
+    except Exception as exc:
+        return _crashed(ctx, job_id, "sequences", exc)
+    finally:
+        tracker.close()
+
+
+def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTracker) -> str:
+    from workers.dpkps.embeddings import EmbeddingCache
+    from workers.dpkps.pipeline import generate_sequences, shuffled
+
+    settings, job_id = ctx.settings, started.job_id
+    spec = job_spec(started.spec)
+    config = GenerationConfig(**spec.engine_parameters(), device=settings.device).validate()
+    vocabulary = _vocabulary(ctx, started.spec)
+    embedder = _embedder(settings.embedding_model, settings.device)
+    tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
+    with ctx.database.session() as session:
+        documents = list(runner.private_documents(session, ctx.cipher, job_id))
+    texts = [text for text, _ in documents]
+    labels = [label for _, label in documents]
+    del documents
+    result = generate_sequences(
+        texts,
+        labels,
+        label_set=started.labels,
+        vocabulary=vocabulary,
+        config=config,
+        embedder=embedder,
+        cache=EmbeddingCache(settings.embedding_cache_dir),
+        progress=tracker,
+    )
+    del texts, labels
+    check_accounting(result.report.by_mechanism(), started.epsilon_by_mechanism)
+    sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
+    without_llm = spec.llm == "none"
+    try:
+        with ctx.database.transaction() as session:
+            if runner.cancel_requested(session, job_id):
+                cancelled = True
+            else:
+                cancelled = False
+                runner.save_sequences(
+                    session,
+                    job_id,
+                    sequences,
+                    private_vocabulary=result.private_vocabulary,
+                    manifest=result.manifest(),
+                    texts_from_keyphrases=without_llm,
+                )
+                if without_llm:
+                    runner.finish(session, job_id)
+    except Conflict:  # another delivery of the task saved them first
+        log.warning("job.sequences.saved_already", job_id=str(job_id))
+        return "duplicate"
+    if cancelled:
+        raise JobCancelled
+    log.info(
+        "job.sequences.saved",
+        job_id=str(job_id),
+        sequences=len(sequences),
+        epsilon=result.report.total,
+        next="done" if without_llm else "prompts",
+    )
+    return _end("succeeded") if without_llm else "prompting"
+
+
+# ------------------------------------------------------------------ step 7
+
+
+def _count_calls(endpoint: str, outcome: PromptOutcome) -> None:
+    if outcome.attempts > 1:
+        LLM_CALLS.labels(endpoint, "retried_error").inc(outcome.attempts - 1)
+    if outcome.attempts >= 1:
+        LLM_CALLS.labels(endpoint, "ok" if outcome.ok else outcome.error or "error").inc()
+
+
+def _save_outcome(
+    ctx: WorkerContext, job_id: uuid.UUID, position: int, outcome: PromptOutcome
+) -> bool:
+    """Persist one outcome; whether the job was asked to stop meanwhile."""
+    with ctx.database.transaction() as session:
+        runner.save_outcome(
+            session,
+            job_id,
+            position,
+            text=outcome.text,
+            error=outcome.error,
+            attempts=outcome.attempts,
+        )
+        return runner.cancel_requested(session, job_id)
+
+
+def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
+    """Step 7 for the job's sequences that have no text yet; returns what became of it."""
+    with ctx.database.transaction() as session:
+        job = jobs_repo.get(session, job_id)
+        if job is None:
+            log.warning("job.prompts.no_such_job", job_id=str(job_id))
+            return "missing"
+        if job.state != "running" or job.sequences_total == 0:
+            log.info("job.prompts.skipped", job_id=str(job_id), state=job.state)
+            return "skipped"
+        cancelled = runner.cancel_requested(session, job_id)
+        spec, total = dict(job.spec), job.sequences_total
+    if cancelled:
+        return _end("cancelled")
+    started = time.monotonic()
+    try:
+        calls = _prompt_pending(ctx, job_id, spec)
+    except JobCancelled:
+        log.info("job.cancelled", job_id=str(job_id), stage="prompts")
+        return _end("cancelled")
+    except SoftTimeLimitExceeded:
+        return _fail(
+            ctx,
+            job_id,
+            "time_limit",
+            f"the job ran longer than its time limit ({ctx.settings.job_soft_time_limit} s); "
+            f"the texts generated are kept: POST /v1/jobs/{job_id}/retry prompts the rest",
+        )
+    except LLMError:
+        return _fail(
+            ctx,
+            job_id,
+            "llm_unavailable",
+            f"the LLM endpoint {spec.get('llm')!r} could not be used; "
+            f"POST /v1/jobs/{job_id}/retry tries again",
+        )
+    except KeyseedError as exc:
+        return _fail(ctx, job_id, _error_code(exc), exc.message)
+    except Exception as exc:
+        return _crashed(ctx, job_id, "prompts", exc)
+    finally:
+        STAGE_DURATION.labels("prompts").observe(time.monotonic() - started)
+    return _conclude(ctx, job_id, total, calls)
+
+
+def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, Any]) -> int:
+    """Prompt every sequence without a text, a page at a time; the HTTP calls made."""
+    settings = ctx.settings
+    name = str(spec["llm"])
+    prompt = PromptSpec(
+        str(spec["document_type"]),
+        tuple(spec.get("few_shot") or ()),
+        spec.get("template") or DEFAULT_TEMPLATE,
+    ).validate()
+    max_calls = int(spec.get("max_llm_calls") or settings.llm_max_calls)
+    used = 0
+    with ctx.database.session() as session:
+        batch = runner.pending_prompts(session, job_id, limit=PROMPT_BATCH)
+    if not batch:  # nothing to prompt (a late redelivery): no LLM to start
+        return used
+    with llm.endpoint(settings, name) as endpoint:
+        while batch and used < max_calls:
+            positions = [position for position, _ in batch]
+
+            async def on_result(outcome: PromptOutcome, positions: list[int] = positions) -> None:
+                nonlocal used
+                used += outcome.attempts
+                _count_calls(name, outcome)
+                position = positions[outcome.index]
+                if await asyncio.to_thread(_save_outcome, ctx, job_id, position, outcome):
+                    raise JobCancelled
+
+            prompting.run_prompts(
+                [keyphrases for _, keyphrases in batch],
+                endpoint=endpoint,
+                spec=prompt,
+                concurrency=llm.concurrency(settings, name),
+                max_calls=max_calls - used,
+                max_retries=settings.llm_max_retries,
+                backoff_base=settings.llm_backoff_base,
+                backoff_max=max(settings.llm_backoff_max, settings.llm_backoff_base),
+                on_result=on_result,
+            )
+            with ctx.database.session() as session:
+                batch = runner.pending_prompts(
+                    session, job_id, after=positions[-1], limit=PROMPT_BATCH
+                )
+    return used
+
+
+def _conclude(ctx: WorkerContext, job_id: uuid.UUID, total: int, calls: int) -> str:
+    with ctx.database.transaction() as session:
+        job = jobs_repo.get(session, job_id, for_update=True)
+        if job is None or job.state != "running":
+            return job.state if job is not None else "missing"
+        missing = runner.missing_texts(session, job_id)
+        if not missing:
+            runner.finish(session, job_id)
+        else:
+            failed = sum(missing.values())
+            codes = ", ".join(f"{code}: {n}" for code, n in sorted(missing.items()))
+            runner.fail(
+                session,
+                job_id,
+                "prompts_failed",
+                f"{failed} of {total} prompts failed after retries ({codes}); the texts "
+                f"generated are kept: POST /v1/jobs/{job_id}/retry prompts the rest",
+            )
+    if not missing:
+        log.info("job.prompts.completed", job_id=str(job_id), sequences=total, llm_calls=calls)
+        return _end("succeeded")
+    log.warning(
+        "job.prompts.failed", job_id=str(job_id), failed=sum(missing.values()), codes=missing
+    )
+    return _end("failed")

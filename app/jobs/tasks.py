@@ -1,0 +1,78 @@
+"""The Celery tasks of a job. Their names are the wire format (see :mod:`app.worker`);
+their only argument is the job id, and everything else is read from the database.
+
+Both tasks acknowledge late: a task whose worker dies goes back on its queue. What a
+second delivery does is decided by the job's state (:mod:`app.jobs.runner`): the
+sequences stage never runs again once the sequences are saved (a delivery after a
+worker died before saving them runs the engine again: the ε was committed once and is
+not charged again, and nothing of the lost attempt left the worker), and the prompting
+stage only prompts the sequences that have no text. The soft time limit (settings)
+makes a task mark its job failed; the stages catch it.
+
+A worker process builds its :class:`~app.jobs.stages.WorkerContext` (settings, database
+with this Celery app, so that saving the sequences queues the prompting stage after the
+commit, and the document key) on its first task.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import structlog
+from celery import signals
+
+from app.config import get_settings
+from app.jobs import stages
+from app.worker import RUN_PROMPTS, RUN_SEQUENCES, celery_app
+
+log = structlog.get_logger("keyseed.jobs")
+_context: stages.WorkerContext | None = None
+
+
+def worker_context() -> stages.WorkerContext:
+    """This process's context, made on first use (after the pool has forked)."""
+    global _context
+    if _context is None:
+        _context = stages.WorkerContext.from_settings(get_settings(), celery=celery_app)
+    return _context
+
+
+def _forget_context(**_: Any) -> None:
+    global _context
+    _context = None  # a forked child must not share its parent's connections
+
+
+signals.worker_process_init.connect(_forget_context, weak=False)
+
+
+def _job_id(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        log.error("task.bad_argument", expected="a job id")
+        return None
+
+
+def run_sequences(job_id: str) -> str:
+    """Stages 1-6: private read, DP mechanisms, keyphrase sequences saved."""
+    job = _job_id(job_id)
+    if job is None:
+        return "bad_argument"
+    structlog.contextvars.bind_contextvars(job_id=str(job))
+    return stages.run_sequences(worker_context(), job)
+
+
+def run_prompts(job_id: str) -> str:
+    """Step 7: one LLM call per saved sequence without a text."""
+    job = _job_id(job_id)
+    if job is None:
+        return "bad_argument"
+    structlog.contextvars.bind_contextvars(job_id=str(job))
+    return stages.run_prompts(worker_context(), job)
+
+
+# The Celery tasks (the functions above stay plain functions, callable in-process).
+_OPTIONS: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True}
+sequences_task = celery_app.task(name=RUN_SEQUENCES, **_OPTIONS)(run_sequences)
+prompts_task = celery_app.task(name=RUN_PROMPTS, **_OPTIONS)(run_prompts)

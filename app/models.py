@@ -1,0 +1,367 @@
+"""Every table of the service, in one place (the schema is made by migrations only).
+
+Private data lives in ``documents`` alone, AES-GCM encrypted (text and label together:
+the label of a private row is private too). Everything else holds metadata, public
+schema, DP outputs, or figures of the privacy ledger.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    Uuid,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
+
+# An autoincrementing 64-bit key on Postgres; SQLite wants INTEGER for its rowid alias.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+ORGANISATION_KINDS = ("platform", "owner", "client")
+ROLES = ("owner", "client", "admin", "auditor")
+USER_ROLES = ("admin", "auditor")
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+LEDGER_KINDS = ("reserve", "commit", "release")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out, also on SQLite (which keeps no time zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: give a time zone")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> CheckConstraint:
+    listed = ", ".join(f"'{v}'" for v in values)
+    return CheckConstraint(f"{column} IN ({listed})", name=f"{column}_valid")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map = {  # noqa: RUF012
+        datetime: UTCDateTime,
+        dict[str, Any]: JSON,
+        list[str]: JSON,
+        list[Any]: JSON,
+        uuid.UUID: Uuid,
+    }
+
+
+class Organisation(Base):
+    __tablename__ = "organisations"
+    __table_args__ = (_one_of("kind", ORGANISATION_KINDS),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    """``ks_<prefix>_<secret>``: looked up by prefix, checked against a SHA-256 hash."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (_one_of("role", ROLES),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(200), default="")
+    role: Mapped[str] = mapped_column(String(16))
+    organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class User(Base):
+    """A person signing in to the admin dashboard (argon2 password hash)."""
+
+    __tablename__ = "users"
+    __table_args__ = (_one_of("role", USER_ROLES),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    username: Mapped[str] = mapped_column(String(100), unique=True)
+    email: Mapped[str | None] = mapped_column(String(320))
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"))
+    failed_sign_ins: Mapped[int] = mapped_column(default=0)
+    locked_until: Mapped[datetime | None]
+    last_sign_in_at: Mapped[datetime | None]
+    password_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    disabled_at: Mapped[datetime | None]
+
+
+class AdminSession(Base):
+    """A person signed in to the dashboard. The cookie holds a random token of which only
+    the SHA-256 is stored; signing out ends the row, and the cookie is worthless from then
+    on. ``csrf_token`` must come back with every form the session posts."""
+
+    __tablename__ = "admin_sessions"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    user_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), index=True
+    )
+    address: Mapped[str] = mapped_column(String(64))  # the client address at sign-in
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+
+
+class SignInFailure(Base):
+    """A failed dashboard sign-in from a client address: the per-address rate limit counts
+    these (in the database, so every API process sees them); old rows are pruned."""
+
+    __tablename__ = "sign_in_failures"
+    __table_args__ = (Index("ix_sign_in_failures_address_created_at", "address", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    __table_args__ = (
+        CheckConstraint("epsilon_cap > 0", name="epsilon_cap_positive"),
+        _one_of("format", ("csv", "jsonl")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    format: Mapped[str] = mapped_column(String(8))
+    text_columns: Mapped[list[str]]
+    label_column: Mapped[str] = mapped_column(String(200))
+    labels: Mapped[list[str]]  # declared by the uploader: public schema
+    epsilon_cap: Mapped[float] = mapped_column(Float)
+    delta_cap: Mapped[float] = mapped_column(Float, default=0.0)
+    documents: Mapped[int] = mapped_column(default=0)
+    skipped_empty: Mapped[int] = mapped_column(default=0)
+    skipped_duplicate: Mapped[int] = mapped_column(default=0)
+    upload_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_by: Mapped[str] = mapped_column(String(80))  # actor reference
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None]
+
+
+class Document(Base):
+    """One private row: ``{"text", "label"}`` sealed with AES-256-GCM.
+
+    The associated data binds the ciphertext to its dataset and row, so a ciphertext
+    copied to another row or dataset does not decrypt.
+    """
+
+    __tablename__ = "documents"
+    __table_args__ = (UniqueConstraint("dataset_id", "row"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    row: Mapped[int]  # 1-based data row of the upload
+    key_id: Mapped[str] = mapped_column(String(16))
+    nonce: Mapped[bytes] = mapped_column(LargeBinary(12))
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Vocabulary(Base):
+    """A public phrase list uploaded by an organisation (built-ins are not stored)."""
+
+    __tablename__ = "vocabularies"
+    __table_args__ = (UniqueConstraint("organisation_id", "fingerprint"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(String(2000), default="")
+    licence: Mapped[str] = mapped_column(String(500), default="")
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int]
+    phrases: Mapped[str] = deferred(mapped_column(Text))  # normalised, one a line
+    created_by: Mapped[str] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        _one_of("state", JOB_STATES),
+        Index("ix_jobs_dataset_created", "dataset_id", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"))
+    organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"), index=True)
+    submitted_by: Mapped[str] = mapped_column(String(80))  # actor reference
+    spec: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    stage: Mapped[str | None] = mapped_column(String(32))
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    epsilon: Mapped[float] = mapped_column(Float)
+    epsilon_by_mechanism: Mapped[dict[str, Any]]
+    sequences_total: Mapped[int] = mapped_column(default=0)
+    texts_done: Mapped[int] = mapped_column(default=0)
+    texts_failed: Mapped[int] = mapped_column(default=0)
+    llm_calls: Mapped[int] = mapped_column(default=0)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(String(1000))  # never private text
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # public, from the engine
+    private_vocabulary: Mapped[list[str] | None] = deferred(mapped_column(JSON))  # DP output
+    task_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class KeyphraseSequence(Base):
+    """A DP keyphrase sequence, persisted before prompting, and what the LLM made of it."""
+
+    __tablename__ = "sequences"
+    __table_args__ = (UniqueConstraint("job_id", "position"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    position: Mapped[int]
+    label: Mapped[str] = mapped_column(String(200))
+    keyphrases: Mapped[list[str]]
+    text: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(String(64))  # short code, e.g. "http_429"
+    attempts: Mapped[int] = mapped_column(default=0)
+    generated_at: Mapped[datetime | None]
+
+
+class LedgerEntry(Base):
+    """Append-only: database triggers refuse UPDATE and DELETE (see the migration)."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (
+        _one_of("kind", LEDGER_KINDS),
+        UniqueConstraint("job_id", "kind"),
+        CheckConstraint("epsilon >= 0", name="epsilon_non_negative"),
+        Index("ix_ledger_entries_dataset_id_id", "dataset_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"))
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    epsilon: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float, default=0.0)
+    epsilon_by_mechanism: Mapped[dict[str, Any]]
+    accountant: Mapped[str] = mapped_column(String(200))
+    actor: Mapped[str] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Release(Base):
+    __tablename__ = "releases"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"))
+    organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    documents: Mapped[int]
+    manifest: Mapped[dict[str, Any]]
+    created_by: Mapped[str] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ReleaseGrant(Base):
+    __tablename__ = "release_grants"
+
+    release_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("releases.id", ondelete="CASCADE"), primary_key=True
+    )
+    organisation_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("organisations.id"), primary_key=True, index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Download(Base):
+    __tablename__ = "downloads"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    release_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("releases.id"), index=True)
+    organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"))
+    actor: Mapped[str] = mapped_column(String(80))
+    format: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditEvent(Base):
+    """Who did what to which object. ``details`` holds ids and figures, never text."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        Index("ix_audit_events_kind_id", "kind", "id"),
+        Index("ix_audit_events_organisation_id_id", "organisation_id", "id"),
+        Index("ix_audit_events_actor_organisation_id_id", "actor_organisation_id", "id"),
+        Index("ix_audit_events_actor_id", "actor", "id"),
+        Index("ix_audit_events_created_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(80))
+    actor_organisation_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("organisations.id"))
+    organisation_id: Mapped[uuid.UUID | None] = mapped_column(  # whose object it concerns
+        ForeignKey("organisations.id")
+    )
+    target_type: Mapped[str | None] = mapped_column(String(32))
+    target_id: Mapped[str | None] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,83 @@
+"""Releases: created by the data owner, listed and downloaded by grantees."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, status
+from fastapi.responses import StreamingResponse
+
+from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed
+from app.errors import problems
+from app.identity.policy import Action, Principal
+from app.releases import export, service
+from app.releases.schemas import ReleaseIn, ReleaseOut
+
+router = APIRouter(prefix="/v1", tags=["releases"], responses=problems(401, 403, 404, 413, 422))
+
+
+@router.post(
+    "/jobs/{job_id}/release",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ReleaseOut,
+    responses=problems(400, 409),
+)
+def create_release(
+    job_id: uuid.UUID,
+    body: ReleaseIn,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: Annotated[Principal, allowed(Action.RELEASE_CREATE)],
+) -> ReleaseOut:
+    """Release a succeeded job's synthetic corpus to the named client organisations."""
+    release = service.create_release(session, principal, job_id, body, settings)
+    return service.to_out(release, list(body.client_organisations), principal)
+
+
+@router.get("/releases", response_model=list[ReleaseOut])
+def list_releases(
+    session: SessionDep, principal: Annotated[Principal, allowed(Action.RELEASE_READ)]
+) -> list[ReleaseOut]:
+    """Owners see their releases, clients the releases granted to them."""
+    releases = service.list_releases(session, principal)
+    return [
+        service.to_out(*service.get_release(session, principal, r.id), principal) for r in releases
+    ]
+
+
+@router.get("/releases/{release_id}", response_model=ReleaseOut)
+def get_release(
+    release_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.RELEASE_READ)],
+) -> ReleaseOut:
+    return service.to_out(*service.get_release(session, principal, release_id), principal)
+
+
+@router.get(
+    "/releases/{release_id}/download",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "The corpus, one synthetic document a line (JSONL) or row (CSV)",
+            "content": {media: {"schema": {"type": "string"}} for media in export.FORMATS.values()},
+        },
+    },
+)
+def download_release(
+    release_id: uuid.UUID,
+    session: SessionDep,
+    database: DatabaseDep,
+    principal: Annotated[Principal, allowed(Action.RELEASE_DOWNLOAD)],
+    format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl",
+) -> StreamingResponse:
+    """Every download is an audit event, recorded before the first byte is sent."""
+    release, _ = service.get_release(session, principal, release_id)
+    job_id, texts_only = service.record_download(session, principal, release, format)
+    chunks = export.csv_chunks if format == "csv" else export.jsonl_chunks
+    return StreamingResponse(
+        chunks(database, job_id, texts_only=texts_only),
+        media_type=export.FORMATS[format],
+        headers={"Content-Disposition": f'attachment; filename="release-{release.id}.{format}"'},
+    )

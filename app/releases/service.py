@@ -1,0 +1,168 @@
+"""Releasing a finished job's corpus to client organisations, and downloading it.
+
+A release carries its manifest: the method, every parameter, the vocabulary, the
+models, the ε charged by mechanism (and the engine's exact per-mechanism report when
+the worker recorded one), and the time. All of it is public: DP outputs and settings.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.errors import Conflict, NotFound, Unprocessable
+from app.identity import policy
+from app.identity import repository as identity_repo
+from app.identity.policy import Principal
+from app.jobs import repository as jobs_repo
+from app.jobs import service as jobs
+from app.jobs.schemas import ENGINE_FIELDS
+from app.ledger import audit
+from app.models import Download, Job, Release, utcnow
+from app.releases import repository
+from app.releases.schemas import ReleaseIn, ReleaseOut
+from workers.dpkps.accounting import ACCOUNTANT
+
+METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by random Fourier features"
+
+
+def _texts_only(job: Job) -> bool:
+    return job.spec.get("llm") != "none"
+
+
+def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
+    spec = job.spec
+    engine = job.manifest or {}
+    llm = spec.get("llm", "none")
+    endpoint = settings.llm_endpoints.get(llm)
+    return {
+        "method": engine.get("method", METHOD),
+        "job_id": str(job.id),
+        "parameters": {name: spec.get(name) for name in ENGINE_FIELDS},
+        "vocabulary": engine.get("vocabulary", spec.get("vocabulary_ref")),
+        "prompt": {
+            "document_type": spec.get("document_type"),
+            "few_shot_examples": len(spec.get("few_shot") or []),
+            "template": spec.get("template"),
+        },
+        "models": {
+            "embedding": engine.get("embedding_model", settings.embedding_model),
+            "llm": {"endpoint": llm, "model": endpoint.model if endpoint else None},
+        },
+        "privacy": {
+            "accountant": ACCOUNTANT,
+            "epsilon_charged": job.epsilon,
+            "delta": 0.0,
+            "epsilon_by_mechanism": job.epsilon_by_mechanism,
+            "engine_report": engine.get("privacy"),
+        },
+        "documents": documents,
+        "created_at": utcnow().isoformat(),
+    }
+
+
+def create_release(
+    session: Session, principal: Principal, job_id: uuid.UUID, body: ReleaseIn, settings: Settings
+) -> Release:
+    job = jobs.get_job(session, principal, job_id)
+    if job.state != "succeeded":
+        raise Conflict(f"only a succeeded job can be released (this one is {job.state})")
+    if repository.of_job(session, job.id) is not None:
+        raise Conflict("the job's corpus is released already")
+    wanted = list(dict.fromkeys(body.client_organisations))
+    found = identity_repo.organisations_by_id(session, wanted)
+    bad = [str(i) for i in wanted if i not in found or found[i].kind != "client"]
+    if bad:
+        raise Unprocessable(
+            "not client organisations: " + ", ".join(bad), field="client_organisations"
+        )
+    documents = jobs_repo.count_sequences(session, job.id, with_text_only=_texts_only(job))
+    release = repository.add(
+        session,
+        Release(
+            job_id=job.id,
+            dataset_id=job.dataset_id,
+            organisation_id=job.organisation_id,
+            name=body.name or f"job {job.id}",
+            documents=documents,
+            manifest=manifest(job, settings, documents),
+            created_by=principal.actor.ref,
+        ),
+        wanted,
+    )
+    audit.record(
+        session,
+        "release.created",
+        principal.actor,
+        organisation_id=release.organisation_id,
+        target=("release", release.id),
+        job_id=str(job.id),
+        grantees=[str(g) for g in wanted],
+        documents=documents,
+    )
+    return release
+
+
+def get_release(
+    session: Session, principal: Principal, release_id: uuid.UUID
+) -> tuple[Release, list[uuid.UUID]]:
+    release = repository.get(session, release_id)
+    if release is None:
+        raise NotFound("no such release")
+    grantees = repository.grantees(session, release.id)
+    policy.ensure_visible(principal, release.organisation_id, "release", grantees)
+    return release, grantees
+
+
+def list_releases(session: Session, principal: Principal) -> Sequence[Release]:
+    if principal.platform:
+        return repository.list_releases(session)
+    if principal.role == "client":
+        return repository.list_releases(session, grantee=principal.organisation_id)
+    return repository.list_releases(session, owner=principal.organisation_id)
+
+
+def record_download(
+    session: Session, principal: Principal, release: Release, fmt: str
+) -> tuple[uuid.UUID, bool]:
+    """Audit one download; returns the job to stream and whether rows need a text."""
+    repository.add_download(
+        session,
+        Download(
+            release_id=release.id,
+            organisation_id=principal.organisation_id,
+            actor=principal.actor.ref,
+            format=fmt,
+        ),
+    )
+    audit.record(
+        session,
+        "release.downloaded",
+        principal.actor,
+        organisation_id=release.organisation_id,
+        target=("release", release.id),
+        format=fmt,
+    )
+    job = jobs_repo.get(session, release.job_id)
+    assert job is not None
+    return job.id, _texts_only(job)
+
+
+def to_out(release: Release, grantees: list[uuid.UUID], principal: Principal) -> ReleaseOut:
+    shown = grantees if principal.role != "client" else [principal.organisation_id]
+    return ReleaseOut(
+        id=release.id,
+        job_id=release.job_id,
+        dataset_id=release.dataset_id,
+        organisation_id=release.organisation_id,
+        name=release.name,
+        documents=release.documents,
+        grantees=shown,
+        manifest=release.manifest,
+        created_by=release.created_by,
+        created_at=release.created_at,
+    )

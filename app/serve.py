@@ -1,0 +1,284 @@
+"""``keyseed serve``: the whole service on one machine, with nothing else to install.
+
+By default (no ``DATABASE_URL``) everything lives in the data folder
+(``KEYSEED_DATA_DIR``, default ``./var``): the SQLite database, the Celery broker (kombu's
+SQLAlchemy transport on a second SQLite file: no broker server), the document key and
+the metrics of every process. With ``DATABASE_URL`` and ``REDIS_URL`` set, the same
+command runs on Postgres and Redis instead (and needs ``KEYSEED_DATA_KEY``).
+
+It brings the schema up to date, then supervises three children, each in its own
+process group:
+
+* the packaged LLM server (``python -m workers.dpkps.local_llm``; ``--no-llm`` leaves it
+  out, and a job naming the ``local`` LLM then starts one for its prompting);
+* a real Celery worker on every queue (``--workers`` processes);
+* uvicorn serving the API (``--host``, ``--port``).
+
+SIGINT or SIGTERM stops them in order (API, worker, LLM), each first asked politely and
+killed after a grace period; if one child dies, the others are stopped too and the
+command exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+HANDLER = "app.serve"
+QUEUES = "cpu,gpu,llm"
+
+
+def register(subparsers: Any) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the API, a worker and the local LLM on this machine",
+        description="Run the API, a Celery worker and the packaged LLM on this machine "
+        "(SQLite and a serverless broker unless DATABASE_URL and REDIS_URL are set).",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address of the API (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port of the API (8000)")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="worker processes running job tasks (1)"
+    )
+    serve.add_argument(
+        "--no-llm",
+        action="store_true",
+        help="do not run the packaged LLM server (jobs naming 'local' then start one "
+        "for their prompting)",
+    )
+    serve.add_argument(
+        "--data-dir", type=Path, default=None, help="data folder ($KEYSEED_DATA_DIR or ./var)"
+    )
+    serve.set_defaults(handler=f"{HANDLER}:main")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _say(message: str) -> None:
+    print(f"keyseed serve: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    stop_signal: signal.Signals
+    grace: float  # seconds between the polite signal and the kill
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(self.stop_signal)
+            try:
+                self.process.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:
+                _say(f"{self.name} did not stop within {self.grace:g} s; killing it")
+        # whatever is left of the group (a worker's pool, say) goes too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+
+class Supervisor:
+    """Children started in order, stopped in reverse order."""
+
+    def __init__(self, env: dict[str, str], output: IO[bytes] | None = None) -> None:
+        self.env = env
+        self.output = output
+        self.children: list[Child] = []
+        self.stopping = False
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        stop_signal: signal.Signals = signal.SIGTERM,
+        grace: float = 30.0,
+    ) -> Child:
+        process = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
+            list(argv),
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.output,
+            stderr=self.output,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only: it stops in order
+        )
+        child = Child(name, process, stop_signal, grace)
+        self.children.append(child)
+        _say(f"started {name} (pid {process.pid})")
+        return child
+
+    def dead(self) -> Child | None:
+        return next((c for c in self.children if not c.alive()), None)
+
+    def stop_all(self) -> None:
+        for child in reversed(self.children):
+            if child.alive():
+                _say(f"stopping {child.name} (pid {child.pid})")
+            child.stop()
+        self.children.clear()
+
+
+def _wait_http(url: str, *, timeout: float, child: Child) -> bool:
+    """Poll ``url`` until it answers 200; False when ``child`` dies or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            return False
+        try:
+            if httpx.get(url, timeout=5.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+class _Stop(Exception):
+    pass
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        _say("--workers must be at least 1")
+        return 2
+    if args.data_dir is not None:
+        os.environ["KEYSEED_DATA_DIR"] = str(args.data_dir)
+    from app.config import Settings
+
+    settings = Settings()
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        settings.document_key()  # made once here in embedded mode; required otherwise
+    except RuntimeError as exc:
+        _say(str(exc))
+        return 2
+    import migrations
+
+    try:
+        migrations.upgrade(settings.sqlalchemy_url)
+    except Exception as exc:
+        _say(f"cannot bring the database schema up to date ({type(exc).__name__})")
+        return 1
+    metrics_dir = data_dir / "metrics"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir()
+    env = dict(
+        os.environ,
+        KEYSEED_DATA_DIR=str(data_dir),
+        KEYSEED_BROKER_URL=settings.celery_broker_url,
+        PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    database = "SQLite" if settings.embedded else "Postgres"
+    broker = settings.celery_broker_url.split(":", 1)[0]
+    _say(f"data in {data_dir} ({database}, broker {broker})")
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise _Stop
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    supervisor = Supervisor(env)
+    python = sys.executable
+    status = 0
+    try:
+        if not args.no_llm:
+            llm_port = free_port()
+            llm = supervisor.start(
+                "local LLM",
+                [python, "-m", "workers.dpkps.local_llm", "--port", str(llm_port)],
+                grace=20.0,
+            )
+            base_url = f"http://127.0.0.1:{llm_port}/v1"
+            if not _wait_http(f"{base_url}/models", timeout=300.0, child=llm):
+                _say("the local LLM server did not start")
+                return 1
+            env["KEYSEED_LOCAL_LLM_URL"] = base_url
+            _say(f"local LLM ready at {base_url}")
+        supervisor.start(
+            "worker",
+            [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "app.worker",
+                "worker",
+                "--queues",
+                QUEUES,
+                "--concurrency",
+                str(args.workers),
+                "--hostname",
+                f"keyseed-{os.getpid()}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel",
+                settings.log_level,
+            ],
+            grace=60.0,
+        )
+        api = supervisor.start(
+            "API",
+            [
+                python,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "app.main:create_app",
+                "--host",
+                args.host,
+                "--port",
+                str(args.port),
+                "--no-access-log",
+            ],
+        )
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host  # noqa: S104
+        if not _wait_http(f"http://{host}:{args.port}/readyz", timeout=180.0, child=api):
+            _say("the API did not become ready")
+            return 1
+        _say(f"ready: http://{host}:{args.port} (OpenAPI at /docs); Ctrl-C stops")
+        while (dead := supervisor.dead()) is None:
+            time.sleep(0.5)
+        _say(f"{dead.name} exited with status {dead.process.returncode}; stopping")
+        status = 1
+    except _Stop:
+        _say("stopping")
+    finally:
+        # a second Ctrl-C must not interrupt the orderly stop
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        supervisor.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _say("stopped")
+    return status

@@ -1,0 +1,85 @@
+"""The same API on the embedded SQLite database (immediate transactions)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+import migrations
+from app.config import Settings
+from app.db import Database
+from app.main import create_app
+from tests.service import factories
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[tuple[FastAPI, Database]]:
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url="",
+        data_key="",
+        broker_url="memory://",
+        max_upload_bytes=65536,
+    )
+    assert settings.embedded and settings.sqlalchemy_url.startswith("sqlite:///")
+    migrations.upgrade(settings.sqlalchemy_url)
+    app = create_app(settings)
+    yield app, app.state.database
+    app.state.database.dispose()
+
+
+def test_the_embedded_mode_makes_its_own_document_key(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url="", data_key="")
+    key = settings.document_key()
+    path = tmp_path / "data.key"
+    assert len(key) == 32 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert Settings(data_dir=tmp_path, database_url="", data_key="").document_key() == key
+    server = Settings(data_dir=tmp_path, database_url="postgresql://x@localhost/db", data_key="")
+    with pytest.raises(RuntimeError, match="KEYSEED_DATA_KEY"):
+        server.document_key()
+    assert server.sqlalchemy_url.startswith("postgresql+psycopg://")
+
+
+def test_budget_race_and_flow_on_sqlite(embedded: tuple[FastAPI, Database]) -> None:
+    app, database = embedded
+    world = factories.build_world(database)
+    client = TestClient(app)
+    dataset_id = factories.dataset(client, world.owner, cap=3)
+    statuses: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def submit() -> None:
+        local = TestClient(app)
+        barrier.wait()
+        response = local.post(
+            f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=factories.spec()
+        )
+        statuses.append(response.status_code)
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(statuses) == [202] * 3 + [409] * 3
+    jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
+    factories.run_job(database, jobs[0]["id"])
+    ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers).json()
+    assert ledger["budget"] == {**ledger["budget"], "spent": 1.0, "reserved": 2.0, "remaining": 0.0}
+    release = client.post(
+        f"/v1/jobs/{jobs[0]['id']}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)]},
+    )
+    assert release.status_code == 201
+    download = client.get(
+        f"/v1/releases/{release.json()['id']}/download?format=csv", headers=world.client.headers
+    )
+    assert download.status_code == 200 and len(download.text.splitlines()) == 4

@@ -1,0 +1,254 @@
+"""Job specs, budget reservation (and its race), reading, cancelling, queueing."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from app.db import Database
+from app.jobs import runner
+from app.jobs.schemas import ENGINE_FIELDS, JobSpec
+from app.worker import RUN_SEQUENCES
+from tests.service import factories
+from workers.dpkps.config import GenerationConfig
+
+
+def _submit(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any):  # type: ignore[no-untyped-def]
+    return client.post(
+        f"/v1/datasets/{dataset_id}/jobs", headers=caller.headers, json=factories.spec(**spec)
+    )
+
+
+def test_the_spec_carries_every_engine_parameter_with_the_engine_defaults() -> None:
+    import dataclasses
+
+    engine = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
+    assert set(ENGINE_FIELDS) == set(engine) - {"device"}
+    assert set(ENGINE_FIELDS) <= set(JobSpec.model_fields)
+    spec = JobSpec(vocabulary="english", document_type="note", epsilon_vocab=1, epsilon_kde=1)
+    for name in ENGINE_FIELDS:
+        if engine[name] is not dataclasses.MISSING:
+            assert getattr(spec, name) == engine[name], name
+
+
+def test_submission_reserves_the_whole_epsilon(client: TestClient, world: factories.World) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=3)
+    body = {**factories.spec(epsilon_count=0.5, total=20)}
+    del body["per_class"]  # with noisy class counts, `total` is split by them
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=body
+    )
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["state"] == "queued" and job["progress"] == 0.0
+    assert job["epsilon"] == {
+        "requested": 1.5,
+        "by_mechanism": {"vocabulary": 0.5, "kde": 0.5, "class_counts": 0.5},
+        "budget_state": "reserved",
+    }
+    assert job["spec"]["per_class"] is None and job["spec"]["total"] == 20
+    budget = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert (budget["budget"]["reserved"], budget["budget"]["remaining"]) == (1.5, 1.5)
+
+
+def test_over_budget_is_409_naming_what_was_asked_and_what_remains(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=1.5)
+    factories.job(client, world.owner, dataset_id)
+    response = _submit(client, world.owner, dataset_id)
+    assert response.status_code == 409
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert (body["requested"], body["remaining"]) == (1.0, 0.5)
+    assert "asks for ε = 1" in body["detail"] and "ε = 0.5 left" in body["detail"]
+    jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
+    assert len(jobs) == 1
+
+
+def test_decimal_budget_arithmetic_fits_ten_tenths_in_one(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=1)
+    for _ in range(10):
+        factories.job(client, world.owner, dataset_id, epsilon_vocab=0.05, epsilon_kde=0.05)
+    assert (
+        _submit(client, world.owner, dataset_id, epsilon_vocab=0.05, epsilon_kde=0.05).status_code
+        == 409
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"epsilon_vocab": -1}, "epsilon_vocab"),
+        ({"epsilon_kde": 0}, "epsilon_kde"),
+        ({"epsilon_kde": 5000}, "epsilon_kde"),
+        ({"api_key": "sk-secret"}, "api_key"),
+        ({"base_url": "http://evil"}, "base_url"),
+        ({"mode": "greedy"}, "mode"),
+        ({"num_features": 10**9}, "num_features"),
+        ({"vocabulary": "klingon"}, "vocabulary"),
+        ({"vocabulary": str(uuid.uuid4())}, "vocabulary"),
+        ({"llm": "gpt-4o-with-my-key"}, "llm"),
+        ({"vocabulary_size": 10**6}, "vocabulary_size"),
+        ({"vocabulary_size": 150_000}, "vocabulary_size"),
+        ({"vocabulary_size": 4, "sequence_length": 8}, "sequence_length"),
+        ({"epsilon_count": 0.5}, "total"),
+        ({"total": 10}, "total"),
+        ({"template": "no placeholder here"}, "template"),
+        ({"few_shot": ["an example"], "template": "Write {keyphrases}"}, "template"),
+        ({"few_shot": [""]}, "few_shot.0"),
+        ({"document_type": ""}, "document_type"),
+        ({"max_llm_calls": 10**8}, "max_llm_calls"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_bad_specs_are_422_naming_the_field(
+    client: TestClient, world: factories.World, overrides: dict[str, Any], field: str
+) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    response = _submit(client, world.owner, dataset_id, **overrides)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["field"] == field
+    assert "sk-secret" not in response.text
+
+
+def test_non_finite_numbers_and_broken_json_are_422(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    path = f"/v1/datasets/{dataset_id}/jobs"
+    headers = {**world.owner.headers, "Content-Type": "application/json"}
+    nan = client.post(
+        path,
+        headers=headers,
+        content=b'{"vocabulary": "medical", '
+        b'"document_type": "n", "epsilon_vocab": NaN, "epsilon_kde": 1}',
+    )
+    assert nan.status_code == 422 and nan.json()["field"] == "epsilon_vocab"
+    broken = client.post(path, headers=headers, content=b'{"vocabulary": ')
+    assert broken.status_code == 422
+
+
+def test_a_configured_llm_endpoint_is_chosen_by_name(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    response = _submit(
+        client,
+        world.owner,
+        dataset_id,
+        llm="vllm",
+        max_llm_calls=500,
+        few_shot=["A public example."],
+        template="{examples}Write a {document_type} with {keyphrases}.",
+    )
+    assert response.status_code == 202, response.text
+    assert response.json()["spec"]["llm"] == "vllm"
+
+
+def test_who_may_submit_and_read_jobs(client: TestClient, world: factories.World) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    job_id = factories.job(client, world.owner, dataset_id)
+    assert _submit(client, world.other_owner, dataset_id).status_code == 404
+    assert _submit(client, world.owner, str(uuid.uuid4())).status_code == 404
+    for name in ("admin", "auditor", "client"):
+        assert _submit(client, getattr(world, name), dataset_id).status_code == 403
+    for name in ("owner", "admin", "auditor"):
+        caller = getattr(world, name)
+        assert client.get(f"/v1/jobs/{job_id}", headers=caller.headers).status_code == 200
+        listed = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=caller.headers)
+        assert [j["id"] for j in listed.json()] == [job_id]
+    assert client.get(f"/v1/jobs/{job_id}", headers=world.other_owner.headers).status_code == 404
+    assert client.get(f"/v1/jobs/{job_id}", headers=world.client.headers).status_code == 403
+    other_list = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.other_owner.headers)
+    assert other_list.status_code == 404
+    assert client.get(f"/v1/jobs/{uuid.uuid4()}", headers=world.owner.headers).status_code == 404
+
+
+def test_cancelling_a_queued_job_releases_its_reservation(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=2)
+    job_id = factories.job(client, world.owner, dataset_id)
+    for name in ("other_owner",):
+        caller = getattr(world, name)
+        assert client.post(f"/v1/jobs/{job_id}/cancel", headers=caller.headers).status_code == 404
+    for name in ("auditor", "client"):
+        caller = getattr(world, name)
+        assert client.post(f"/v1/jobs/{job_id}/cancel", headers=caller.headers).status_code == 403
+    response = client.post(f"/v1/jobs/{job_id}/cancel", headers=world.owner.headers)
+    assert response.status_code == 200
+    assert response.json()["state"] == "cancelled"
+    assert response.json()["epsilon"]["budget_state"] == "released"
+    dataset = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert dataset["budget"]["reserved"] == 0 and dataset["budget"]["remaining"] == 2
+    again = client.post(f"/v1/jobs/{job_id}/cancel", headers=world.admin.headers)
+    assert again.status_code == 409
+
+
+def test_cancelling_a_running_job_keeps_its_spend(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=2)
+    job_id = factories.job(client, world.owner, dataset_id)
+    with db.transaction() as session:
+        assert runner.start_sequences(session, uuid.UUID(job_id)) is not None
+    response = client.post(f"/v1/jobs/{job_id}/cancel", headers=world.admin.headers)
+    assert response.status_code == 200
+    job = response.json()
+    assert job["state"] == "running" and job["cancel_requested"] is True
+    assert job["epsilon"]["budget_state"] == "committed"
+    with db.transaction() as session:
+        assert runner.cancel_requested(session, uuid.UUID(job_id)) is True
+    job = client.get(f"/v1/jobs/{job_id}", headers=world.owner.headers).json()
+    assert job["state"] == "cancelled" and job["epsilon"]["budget_state"] == "committed"
+    budget = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert budget["budget"]["spent"] == 1.0 and budget["budget"]["remaining"] == 1.0
+
+
+def test_concurrent_submissions_never_overspend_on_postgres(
+    app: FastAPI, client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=5)
+    statuses: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def submit() -> None:
+        local = TestClient(app)
+        barrier.wait()
+        statuses.append(_submit(local, world.owner, dataset_id).status_code)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(statuses) == [202] * 5 + [409] * 3
+    ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers).json()
+    assert ledger["budget"]["reserved"] == 5.0 and ledger["budget"]["remaining"] == 0.0
+    assert len(ledger["entries"]) == 5
+
+
+def test_submission_queues_one_message_with_the_job_id_and_request_id(
+    app: FastAPI, client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs",
+        headers={**world.owner.headers, "X-Request-ID": "req-0123456789"},
+        json=factories.spec(),
+    )
+    job_id = response.json()["id"]
+    found = factories.queued_message(app, "cpu", job_id)
+    assert found.headers["task"] == RUN_SEQUENCES
+    assert found.headers["request_id"] == "req-0123456789"
+    refused = _submit(client, world.owner, dataset_id, epsilon_kde=100)
+    assert refused.status_code == 409

@@ -1,0 +1,180 @@
+"""Releases: created by the owner for client organisations; listed, read and downloaded
+(streamed, audited) by the owner and the grantees only."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import uuid
+
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.db import Database
+from app.models import Download
+from app.releases.export import escape_cell
+from tests.service import factories
+
+
+def _released(
+    client: TestClient, world: factories.World, db: Database, **job: object
+) -> tuple[str, str]:
+    dataset_id = factories.dataset(client, world.owner)
+    texts = job.pop("texts", None)
+    job_id = factories.job(client, world.owner, dataset_id, **job)
+    factories.run_job(db, job_id, texts=texts)  # type: ignore[arg-type]
+    response = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)], "name": "cardio v1"},
+    )
+    assert response.status_code == 201, response.text
+    return job_id, str(response.json()["id"])
+
+
+def test_only_a_succeeded_job_is_released_to_client_organisations(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    job_id = factories.job(client, world.owner, dataset_id)
+    path = f"/v1/jobs/{job_id}/release"
+    body = {"client_organisations": [str(world.client.organisation_id)]}
+    assert client.post(path, json=body, headers=world.owner.headers).status_code == 409
+    factories.run_job(db, job_id)
+    for name in ("admin", "auditor", "client"):
+        assert client.post(path, json=body, headers=getattr(world, name).headers).status_code == 403
+    assert client.post(path, json=body, headers=world.other_owner.headers).status_code == 404
+    for bad in ([str(world.other_owner.organisation_id)], [str(uuid.uuid4())], []):
+        response = client.post(
+            path, json={"client_organisations": bad}, headers=world.owner.headers
+        )
+        assert response.status_code == 422
+        assert response.json()["field"].startswith("client_organisations")
+    created = client.post(path, json=body, headers=world.owner.headers)
+    assert created.status_code == 201
+    assert client.post(path, json=body, headers=world.owner.headers).status_code == 409
+
+
+def test_a_release_carries_its_manifest(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    job_id, release_id = _released(client, world, db, llm="vllm", texts=["one", "two", None])
+    release = client.get(f"/v1/releases/{release_id}", headers=world.client.headers).json()
+    assert release["job_id"] == job_id and release["documents"] == 2
+    manifest = release["manifest"]
+    assert manifest["method"].startswith("DP-KPS")
+    assert manifest["parameters"]["epsilon_kde"] == 0.5
+    assert manifest["parameters"]["vocabulary_size"] == 50
+    assert manifest["privacy"]["epsilon_charged"] == 1.0
+    assert manifest["privacy"]["epsilon_by_mechanism"] == {"vocabulary": 0.5, "kde": 0.5}
+    assert manifest["privacy"]["delta"] == 0.0 and manifest["privacy"]["accountant"]
+    assert manifest["models"] == {
+        "embedding": "test-model",
+        "llm": {"endpoint": "vllm", "model": "open-model"},
+    }
+    assert manifest["vocabulary"]["name"] == "medical" and manifest["created_at"]
+    assert "api_key" not in json.dumps(manifest)
+
+
+def test_releases_are_listed_and_read_by_owner_grantees_and_platform(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    _, release_id = _released(client, world, db)
+    for name in ("owner", "client", "admin", "auditor"):
+        caller = getattr(world, name)
+        listed = client.get("/v1/releases", headers=caller.headers).json()
+        assert [r["id"] for r in listed] == [release_id], name
+        assert client.get(f"/v1/releases/{release_id}", headers=caller.headers).status_code == 200
+    for name in ("other_owner", "other_client"):
+        caller = getattr(world, name)
+        assert client.get("/v1/releases", headers=caller.headers).json() == []
+        assert client.get(f"/v1/releases/{release_id}", headers=caller.headers).status_code == 404
+    seen = client.get(f"/v1/releases/{release_id}", headers=world.client.headers).json()
+    assert seen["grantees"] == [str(world.client.organisation_id)]
+    assert (
+        client.get(f"/v1/releases/{uuid.uuid4()}", headers=world.owner.headers).status_code == 404
+    )
+    assert client.get("/v1/releases").status_code == 401
+
+
+def test_download_jsonl_streams_the_corpus(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    _, release_id = _released(client, world, db)
+    response = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/jsonl")
+    assert "attachment" in response.headers["content-disposition"]
+    records = [json.loads(line) for line in response.text.splitlines()]
+    assert records == [
+        {"label": label, "text": None, "keyphrases": list(phrases)}
+        for label, phrases in factories.SEQUENCES
+    ]
+
+
+def test_download_csv_escapes_formulas(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    _, release_id = _released(
+        client, world, db, llm="vllm", texts=["=cmd|' /C calc'!A0", "+1", "@SUM(A1)"]
+    )
+    response = client.get(
+        f"/v1/releases/{release_id}/download?format=csv", headers=world.owner.headers
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/csv")
+    rows = list(csv.reader(io.StringIO(response.text)))
+    assert rows[0] == ["label", "text", "keyphrases"]
+    assert [r[1] for r in rows[1:]] == ["'=cmd|' /C calc'!A0", "'+1", "'@SUM(A1)"]
+    assert rows[2][2] == 'fracture; =HYPERLINK("http://x")'  # not at the start of the cell
+    assert escape_cell("-2") == "'-2" and escape_cell("\t=1") == "'\t=1"
+    assert escape_cell("＝1") == "'＝1" and escape_cell("plain") == "plain"
+
+
+def test_downloads_are_granted_and_audited(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    _, release_id = _released(client, world, db)
+    path = f"/v1/releases/{release_id}/download"
+    for name in ("admin", "auditor"):
+        assert client.get(path, headers=getattr(world, name).headers).status_code == 403
+    for name in ("other_owner", "other_client"):
+        assert client.get(path, headers=getattr(world, name).headers).status_code == 404
+    assert client.get(path).status_code == 401
+    assert client.get(path + "?format=xml", headers=world.client.headers).status_code == 422
+    assert client.get(path + "?format=csv", headers=world.client.headers).status_code == 200
+    assert client.get(path, headers=world.owner.headers).status_code == 200
+    events = client.get(
+        f"/v1/audit/events?kind=release.downloaded&target_id={release_id}",
+        headers=world.auditor.headers,
+    ).json()["events"]
+    assert [(e["details"]["format"], e["actor_organisation_id"]) for e in events] == [
+        ("jsonl", str(world.owner.organisation_id)),
+        ("csv", str(world.client.organisation_id)),
+    ]
+    with db.session() as session:
+        assert session.scalar(select(func.count()).select_from(Download)) == 2
+
+
+def test_large_releases_stream_in_batches(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    sequences = [("cardio" if i % 2 else "ortho", (f"phrase {i}",)) for i in range(2500)]
+    dataset_id = factories.dataset(client, world.owner)
+    job_id = factories.job(client, world.owner, dataset_id)
+    factories.run_job(db, job_id, sequences=sequences)
+    release = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.other_client.organisation_id)]},
+    ).json()
+    with client.stream(
+        "GET",
+        f"/v1/releases/{release['id']}/download?format=csv",
+        headers=world.other_client.headers,
+    ) as response:
+        chunks = list(response.iter_bytes())
+    lines = b"".join(chunks).decode().splitlines()
+    assert len(lines) == 2501 and lines[-1] == "cardio,,phrase 2499"
+    assert release["documents"] == 2500
