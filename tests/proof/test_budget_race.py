@@ -1,0 +1,375 @@
+"""Budget races over real HTTP: 50 job submissions at once on one dataset, asking five
+times its cap in total, against several uvicorn processes serving the production app
+(``uvicorn --factory app.main:create_app``), on Postgres and on the embedded SQLite file.
+
+Proved: exactly ⌊cap / ask⌋ jobs are accepted; every other one is a 409 problem naming
+what was asked and what remains; the committed plus reserved spend, sampled from the
+database while the race runs, never exceeds the cap; the final figures are exact; and
+exactly one task message per accepted job reached the broker (none for a refused one).
+No worker runs: the jobs stay queued.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from app.config import Settings
+from app.db import Database
+from tests.proof.conftest import PROBLEM_JSON
+from tests.service import factories
+from tests.service.conftest import DATA_KEY
+
+REPO = Path(__file__).resolve().parents[2]
+SUBMISSIONS = 50
+CAP = Decimal("3")
+EPSILON_VOCAB, EPSILON_KDE = 0.1, 0.2  # 0.1 + 0.2 != 0.3 in binary floating point
+ASK = Decimal("0.3")
+ACCEPTED = int(CAP // ASK)  # 10
+SERVERS = 3
+REDIS_URL = "redis://127.0.0.1:6379/0"
+_SCRUBBED = ("DATABASE_URL", "REDIS_URL", "KEYSEED_DATABASE_URL", "KEYSEED_BROKER_URL")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def serving(env: dict[str, str], log_dir: Path, count: int = SERVERS) -> Iterator[list[str]]:
+    """``count`` uvicorn processes of the production app factory; their base URLs."""
+    environ = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    environ |= {"KEYSEED_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"} | env
+    processes: list[tuple[subprocess.Popen[bytes], str]] = []
+    with ExitStack() as stack:
+        try:
+            for index in range(count):
+                port = _free_port()
+                log = stack.enter_context((log_dir / f"server-{index}.log").open("wb"))
+                command = [sys.executable, "-m", "uvicorn", "--factory", "app.main:create_app"]
+                command += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+                process = subprocess.Popen(
+                    command, cwd=REPO, env=environ, stdout=log, stderr=subprocess.STDOUT
+                )
+                processes.append((process, f"http://127.0.0.1:{port}"))
+            for process, url in processes:
+                _wait_until_up(process, url, log_dir)
+            yield [url for _, url in processes]
+        finally:
+            for process, _ in processes:
+                process.terminate()
+            for process, _ in processes:
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=30)
+
+
+def _wait_until_up(process: subprocess.Popen[bytes], url: str, log_dir: Path) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in log_dir.glob("*.log"))
+            raise AssertionError(f"the server at {url} exited: {logs}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"the server at {url} did not start")
+
+
+@dataclass
+class Sampler:
+    """Reads ``spent + reserved`` from the ledger table, again and again, while the
+    race runs (its own connection, each read a fresh snapshot)."""
+
+    read: Callable[[], Decimal]
+    samples: list[tuple[float, Decimal]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Sampler:
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.samples.append((time.monotonic(), self.read()))
+                time.sleep(0.002)
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=30)
+
+    def peak(self) -> Decimal:
+        return max(value for _, value in self.samples)
+
+
+def committed_plus_reserved(rows: list[tuple[str, float]]) -> Decimal:
+    """``Σ reserve − Σ release``, i.e. spent (``Σ commit``) plus reserved."""
+    sums = {"reserve": Decimal(0), "commit": Decimal(0), "release": Decimal(0)}
+    for kind, epsilon in rows:
+        sums[kind] += Decimal(repr(float(epsilon)))
+    return sums["reserve"] - sums["release"]
+
+
+@dataclass
+class Outcome:
+    statuses: list[int]
+    bodies: list[dict[str, object]]
+    content_types: list[str]
+    started: float
+    ended: float
+    slowest: float
+
+
+def race(urls: list[str], key: str, dataset_id: str) -> Outcome:
+    """``SUBMISSIONS`` threads, each with a connection of its own to one of the servers,
+    released together by a barrier."""
+    barrier = threading.Barrier(SUBMISSIONS)
+    results: list[tuple[int, dict[str, object], str, float] | None] = [None] * SUBMISSIONS
+    spec = factories.spec(epsilon_vocab=EPSILON_VOCAB, epsilon_kde=EPSILON_KDE)
+    headers = factories.auth(key)
+    for url in urls:  # what each process loads once (the built-in vocabularies) is loaded
+        assert httpx.get(f"{url}/v1/vocabularies", headers=headers, timeout=120).is_success
+
+    def submit(index: int) -> None:
+        with httpx.Client(base_url=urls[index % len(urls)], timeout=120) as http:
+            http.get("/healthz")  # the connection is open before the barrier
+            barrier.wait(timeout=60)
+            began = time.monotonic()
+            response = http.post(f"/v1/datasets/{dataset_id}/jobs", headers=headers, json=spec)
+            seconds = time.monotonic() - began
+            results[index] = (
+                response.status_code,
+                response.json(),
+                response.headers["content-type"],
+                seconds,
+            )
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(SUBMISSIONS)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    ended = time.monotonic()
+    done = [r for r in results if r is not None]
+    assert len(done) == SUBMISSIONS, "a submission did not finish"
+    return Outcome(
+        statuses=[r[0] for r in done],
+        bodies=[r[1] for r in done],
+        content_types=[r[2] for r in done],
+        started=started,
+        ended=ended,
+        slowest=max(r[3] for r in done),
+    )
+
+
+def check_outcome(outcome: Outcome, sampler: Sampler) -> list[str]:
+    """The accepted job ids, after checking every figure of the race."""
+    assert sorted(outcome.statuses) == [202] * ACCEPTED + [409] * (SUBMISSIONS - ACCEPTED)
+    accepted = [b for s, b in zip(outcome.statuses, outcome.bodies, strict=True) if s == 202]
+    for status, body, content_type in zip(
+        outcome.statuses, outcome.bodies, outcome.content_types, strict=True
+    ):
+        if status != 409:
+            continue
+        assert content_type == PROBLEM_JSON
+        assert body["title"] == "Privacy budget exceeded"
+        assert body["requested"] == float(ASK) and body["remaining"] == 0.0
+        assert body["epsilon_cap"] == float(CAP) and body["reserved"] == float(CAP)
+        assert "asks for ε = 0.3" in str(body["detail"]) and "ε = 0 left" in str(body["detail"])
+    for body in accepted:
+        assert body["state"] == "queued"
+        assert body["epsilon"] == {  # type: ignore[comparison-overlap]
+            "requested": float(ASK),
+            "by_mechanism": {"vocabulary": EPSILON_VOCAB, "kde": EPSILON_KDE},
+            "budget_state": "reserved",
+        }
+    during = [v for t, v in sampler.samples if outcome.started <= t <= outcome.ended]
+    assert len(during) >= 5, "the sampler did not overlap the race"
+    assert sampler.peak() <= CAP
+    assert sampler.samples[-1][1] == ASK * ACCEPTED == CAP
+    return [str(body["id"]) for body in accepted]
+
+
+def check_final_figures(http: httpx.Client, key: str, dataset_id: str, accepted: list[str]) -> None:
+    headers = factories.auth(key)
+    ledger = http.get(f"/v1/datasets/{dataset_id}/ledger", headers=headers).json()
+    assert ledger["budget"] == {
+        **ledger["budget"],
+        "epsilon_cap": 3.0,
+        "spent": 0.0,
+        "reserved": 3.0,
+        "remaining": 0.0,
+    }
+    assert sorted(e["job_id"] for e in ledger["entries"]) == sorted(accepted)
+    assert {e["kind"] for e in ledger["entries"]} == {"reserve"}
+    jobs = http.get(f"/v1/datasets/{dataset_id}/jobs", headers=headers).json()
+    assert sorted(j["id"] for j in jobs) == sorted(accepted)
+    assert {j["state"] for j in jobs} == {"queued"}  # no worker ran them
+
+
+def _job_ids_of_messages(payloads: list[bytes]) -> list[str]:
+    """The job id argument of each Celery message (kombu's JSON envelope)."""
+    ids = []
+    for payload in payloads:
+        envelope = json.loads(payload)
+        assert envelope["headers"]["task"] == "keyseed.jobs.run_sequences"
+        body = json.loads(base64.b64decode(envelope["body"]))
+        ids.append(body[0][0])
+    return ids
+
+
+def _figures(request: pytest.FixtureRequest, mode: str, outcome: Outcome, sampler: Sampler) -> None:
+    figures = {
+        "mode": mode,
+        "servers": SERVERS,
+        "submissions": SUBMISSIONS,
+        "accepted": outcome.statuses.count(202),
+        "refused_409": outcome.statuses.count(409),
+        "race_seconds": round(outcome.ended - outcome.started, 2),
+        "slowest_request_seconds": round(outcome.slowest, 2),
+        "ledger_samples": len(sampler.samples),
+        "peak_spent_plus_reserved": str(sampler.peak()),
+    }
+    request.node.user_properties.append(("figures", figures))
+    print(f"\nbudget race figures: {json.dumps(figures)}")
+
+
+def test_fifty_concurrent_submissions_on_postgres(
+    request: pytest.FixtureRequest,
+    client: TestClient,
+    world: factories.World,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=float(CAP))
+    prefix = f"keyseed_proof_{uuid.uuid4().hex[:12]}:"
+    store = redis.Redis.from_url(REDIS_URL)
+    try:
+        store.ping()
+        broker = {"KEYSEED_BROKER_URL": REDIS_URL, "KEYSEED_BROKER_KEY_PREFIX": prefix}
+    except redis.RedisError:
+        broker = {"KEYSEED_BROKER_URL": "memory://"}  # no Redis here: count nothing
+    env = {"KEYSEED_DATABASE_URL": database_url, "KEYSEED_DATA_KEY": DATA_KEY, **broker}
+    engine = create_engine(database_url, pool_size=1)
+    query = text("SELECT kind, epsilon FROM ledger_entries WHERE dataset_id = :d")
+
+    def read() -> Decimal:
+        with engine.connect() as connection:
+            rows = connection.execute(query, {"d": uuid.UUID(dataset_id)}).all()
+        return committed_plus_reserved([(r[0], r[1]) for r in rows])
+
+    try:
+        with serving(env, tmp_path) as urls:
+            with Sampler(read) as sampler:
+                outcome = race(urls, world.owner.key, dataset_id)
+                time.sleep(0.05)
+            accepted = check_outcome(outcome, sampler)
+            with httpx.Client(base_url=urls[0], timeout=60) as http:
+                check_final_figures(http, world.owner.key, dataset_id, accepted)
+        if "KEYSEED_BROKER_KEY_PREFIX" in broker:
+            payloads = store.lrange(f"{prefix}cpu", 0, -1)
+            assert sorted(_job_ids_of_messages(payloads)) == sorted(accepted)
+    finally:
+        engine.dispose()
+        for stale in store.scan_iter(f"{prefix}*"):
+            store.delete(stale)
+    _figures(request, "postgres", outcome, sampler)
+
+
+def test_fifty_concurrent_submissions_on_embedded_sqlite(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    env = {"KEYSEED_DATA_DIR": str(data_dir), "KEYSEED_DATA_KEY": ""}
+    settings = Settings(data_dir=data_dir, database_url="", data_key="", broker_url="")
+    assert settings.embedded and settings.celery_broker_url.startswith("sqla+sqlite:///")
+    environ = {k: v for k, v in os.environ.items() if k not in _SCRUBBED} | env
+    migrate = subprocess.run(
+        [sys.executable, "-m", "app.cli", "admin", "migrate"],
+        cwd=REPO,
+        env=environ,
+        capture_output=True,
+        timeout=300,
+    )
+    assert migrate.returncode == 0, migrate.stderr.decode()
+    settings.document_key()  # made once here, not by three servers starting at once
+    database = Database.from_url(settings.sqlalchemy_url)
+    try:
+        world = factories.build_world(database)
+    finally:
+        database.dispose()
+    path = settings.sqlalchemy_url.removeprefix("sqlite:///")
+
+    def read() -> Decimal:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            rows = connection.execute(
+                "SELECT kind, epsilon FROM ledger_entries WHERE dataset_id = ?",
+                (uuid.UUID(dataset_id).hex,),
+            ).fetchall()
+        finally:
+            connection.close()
+        return committed_plus_reserved([(r[0], r[1]) for r in rows])
+
+    with serving(env, tmp_path) as urls:
+        with httpx.Client(base_url=urls[0], timeout=60) as http:
+            uploaded = http.post(
+                "/v1/datasets",
+                headers=world.owner.headers,
+                data={
+                    "name": "notes",
+                    "text_column": "text",
+                    "label_column": "label",
+                    "labels": "cardio,ortho",
+                    "epsilon_cap": str(CAP),
+                },
+                files={"file": ("notes.csv", factories.csv_bytes(factories.ROWS))},
+            )
+            assert uploaded.status_code == 201, uploaded.text
+            dataset_id = str(uploaded.json()["id"])
+        with Sampler(read) as sampler:
+            outcome = race(urls, world.owner.key, dataset_id)
+            time.sleep(0.05)
+        accepted = check_outcome(outcome, sampler)
+        with httpx.Client(base_url=urls[1], timeout=60) as http:
+            check_final_figures(http, world.owner.key, dataset_id, accepted)
+    broker = sqlite3.connect(str(data_dir / "broker.sqlite3"))
+    try:
+        payloads = broker.execute(
+            "SELECT m.payload FROM kombu_message m JOIN kombu_queue q ON q.id = m.queue_id "
+            "WHERE q.name = 'cpu'"
+        ).fetchall()
+    finally:
+        broker.close()
+    assert sorted(_job_ids_of_messages([p[0] for p in payloads])) == sorted(accepted)
+    _figures(request, "sqlite", outcome, sampler)
