@@ -1,0 +1,51 @@
+# One target per everyday action. Every target installs what it needs first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install test test-fast proof lint demo bench serve clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make test: the whole suite (unit, statistical, CLI end to end, local LLM, service,
+## dashboard in Chromium, reliability) except the long proofs below
+test: $(STAMP)
+	$(BIN)/pytest -q -m "not proof"
+
+## make proof: the long reliability proofs (API fuzzing, worker crashes, load);
+## figures for RELIABILITY.md go to out/proof/
+proof: $(STAMP)
+	mkdir -p out/proof
+	KEYSEED_LOAD_REPORT=out/proof/load.json $(BIN)/pytest -q -s -m proof
+
+## make test-fast: skip the slow tests (models, AG News, LLM)
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow and not proof"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## make demo: the main job end to end on the embedded default
+demo: $(STAMP)
+	$(BIN)/keyseed demo
+
+## make bench: speed and utility figures, written to BENCHMARKS.md
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run --output BENCHMARKS.md
+
+serve: $(STAMP)
+	$(BIN)/keyseed serve
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out var
