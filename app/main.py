@@ -27,7 +27,7 @@ from app.ledger.router import router as audit_router
 from app.logging import RequestContextMiddleware, configure_logging
 from app.releases.router import router as releases_router
 from app.vocabularies.router import router as vocabularies_router
-from app.worker import create_celery
+from app.worker import create_celery, declare_queues, declares_queues
 
 MULTIPART_OVERHEAD = 2**20  # form fields and boundaries around an upload
 
@@ -108,6 +108,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging(level=settings.log_level, json=settings.log_json)
     celery = create_celery(settings)
+    if declares_queues(settings):
+        declare_queues(celery)
     database = Database.from_settings(settings, celery=celery)
     cipher = DocumentCipher(settings.document_key())
 

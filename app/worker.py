@@ -16,6 +16,7 @@ The tasks themselves are in :mod:`app.jobs.tasks`, which a worker imports at sta
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery, signals
@@ -96,6 +97,38 @@ def create_celery(settings: Settings) -> Celery:
     return app
 
 
+def declare_queues(app: Celery, *, attempts: int = 20) -> None:
+    """Create the broker's queues now, before any message is sent or consumed.
+
+    For the embedded SQLite broker: kombu's SQLAlchemy transport creates a queue's row on
+    first use, so API processes and the worker starting at once race to insert it and the
+    loser fails to store its message (an IntegrityError, which is not retried). Each
+    attempt uses a fresh connection, since a failed one keeps a broken session.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            with app.connection_for_write() as connection:
+                channel = connection.default_channel
+                for name in QUEUES:
+                    channel.queue_declare(queue=name)
+            return
+        except Exception:  # the other process won the race, or the file is locked
+            if attempt == attempts:
+                raise
+            time.sleep(0.05 * attempt)
+
+
+def declares_queues(settings: Settings) -> bool:
+    """Whether this broker needs :func:`declare_queues` at start (the SQL transports)."""
+    scheme = url_to_parts(settings.celery_broker_url).scheme or ""
+    return scheme.startswith("sqla+")
+
+
+def _declare_at_worker_start(sender: Any = None, **_: Any) -> None:
+    if declares_queues(get_settings()) and sender is not None:
+        declare_queues(sender.app)
+
+
 def _bind_request_id(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     """The request id travels as a message header (``app.logging.task_headers``)."""
     request = getattr(task, "request", None)
@@ -113,6 +146,7 @@ def _configure_worker_logging(**_: Any) -> None:
 
 
 signals.task_prerun.connect(_bind_request_id, weak=False)
+signals.worker_init.connect(_declare_at_worker_start, weak=False)
 signals.setup_logging.connect(_configure_worker_logging, weak=False)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-SECTIONS = ("bench_utility", "bench_scoring", "bench_prompting")
+SECTIONS = ("bench_utility", "bench_scoring", "bench_prompting", "bench_load")
 
 
 def machine() -> str:

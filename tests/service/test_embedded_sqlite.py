@@ -83,3 +83,28 @@ def test_budget_race_and_flow_on_sqlite(embedded: tuple[FastAPI, Database]) -> N
         f"/v1/releases/{release.json()['id']}/download?format=csv", headers=world.client.headers
     )
     assert download.status_code == 200 and len(download.text.splitlines()) == 4
+
+
+def test_the_sqlite_broker_queues_exist_before_any_message(tmp_path: Path) -> None:
+    """Several processes starting at once must not race to create a queue's row (the
+    loser's first message would be lost): each process declares them at start, and a
+    second declaration, as by a concurrent process, changes nothing."""
+    import sqlite3
+
+    from app.worker import QUEUES, create_celery, declare_queues, declares_queues
+
+    settings = Settings(data_dir=tmp_path, database_url="", data_key="", broker_url="")
+    assert declares_queues(settings)
+    assert not declares_queues(settings.model_copy(update={"broker_url": "redis://x:6379/0"}))
+    celery = create_celery(settings)
+    threads = [threading.Thread(target=declare_queues, args=(celery,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    broker = sqlite3.connect(str(tmp_path / "broker.sqlite3"))
+    try:
+        names = sorted(row[0] for row in broker.execute("SELECT name FROM kombu_queue"))
+    finally:
+        broker.close()
+    assert names == sorted(QUEUES)
