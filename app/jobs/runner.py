@@ -6,7 +6,8 @@ What is here is the bookkeeping around the engine, not the engine call itself:
   :func:`app.ledger.service.commit_spend` BEFORE anything private is read; it returns
   ``None`` when the job must not touch private data (cancelled, ended, dataset deleted,
   or its sequences persisted already, so a redelivered task does not run the DP
-  mechanisms a second time);
+  mechanisms a second time, and queues the prompting stage again instead, in case the
+  worker that saved them died before queueing it);
 * :func:`private_documents` is the only way to decrypt a dataset's documents, and it
   refuses unless the job's spend is committed;
 * :func:`save_sequences` persists the DP keyphrase sequences before any prompt;
@@ -72,7 +73,14 @@ def start_sequences(
 ) -> StartedJob | None:
     """queued → running with the job's ε committed, or None if it must not run."""
     job, dataset = _lock(session, job_id)
-    if job.state in TERMINAL_STATES or job.sequences_total > 0:
+    if job.state in TERMINAL_STATES:
+        return None
+    if job.sequences_total > 0:
+        # A redelivery after the sequences were saved. The prompting task is sent once
+        # that save commits, so the worker may have died before sending it: send it
+        # again (it prompts only the sequences that have no text yet).
+        if job.state == "running" and job.spec.get("llm") != "none":
+            enqueue_after_commit(session, RUN_PROMPTS, str(job.id))
         return None
     if dataset is None or dataset.deleted_at is not None:
         _end(job, "failed", "dataset_deleted", "the dataset was deleted")
