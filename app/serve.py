@@ -64,6 +64,37 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(handler=f"{HANDLER}:main")
 
 
+def worker_command(
+    name: str,
+    *,
+    concurrency: int = 1,
+    log_level: str = "INFO",
+    python: str = sys.executable,
+) -> list[str]:
+    """The command of a Celery worker on every queue, as ``keyseed serve`` runs it (the
+    tests and benchmarks start theirs the same way). Gossip, mingle and heartbeats are
+    off: a single machine's worker has no peers to talk to."""
+    return [
+        python,
+        "-m",
+        "celery",
+        "-A",
+        "app.worker",
+        "worker",
+        "--queues",
+        QUEUES,
+        "--concurrency",
+        str(concurrency),
+        "--hostname",
+        f"{name}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        log_level,
+    ]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -226,25 +257,12 @@ def main(args: argparse.Namespace) -> int:
             _say(f"local LLM ready at {base_url}")
         supervisor.start(
             "worker",
-            [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "app.worker",
-                "worker",
-                "--queues",
-                QUEUES,
-                "--concurrency",
-                str(args.workers),
-                "--hostname",
-                f"keyseed-{os.getpid()}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel",
-                settings.log_level,
-            ],
+            worker_command(
+                f"keyseed-{os.getpid()}",
+                concurrency=args.workers,
+                log_level=settings.log_level,
+                python=python,
+            ),
             grace=60.0,
         )
         api = supervisor.start(

@@ -53,7 +53,7 @@ from app.db import Database
 from app.jobs import repository as jobs_repo
 from app.jobs import runner
 from app.models import Job
-from app.serve import free_port
+from app.serve import free_port, worker_command
 from tests.service import factories
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,28 +269,6 @@ def api_argv(port: int) -> list[str]:
         "--no-access-log",
         "--log-level",
         "warning",
-    ]
-
-
-def worker_argv(prefix: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "app.worker",
-        "worker",
-        "--queues",
-        "cpu,gpu,llm",
-        "--concurrency",
-        "1",
-        "--hostname",
-        f"{prefix.rstrip(':')}@%h",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        "--loglevel",
-        "INFO",
     ]
 
 
@@ -608,9 +586,10 @@ def run_load(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     large = small * LARGE_FACTOR
+    worker_argv = worker_command(prefix.rstrip(":"))
     try:
         with (
-            child("worker", worker_argv(prefix), worker_env, workdir / "worker.log") as worker,
+            child("worker", worker_argv, worker_env, workdir / "worker.log") as worker,
             child("api", api_argv(port), env, workdir / "api.log") as api,
         ):
             seeding = time.perf_counter()

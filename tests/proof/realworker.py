@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from app.serve import worker_command
 from tests.service.conftest import DATA_KEY
 from tests.service.test_end_to_end import REDIS_URL, REPO, Worker
 
@@ -66,25 +66,7 @@ class RealWorker(Worker):
     def start(cls, env: dict[str, str], log: Path, name: str) -> RealWorker:
         with open(log, "wb") as output:
             process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "app.worker",
-                    "worker",
-                    "--queues",
-                    "cpu,gpu,llm",
-                    "--concurrency",
-                    "1",
-                    "--hostname",
-                    f"{name}@%h",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "--loglevel",
-                    "INFO",
-                ],
+                worker_command(name),
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from app.main import create_app
+from app.serve import worker_command
 from tests.service import factories
 from tests.service.conftest import DATA_KEY, make_settings
 from workers.samples import build_hpo_sample
@@ -106,25 +106,7 @@ def worker(database_url: str, prefix: str, tmp_path: Path) -> Iterator[Worker]:
     )
     with open(log, "wb") as output:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "app.worker",
-                "worker",
-                "--queues",
-                "cpu,gpu,llm",
-                "--concurrency",
-                "1",
-                "--hostname",
-                f"{prefix.rstrip(':')}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel",
-                "INFO",
-            ],
+            worker_command(prefix.rstrip(":")),
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,
