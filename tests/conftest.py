@@ -20,3 +20,26 @@ def ag_news_path() -> Path:
     if not AG_NEWS.exists():
         pytest.skip(f"AG News is not available at {AG_NEWS} (../shared is absent); skipping")
     return AG_NEWS
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Figures that tests recorded (``request.node.user_properties``: ``("figures", …)``),
+    printed at the end and written as JSON to ``$KEYSEED_PROOF_REPORT`` if set (``make
+    proof`` writes ``out/proof/figures.json``; RELIABILITY.md quotes it)."""
+    import json
+
+    figures = {
+        report.nodeid: value
+        for report in terminalreporter.stats.get("passed", [])
+        for name, value in getattr(report, "user_properties", [])
+        if name == "figures"
+    }
+    if not figures:
+        return
+    terminalreporter.section("figures")
+    for nodeid, value in figures.items():
+        terminalreporter.write_line(f"{nodeid}: {json.dumps(value, default=str)[:2000]}")
+    destination = os.environ.get("KEYSEED_PROOF_REPORT")
+    if destination:
+        Path(destination).parent.mkdir(parents=True, exist_ok=True)
+        Path(destination).write_text(json.dumps(figures, indent=1, default=str) + "\n")
