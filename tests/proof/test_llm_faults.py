@@ -158,4 +158,4 @@ def test_retry_after_is_honoured(
         again = [r for r in llm.chat_requests[1:] if r.user_text == first.user_text]
         assert again, "the refused sequence was not asked again"
         waited = again[0].started - (first.finished or first.started)
-        assert 0.95 <= waited <= 1.5, waited
+        assert 0.95 <= waited <= 3.0, waited  # upper bound: slack for a busy machine
