@@ -18,7 +18,7 @@ from app.crypto import DocumentCipher
 from app.datasets import repository
 from app.datasets.schemas import BudgetOut, DatasetOut
 from app.datasets.upload import UploadReport, UploadSpec, check_content, read_documents
-from app.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Principal
 from app.jobs import service as jobs
@@ -110,11 +110,7 @@ def create_dataset(
 
 
 def get_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
-    dataset = repository.get(session, dataset_id)
-    if dataset is None:
-        raise NotFound("no such dataset")
-    policy.ensure_visible(principal, dataset.organisation_id, "dataset")
-    return dataset
+    return policy.visible(principal, repository.get(session, dataset_id), "dataset")
 
 
 def list_datasets(session: Session, principal: Principal) -> Sequence[Dataset]:

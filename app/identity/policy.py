@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from app.errors import Forbidden, NotFound
 
@@ -140,6 +141,22 @@ def ensure_visible(
 ) -> None:
     if not can_reach(principal, owner, grantees):
         raise NotFound(f"no such {what}")
+
+
+class Owned(Protocol):
+    @property
+    def organisation_id(self) -> uuid.UUID: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=Owned)
+
+
+def visible(principal: Principal, found: OwnedT | None, what: str) -> OwnedT:
+    """``found`` if it exists and is in the caller's reach; else 404, the same either way."""
+    if found is None:
+        raise NotFound(f"no such {what}")
+    ensure_visible(principal, found.organisation_id, what)
+    return found
 
 
 def organisation_scope(principal: Principal) -> uuid.UUID | None:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.datasets import repository as datasets_repo
 from app.db import enqueue_after_commit
-from app.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
 from app.jobs import repository
@@ -23,7 +23,7 @@ from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
 from app.ledger import audit
 from app.ledger import service as ledger
 from app.logging import current_request_id
-from app.models import Dataset, Job, utcnow
+from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from app.worker import RUN_PROMPTS, RUN_SEQUENCES
 from workers.dpkps.config import GenerationConfig
@@ -42,14 +42,6 @@ def epsilon_by_mechanism(config: GenerationConfig) -> dict[str, float]:
     if config.epsilon_count is not None:
         spend["class_counts"] = float(config.epsilon_count)
     return spend
-
-
-def _visible_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
-    dataset = datasets_repo.get(session, dataset_id)
-    if dataset is None:
-        raise NotFound("no such dataset")
-    policy.ensure_visible(principal, dataset.organisation_id, "dataset")
-    return dataset
 
 
 def _check_prompting(spec: JobSpec, settings: Settings) -> None:
@@ -74,7 +66,7 @@ def submit(
     spec: JobSpec,
     settings: Settings,
 ) -> Job:
-    dataset = _visible_dataset(session, principal, dataset_id)
+    dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     config = spec.generation_config()
     _check_prompting(spec, settings)
     vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
@@ -123,15 +115,11 @@ def submit(
 
 
 def get_job(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
-    job = repository.get(session, job_id)
-    if job is None:
-        raise NotFound("no such job")
-    policy.ensure_visible(principal, job.organisation_id, "job")
-    return job
+    return policy.visible(principal, repository.get(session, job_id), "job")
 
 
 def list_jobs(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Sequence[Job]:
-    _visible_dataset(session, principal, dataset_id)
+    policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     return repository.list_for_dataset(session, dataset_id)
 
 
