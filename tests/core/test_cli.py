@@ -307,29 +307,20 @@ def test_generate_with_the_local_llm(small: dict[str, Path]) -> None:
 # ---------------------------------------------------------------- evaluate
 
 
+def evaluate_args(small: dict[str, Path], *extra: str) -> list[str]:
+    """``keyseed evaluate`` of the small corpus's output against the small corpus."""
+    columns = ["--text-column", "title", "--text-column", "body", "--label-column", "class"]
+    synthetic, test = str(small["out"]), str(small["input"])
+    return ["evaluate", "--synthetic", synthetic, "--test", test, *columns, *extra]
+
+
 def test_evaluate_prints_accuracy_and_real_baseline(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(generate_args(small, "--per-class", "20")) == 0
     capsys.readouterr()
-    common = ["--text-column", "title", "--text-column", "body", "--label-column", "class"]
-    assert (
-        main(
-            [
-                "evaluate",
-                "--synthetic",
-                str(small["out"]),
-                "--test",
-                str(small["input"]),
-                *common,
-                "--train-real",
-                str(small["input"]),
-                "--classifier",
-                "tfidf",
-            ]
-        )
-        == 0
-    )
+    args = evaluate_args(small, "--train-real", str(small["input"]), "--classifier", "tfidf")
+    assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert 0.0 <= result["accuracy"] <= 1.0
     assert result["accuracy_real"] == 1.0  # trained and tested on the same tiny corpus
@@ -342,24 +333,8 @@ def test_evaluate_with_unlabeled_texts_uses_coral(
 ) -> None:
     assert main(generate_args(small, "--per-class", "20")) == 0
     capsys.readouterr()
-    common = ["--text-column", "title", "--text-column", "body", "--label-column", "class"]
-    assert (
-        main(
-            [
-                "evaluate",
-                "--synthetic",
-                str(small["out"]),
-                "--test",
-                str(small["input"]),
-                *common,
-                "--unlabeled",
-                str(small["input"]),
-                "--coral-weight",
-                "10",
-            ]
-        )
-        == 0
-    )
+    args = evaluate_args(small, "--unlabeled", str(small["input"]), "--coral-weight", "10")
+    assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["classifier"] == "embedding" and result["coral"] is True
 
