@@ -115,6 +115,12 @@ def register(sub: Any) -> None:
     eng.add_argument("--bandwidth", type=float, default=d["bandwidth"])
     eng.add_argument("--temperature", type=float, default=d["temperature"])
     eng.add_argument(
+        "--class-contrast",
+        type=float,
+        default=d["class_contrast"],
+        help="independent mode: favour the phrases a class owns; 0 turns it off",
+    )
+    eng.add_argument(
         "--seed",
         type=int,
         default=d["seed"],
@@ -261,6 +267,7 @@ def _config(args: argparse.Namespace) -> Any:
         num_features=args.num_features,
         bandwidth=args.bandwidth,
         temperature=args.temperature,
+        class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,
         seed=args.seed,
         device=args.device,

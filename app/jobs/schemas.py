@@ -93,6 +93,7 @@ class JobSpec(BaseModel):
     bandwidth: float = Field(default=_ENGINE["bandwidth"], gt=0, le=1e6)
     temperature: float = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)
+    class_contrast: float = Field(default=_ENGINE["class_contrast"], ge=0, le=10)
     contribution_bound: float = Field(
         default=_ENGINE["contribution_bound"], gt=0, le=math.sqrt(2.0)
     )

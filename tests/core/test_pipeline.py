@@ -201,6 +201,8 @@ def test_owner_diagnostics_stay_out_of_the_manifest(
         ({"vocabulary_size": 10_000}, "vocabulary_size"),
         ({"mode": "greedy"}, "mode"),
         ({"temperature": 0.0}, "temperature"),
+        ({"class_contrast": -1.0}, "class_contrast"),
+        ({"class_contrast": math.inf}, "class_contrast"),
         ({"contribution_bound": 2.0}, "contribution_bound"),
         ({"sequence_length": 40}, "sequence_length"),
     ],

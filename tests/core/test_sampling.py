@@ -13,9 +13,11 @@ from workers.dpkps.features import RandomFourierFeatures
 from workers.dpkps.kde import build_class_ensemble, ensemble_block_counts
 from workers.dpkps.sampling import (
     bag_scores,
+    class_contrast,
     direct_scores,
     draw,
     gemm_scores,
+    sample_from_scores,
     sample_independent,
     sample_iterative,
     structure_for,
@@ -278,3 +280,44 @@ def test_temperature_must_be_positive_and_finite(bad: float) -> None:
             structures, emb, rff, count=1, length=2, temperature=bad, generator=torch.Generator()
         )
     assert err.value.field == "temperature"
+
+
+def test_class_contrast_keeps_owned_phrases_and_shrinks_shared_ones() -> None:
+    # Two classes of equal mass. Phrase 0 is shared alike, 1 belongs to the first class,
+    # 2 to the second, 3 to neither (clipped to 0 by the noise floor).
+    scores = torch.tensor([[6.0, 6.0, 0.0, 0.0], [6.0, 0.0, 6.0, 0.0]], dtype=torch.float64)
+    for power in (0.5, 1.0, 2.0):
+        out = class_contrast(scores, power)
+        assert torch.allclose(out[:, 0], torch.full((2,), 6.0 * 0.5**power, dtype=out.dtype))
+        assert out[0, 1] == 6.0 and out[1, 2] == 6.0
+        assert out[0, 2] == 0 and out[1, 1] == 0 and not out[:, 3].any()
+    assert class_contrast(scores, 0.0) is scores
+
+
+def test_class_contrast_compares_shares_not_raw_scores() -> None:
+    # The second class has ten times the mass (more documents); a phrase that takes the
+    # same share of both classes' mass is shared, whatever the raw scores say.
+    scores = torch.tensor([[1.0, 1.0], [10.0, 10.0]], dtype=torch.float64)
+    assert torch.allclose(class_contrast(scores, 1.0), scores * 0.5)
+    empty = torch.zeros(2, 3, dtype=torch.float64)  # a class with nothing above the floor
+    assert not class_contrast(empty, 1.0).any()
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.inf, math.nan])
+def test_class_contrast_power_must_be_finite_and_non_negative(bad: float) -> None:
+    with pytest.raises(ConfigError) as err:
+        class_contrast(torch.ones(2, 2), bad)
+    assert err.value.field == "class_contrast"
+
+
+def test_contrast_moves_draws_towards_owned_phrases() -> None:
+    scores = torch.tensor([[6.0, 6.0, 0.0], [6.0, 0.0, 6.0]], dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    plain = sample_from_scores(scores[0], count=4000, length=1, temperature=1.0, generator=g)
+    g = torch.Generator().manual_seed(5)
+    weighted = class_contrast(scores, 1.0)[0]
+    sharp = sample_from_scores(weighted, count=4000, length=1, temperature=1.0, generator=g)
+    # p(shared) is 1/2 without contrast and (6·½)/(6·½ + 6) = 1/3 with it
+    assert abs(float((plain == 0).double().mean()) - 0.5) < 0.03
+    assert abs(float((sharp == 0).double().mean()) - 1 / 3) < 0.03
+    assert not (sharp == 2).any()

@@ -34,12 +34,21 @@ def check_temperature(temperature: float) -> float:
     return float(temperature)
 
 
-def check_noise_floor(value: float) -> float:
+def _check_between(value: float, *, field: str, high: float, unit: str = "") -> float:
+    """A finite number in [0, high]; the message names ``field``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError("must be a number", field="noise_floor")
-    if not (math.isfinite(value) and 0 <= value <= 10):
-        raise ConfigError("must be between 0 and 10 (standard deviations)", field="noise_floor")
+        raise ConfigError("must be a number", field=field)
+    if not (math.isfinite(value) and 0 <= value <= high):
+        raise ConfigError(f"must be between 0 and {high:g}{unit}", field=field)
     return float(value)
+
+
+def check_noise_floor(value: float) -> float:
+    return _check_between(value, field="noise_floor", high=10, unit=" (standard deviations)")
+
+
+def check_class_contrast(value: float) -> float:
+    return _check_between(value, field="class_contrast", high=10)
 
 
 # Upper bounds that keep a single job within a worker's memory; far above useful values.
@@ -83,6 +92,12 @@ class GenerationConfig:
     * τ = 0.3 and a noise floor of 1 standard deviation: most phrases of the private
       vocabulary at ε_voc = 1 are noise winners absent from the corpus; their scores are
       pure noise, and sharpening plus the floor keep them out of the sequences.
+    * class contrast β = 1: at τ = 0.3 a class's sequences were mostly the words every
+      class uses ("said", "new", weekdays, agency names), and which of them won changed
+      with the noise. Weighting each class's scores by its share of the phrase (see
+      :func:`workers.dpkps.sampling.class_contrast`, post-processing of the released
+      scores) raised accuracy in each of three paired runs (mean 0.763 → 0.778); β = 2
+      overshoots (0.763).
     """
 
     epsilon_vocab: float
@@ -99,6 +114,7 @@ class GenerationConfig:
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
     temperature: float = 0.3  # τ: p ∝ clip(score)^(1/τ)
     noise_floor: float = 1.0  # scores minus this many noise std before clipping
+    class_contrast: float = 1.0  # β: weight by the class's share of a phrase, ^β (independent)
     contribution_bound: float = 0.5  # c: ‖φ_j‖₁ ≤ c·I, so the sensitivity is c·I
     max_phrases_per_document: int = 8  # M: phrases averaged per document (independent)
     distinct: bool = True  # no phrase twice in one sequence (post-processing)
@@ -137,6 +153,7 @@ class GenerationConfig:
             raise ConfigError("must be > 0", field="bandwidth")
         check_temperature(self.temperature)
         check_noise_floor(self.noise_floor)
+        check_class_contrast(self.class_contrast)
         if not (
             isinstance(self.contribution_bound, (int, float))
             and math.isfinite(self.contribution_bound)

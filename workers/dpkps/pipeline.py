@@ -36,7 +36,12 @@ from workers.dpkps.features import RandomFourierFeatures
 from workers.dpkps.kde import build_class_ensemble
 from workers.dpkps.private_vocab import select_private_vocabulary
 from workers.dpkps.proportions import allocate, noisy_class_counts
-from workers.dpkps.sampling import sample_independent, sample_iterative
+from workers.dpkps.sampling import (
+    class_contrast,
+    floored_bag_scores,
+    sample_from_scores,
+    sample_iterative,
+)
 from workers.dpkps.vocabulary import Vocabulary
 
 STAGES = ("extract", "private_vocabulary", "embed", "dp_kde", "sequences")
@@ -198,6 +203,13 @@ def generate_sequences(
     for label, phrases_of_doc in zip(labels, doc_phrases, strict=True):
         by_class[label].append(phrases_of_doc)
     sequences: list[SyntheticSequence] = []
+
+    def emit(label: str, drawn: torch.Tensor) -> None:
+        sequences.extend(
+            SyntheticSequence(label, tuple(phrases[i] for i in row)) for row in drawn.tolist()
+        )
+
+    bag_scores: list[torch.Tensor] = []
     for n, label in enumerate(label_set):
         structures = build_class_ensemble(
             by_class[label],
@@ -214,37 +226,45 @@ def generate_sequences(
         )
         spends.extend(k.spend for k in structures)
         report_progress("dp_kde", (n + 1) / len(label_set))
-        count = wanted[label]
-        if count == 0:
-            continue
         if config.mode == "independent":
-            drawn = sample_independent(
-                structures[0],
-                embeddings,
-                rff,
-                count=count,
-                length=config.sequence_length,
-                temperature=config.temperature,
-                generator=generator,
-                distinct=config.distinct,
-                noise_floor=config.noise_floor,
+            bag_scores.append(
+                floored_bag_scores(structures[0], embeddings, rff, noise_floor=config.noise_floor)
             )
-        else:
-            drawn = sample_iterative(
-                structures,
-                embeddings,
-                rff,
-                count=count,
-                length=config.sequence_length,
-                temperature=config.temperature,
-                generator=generator,
-                distinct=config.distinct,
-                noise_floor=config.noise_floor,
+            continue
+        if wanted[label]:
+            emit(
+                label,
+                sample_iterative(
+                    structures,
+                    embeddings,
+                    rff,
+                    count=wanted[label],
+                    length=config.sequence_length,
+                    temperature=config.temperature,
+                    generator=generator,
+                    distinct=config.distinct,
+                    noise_floor=config.noise_floor,
+                ),
             )
-        sequences.extend(
-            SyntheticSequence(label, tuple(phrases[i] for i in row)) for row in drawn.tolist()
-        )
         report_progress("sequences", (n + 1) / len(label_set))
+    if bag_scores:
+        # Independent mode: every class's released scores are known, so each class can
+        # favour the phrases it owns over those all classes share (post-processing).
+        weighted = class_contrast(torch.stack(bag_scores), config.class_contrast)
+        for n, label in enumerate(label_set):
+            if wanted[label]:
+                emit(
+                    label,
+                    sample_from_scores(
+                        weighted[n],
+                        count=wanted[label],
+                        length=config.sequence_length,
+                        temperature=config.temperature,
+                        generator=generator,
+                        distinct=config.distinct,
+                    ),
+                )
+            report_progress("sequences", (n + 1) / len(label_set))
 
     diagnostics = OwnerDiagnostics(
         documents=len(documents),

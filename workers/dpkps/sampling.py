@@ -216,6 +216,62 @@ class _PrefixScorer(_Scorer):
         self.acc += self.block_phase[pick.to(self.acc.device)]
 
 
+def floored_bag_scores(
+    kde: DPKDE, embeddings: torch.Tensor, rff: RandomFourierFeatures, *, noise_floor: float
+) -> torch.Tensor:
+    """``clip(s(e_v) − noise_floor · std, 0)`` for every candidate ``v`` of one class."""
+    floor = check_noise_floor(noise_floor) * score_noise_std(kde)
+    return (bag_scores(kde, embeddings, rff) - floor).clamp_min(0.0)
+
+
+def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
+    """Weight each class's clipped scores by how much of a phrase's mass is that class's.
+
+    ``scores`` (C × V) are the clipped bag scores of the C classes. Each row is turned
+    into a distribution ``r_c(v) = s_c(v) / Σ_u s_c(u)``; the share of class ``c`` in
+    phrase ``v`` is ``π_c(v) = r_c(v) / Σ_c' r_c'(v)``, and the result is
+    ``s_c(v) · π_c(v)^power``. A phrase every class uses alike ("said", a weekday) keeps
+    ``1/C`` of its weight per factor, a phrase one class owns keeps all of it. ``power``
+    0 returns the scores unchanged. It reads only released scores: post-processing.
+
+    >>> s = torch.tensor([[4.0, 4.0, 0.0], [4.0, 0.0, 4.0]])
+    >>> class_contrast(s, 1.0).tolist()
+    [[2.0, 4.0, 0.0], [2.0, 0.0, 4.0]]
+    """
+    if not (math.isfinite(power) and power >= 0):
+        raise ConfigError("must be finite and ≥ 0", field="class_contrast")
+    if power == 0:
+        return scores
+    s = scores.clamp_min(0.0).to(torch.float64)
+    mass = s.sum(dim=1, keepdim=True)
+    rel = torch.where(mass > 0, s / torch.where(mass > 0, mass, torch.ones_like(mass)), s)
+    total = rel.sum(dim=0, keepdim=True)
+    share = torch.where(total > 0, rel / torch.where(total > 0, total, torch.ones_like(total)), rel)
+    return (s * share.pow(power)).to(scores.dtype)
+
+
+def sample_from_scores(
+    scores: torch.Tensor,
+    *,
+    count: int,
+    length: int,
+    temperature: float,
+    generator: torch.Generator,
+    distinct: bool = True,
+) -> torch.Tensor:
+    """``count`` sequences of ``length`` draws ``p ∝ scores^(1/τ)`` (independent mode)."""
+    temperature = check_temperature(temperature)
+    return _draw_sequences(
+        _BagScorer(scores, count, 0.0),
+        scores.shape[0],
+        count,
+        length,
+        temperature=temperature,
+        generator=generator,
+        distinct=distinct,
+    )
+
+
 def sample_independent(
     kde: DPKDE,
     embeddings: torch.Tensor,
@@ -234,14 +290,10 @@ def sample_independent(
     :func:`score_noise_std`) is subtracted before clipping: candidates whose score is
     within the noise are not drawn. 0 is the paper's plain clipping.
     """
-    temperature = check_temperature(temperature)
-    floor = check_noise_floor(noise_floor) * score_noise_std(kde)
-    scorer = _BagScorer(bag_scores(kde, embeddings, rff), count, floor)
-    return _draw_sequences(
-        scorer,
-        embeddings.shape[0],
-        count,
-        length,
+    return sample_from_scores(
+        floored_bag_scores(kde, embeddings, rff, noise_floor=noise_floor),
+        count=count,
+        length=length,
         temperature=temperature,
         generator=generator,
         distinct=distinct,
