@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from workers.dpkps.config import check_noise_floor, check_temperature
+from workers.dpkps.config import check_class_contrast, check_noise_floor, check_temperature
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures, feature_map
 from workers.dpkps.kde import DPKDE
@@ -238,8 +238,7 @@ def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
     >>> class_contrast(s, 1.0).tolist()
     [[2.0, 4.0, 0.0], [2.0, 0.0, 4.0]]
     """
-    if not (math.isfinite(power) and power >= 0):
-        raise ConfigError("must be finite and ≥ 0", field="class_contrast")
+    power = check_class_contrast(power)
     if power == 0:
         return scores
     s = scores.clamp_min(0.0).to(torch.float64)
