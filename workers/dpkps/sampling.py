@@ -242,10 +242,11 @@ def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
     if power == 0:
         return scores
     s = scores.clamp_min(0.0).to(torch.float64)
-    mass = s.sum(dim=1, keepdim=True)
-    rel = torch.where(mass > 0, s / torch.where(mass > 0, mass, torch.ones_like(mass)), s)
-    total = rel.sum(dim=0, keepdim=True)
-    share = torch.where(total > 0, rel / torch.where(total > 0, total, torch.ones_like(total)), rel)
+    # Entries are ≥ 0, so a zero row or column sum has only zeros above it: dividing by
+    # a tiny positive number instead leaves them 0.
+    tiny = torch.finfo(s.dtype).tiny
+    rel = s / s.sum(dim=1, keepdim=True).clamp_min(tiny)
+    share = rel / rel.sum(dim=0, keepdim=True).clamp_min(tiny)
     return (s * share.pow(power)).to(scores.dtype)
 
 
