@@ -53,15 +53,19 @@ PRIVATE, TEST, SEED = 6000, 1600, 0
 PER_CLASS = 1000
 BUDGETS = ((1.0, 5.0), (5.0, 10.0))
 ABLATION: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("mode = iterative (log ensemble)", {"mode": "iterative"}),
-    ("σ = 1.0", {"bandwidth": 1.0}),
+    ("mode = iterative (log ensemble, random features)", {"mode": "iterative"}),
+    ("random features, τ = 0.3", {"kde_method": "random_features"}),
+    ("random features, τ = 0.3, I = 256", {"kde_method": "random_features", "num_features": 256}),
+    (
+        "random features, τ = 0.3, c = √2 (no clipping)",
+        {"kde_method": "random_features", "contribution_bound": 2**0.5},
+    ),
     ("σ = 0.5", {"bandwidth": 0.5}),
+    ("σ = 0.2", {"bandwidth": 0.2}),
     ("τ = 1.0", {"temperature": 1.0}),
     ("τ = 0.5", {"temperature": 0.5}),
-    ("I = 256", {"num_features": 256}),
-    ("I = 4,096", {"num_features": 4096}),
-    ("c = √2 (no clipping)", {"contribution_bound": 2**0.5}),
-    ("noise floor 0", {"noise_floor": 0.0}),
+    ("τ = 0.3", {"temperature": 0.3}),
+    ("noise floor 1 standard deviation", {"noise_floor": 1.0}),
     ("class contrast β = 0 (off)", {"class_contrast": 0.0}),
     ("class contrast β = 2", {"class_contrast": 2.0}),
     ("M = 32", {"max_phrases_per_document": 32}),
@@ -313,7 +317,9 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"{r['private']:,} private / {r['test']:,} test documents (stratified, seed {SEED}); "
         f"classifier `{r['classifier']}` (see `workers/dpkps/evaluation.py`) unless noted; "
-        f"{r['per_class']:,} synthetic sequences per class; engine defaults.",
+        f"{r['per_class']:,} synthetic sequences per class; engine defaults (independent "
+        "sequences from the exact Gaussian kernel density on the private vocabulary; "
+        "see `GenerationConfig`).",
         "",
         f"Trained on the real private texts: **{real:.3f}** "
         f"(TF-IDF + logistic regression: {r['real']['tfidf']:.3f}).",

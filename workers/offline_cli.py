@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from workers.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
 from workers.dpkps.errors import ConfigError, KeyseedError
 
 HANDLER = "workers.offline_cli"
@@ -113,7 +114,21 @@ def register(sub: Any) -> None:
     eng.add_argument("--max-phrases-per-document", type=int, default=d["max_phrases_per_document"])
     eng.add_argument("--num-features", type=int, default=d["num_features"])
     eng.add_argument("--bandwidth", type=float, default=d["bandwidth"])
-    eng.add_argument("--temperature", type=float, default=d["temperature"])
+    eng.add_argument(
+        "--kde-method",
+        choices=KDE_METHODS,
+        default=d["kde_method"],
+        help="exact kernel on the private vocabulary (independent mode, the default there) "
+        "or random Fourier features (the iterative mode's)",
+    )
+    eng.add_argument(
+        "--temperature",
+        type=float,
+        default=d["temperature"],
+        help="τ of p ∝ score^(1/τ) (default: "
+        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_TEMPERATURE.items())
+        + ")",
+    )
     eng.add_argument(
         "--class-contrast",
         type=float,
@@ -266,6 +281,7 @@ def _config(args: argparse.Namespace) -> Any:
         ensemble=args.ensemble,
         num_features=args.num_features,
         bandwidth=args.bandwidth,
+        kde_method=args.kde_method,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,

@@ -91,7 +91,8 @@ class JobSpec(BaseModel):
     ensemble: Literal["log", "linear"] = _ENGINE["ensemble"]
     num_features: int = Field(default=_ENGINE["num_features"], ge=1, le=LIMITS["num_features"])
     bandwidth: float = Field(default=_ENGINE["bandwidth"], gt=0, le=1e6)
-    temperature: float = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
+    kde_method: Literal["exact", "random_features"] | None = _ENGINE["kde_method"]
+    temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)
     class_contrast: float = Field(default=_ENGINE["class_contrast"], ge=0, le=10)
     contribution_bound: float = Field(

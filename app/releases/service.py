@@ -37,12 +37,14 @@ def _texts_only(job: Job) -> bool:
 def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
     spec = job.spec
     engine = job.manifest or {}
+    ran = engine.get("parameters") or {}
     llm = spec.get("llm", "none")
     endpoint = settings.llm_endpoints.get(llm)
     return {
         "method": engine.get("method", METHOD),
         "job_id": str(job.id),
-        "parameters": {name: spec.get(name) for name in ENGINE_FIELDS},
+        # What the engine ran with (defaults such as the temperature resolved), else the spec.
+        "parameters": {name: ran.get(name, spec.get(name)) for name in ENGINE_FIELDS},
         "vocabulary": engine.get("vocabulary", spec.get("vocabulary_ref")),
         "prompt": {
             "document_type": spec.get("document_type"),

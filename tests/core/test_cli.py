@@ -135,6 +135,7 @@ def test_declared_labels_are_used_and_reported(small: dict[str, Path]) -> None:
         (["--epsilon-vocab", "nan"], "--epsilon-vocab"),
         (["--vocabulary-size", "500"], "--vocabulary-size"),
         (["--temperature", "0"], "--temperature"),
+        (["--mode", "iterative", "--kde-method", "exact"], "--kde-method"),
         (["--class-contrast", "-0.5"], "--class-contrast"),
         (["--sequence-length", "0"], "--sequence-length"),
         (["--per-class", "0"], "--per-class"),

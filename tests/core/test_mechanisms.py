@@ -19,8 +19,12 @@ from workers.dpkps.features import RandomFourierFeatures
 from workers.dpkps.kde import (
     bag_sum,
     build_class_ensemble,
+    build_exact_structure,
     build_structure,
+    exact_kde_raw,
+    exact_kde_sensitivity,
     kde_sensitivity,
+    phrase_weights,
     sequence_sum,
 )
 from workers.dpkps.noise import discrete_laplace_counts, laplace_vector
@@ -274,3 +278,71 @@ def test_contribution_bound_out_of_range_is_refused(bad: float) -> None:
     with pytest.raises(ConfigError) as err:
         kde_sensitivity(16, bad)
     assert err.value.field == "contribution_bound"
+
+
+# ---------------------------------------------------------------- exact kernel on Ṽ
+
+
+def gaussian_kernel(emb: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``exp(−‖x − y‖²/σ²)`` computed the direct way (not the code's expansion)."""
+    return torch.exp(-torch.cdist(emb, emb).pow(2) / sigma**2)
+
+
+def test_exact_kde_sensitivity_is_the_largest_kernel_column_sum() -> None:
+    emb = unit_rows(30, 8, 21)
+    near = torch.nn.functional.normalize(emb[:1] + 0.1 * emb[1:2], dim=1)  # a near-duplicate
+    emb = torch.cat([emb, near])
+    sigma = 0.6
+    kernel = gaussian_kernel(emb, sigma)
+    delta = exact_kde_sensitivity(emb, sigma)
+    assert delta == pytest.approx(float(kernel.sum(dim=0).max()), rel=1e-9)
+    assert delta > 1.5  # the near-duplicates lift one column well above K[v, v] = 1
+    corpus = [[0, 1, 2], [3], [4, 5]]
+    base = exact_kde_raw(phrase_weights(corpus, 31, max_phrases=8), emb, sigma)
+    assert np.allclose(
+        base, (kernel @ torch.as_tensor(phrase_weights(corpus, 31, max_phrases=8))).numpy()
+    )
+    worst = int(kernel.sum(dim=0).argmax())
+    added = ([worst], [0, 30], list(range(31)), [worst] * 5, [7, 7, 8])
+    moves = [
+        float(
+            np.abs(
+                exact_kde_raw(phrase_weights([*corpus, d], 31, max_phrases=8), emb, sigma) - base
+            ).sum()
+        )
+        for d in added
+    ]
+    assert max(moves) <= delta * (1 + 1e-9)
+    assert moves[0] == pytest.approx(delta, rel=1e-9)  # the worst phrase alone attains it
+    assert moves[3] == pytest.approx(delta, rel=1e-9)  # repeats count once
+
+
+def test_exact_kde_document_weight_is_one_however_long() -> None:
+    weights = phrase_weights([list(range(100)), [3, 3, 4], []], 100, max_phrases=8)
+    assert weights.sum() == pytest.approx(2.0)
+    assert weights[:8] == pytest.approx(
+        [1 / 8] * 3 + [1 / 8 + 1 / 2] + [1 / 8 + 1 / 2] + [1 / 8] * 3
+    )
+    assert not weights[8:].any()
+
+
+def test_exact_kde_noise_scale() -> None:
+    emb = unit_rows(4000, 8, 22)
+    delta = exact_kde_sensitivity(emb, 0.3)
+    kde = build_exact_structure([], emb, label="a", epsilon=2.0, bandwidth=0.3, max_phrases=8)
+    assert kde.spend.sensitivity == pytest.approx(delta)
+    assert kde.spend.scale == pytest.approx(delta / 2.0, rel=1e-6)
+    assert kde.spend.partition == "a" and kde.spend.dimension == 4000
+    # an empty class: the release is the noise; mean |Laplace(b)| = b
+    assert np.abs(kde.noisy_density).mean() == pytest.approx(delta / 2.0, rel=0.06)
+    assert kde.noise_std == pytest.approx(math.sqrt(2) * delta / 2.0, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"), [("bandwidth", {"bandwidth": 0.0}), ("epsilon_kde", {"epsilon": math.inf})]
+)
+def test_exact_kde_refuses_bad_parameters(field: str, kwargs: dict[str, float]) -> None:
+    args: dict[str, float] = {"epsilon": 1.0, "bandwidth": 0.3, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        build_exact_structure([[0]], unit_rows(3, 4, 1), label="a", max_phrases=8, **args)
+    assert err.value.field == field

@@ -18,7 +18,14 @@ import torch
 
 from tests.privacy_audit import estimate_privacy_loss
 from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import bag_sum, build_structure
+from workers.dpkps.kde import (
+    bag_sum,
+    build_exact_structure,
+    build_structure,
+    exact_kde_raw,
+    exact_kde_sensitivity,
+    phrase_weights,
+)
 from workers.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
 from workers.dpkps.proportions import noisy_class_counts
 
@@ -90,6 +97,46 @@ def test_kde_structure_within_epsilon(bound: float) -> None:
     raw2 = bag_sum(neighbour, emb, rff, num_features=features, max_phrases=32, bound=bound)
     assert abs(raw2[0] - raw[0]) > 0.99 * bound  # the added document moves the sum fully
     assert halved_scale_control(raw, raw2, bound * features / epsilon) > 1.6 * epsilon
+
+
+def test_exact_kde_within_epsilon() -> None:
+    # Two phrases with kernel value ≈ 0.6: the added document moves both densities, by
+    # 1 and ≈ 0.6, so the L1 shift is the column sum Δ ≈ 1.6. The statistic is the
+    # log-likelihood ratio of Laplace noise, which carries the whole shift.
+    epsilon, sigma = 1.0, 1.0
+    first = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    second = torch.tensor([[math.cos(0.74), math.sin(0.74)]], dtype=torch.float64)
+    emb = torch.cat([first, second])
+    delta = exact_kde_sensitivity(emb, sigma)
+    assert 1.5 < delta < 1.7
+    corpus = [[0, 1], [1]]
+    neighbour = [*corpus, [0]]
+    raw = exact_kde_raw(phrase_weights(corpus, 2, max_phrases=8), emb, sigma)
+    raw2 = exact_kde_raw(phrase_weights(neighbour, 2, max_phrases=8), emb, sigma)
+    assert np.abs(raw2 - raw).sum() == pytest.approx(delta, rel=1e-9)
+
+    def statistic(release: np.ndarray) -> float:
+        return float(np.abs(release - raw).sum() - np.abs(release - raw2).sum())
+
+    def release(docs: list[list[int]]) -> float:
+        kde = build_exact_structure(
+            docs, emb, label="a", epsilon=epsilon, bandwidth=sigma, max_phrases=8
+        )
+        return statistic(kde.noisy_density)
+
+    x = np.array([release(corpus) for _ in range(RUNS)])
+    y = np.array([release(neighbour) for _ in range(RUNS)])
+    loss = estimate_privacy_loss(x, y)
+    assert 0.75 * epsilon < loss <= 1.3 * epsilon
+
+    half = dp.m.make_laplace(
+        dp.vector_domain(dp.atom_domain(T=float, nan=False)),
+        dp.l1_distance(T=float),
+        scale=delta / epsilon / 2,
+    )
+    cx = np.array([statistic(np.array(half(raw.tolist()))) for _ in range(RUNS)])
+    cy = np.array([statistic(np.array(half(raw2.tolist()))) for _ in range(RUNS)])
+    assert estimate_privacy_loss(cx, cy) > 1.6 * epsilon
 
 
 def test_class_counts_within_epsilon() -> None:

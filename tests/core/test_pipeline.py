@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from workers.dpkps import noise
-from workers.dpkps.config import GenerationConfig
+from workers.dpkps.config import DEFAULT_TEMPERATURE, GenerationConfig
 from workers.dpkps.embeddings import SentenceEmbedder
 from workers.dpkps.errors import ConfigError, InputDataError
 from workers.dpkps.pipeline import generate_sequences
@@ -92,8 +93,13 @@ class MeasurementSpy:
 
 
 @pytest.mark.parametrize(
-    ("mode", "ensemble", "structures_per_class"),
-    [("independent", "log", 1), ("iterative", "log", 3), ("iterative", "linear", 3)],
+    ("mode", "ensemble", "kde_method", "structures_per_class"),
+    [
+        ("independent", "log", None, 1),  # the exact kernel on Ṽ
+        ("independent", "log", "random_features", 1),
+        ("iterative", "log", None, 3),
+        ("iterative", "linear", None, 3),
+    ],
 )
 def test_reported_spend_equals_the_mechanisms_built(
     monkeypatch: pytest.MonkeyPatch,
@@ -101,12 +107,13 @@ def test_reported_spend_equals_the_mechanisms_built(
     embedder: SentenceEmbedder,
     mode: str,
     ensemble: str,
+    kde_method: str | None,
     structures_per_class: int,
 ) -> None:
     spy = MeasurementSpy()
     spy.install(monkeypatch)
     texts, labels = corpus()
-    cfg = config(mode=mode, ensemble=ensemble, contribution_bound=0.7)
+    cfg = config(mode=mode, ensemble=ensemble, kde_method=kde_method, contribution_bound=0.7)
     result = generate_sequences(
         texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg, embedder=embedder
     )
@@ -116,11 +123,19 @@ def test_reported_spend_equals_the_mechanisms_built(
     # the vocabulary histogram: sensitivity S, noised on every public phrase
     assert vocab_built["d_in"] == cfg.max_matches_per_document
     assert vocab_built["scale"] == pytest.approx(cfg.max_matches_per_document / cfg.epsilon_vocab)
-    # each KDE: sensitivity c·I (plus the float margin), scale c·I/ε_share
+    # each KDE: sensitivity c·I for random features, the largest column sum of the
+    # kernel over Ṽ for the exact kernel (plus the float margin); scale that over ε_share
     share = cfg.epsilon_kde / structures_per_class
+    if cfg.density_method == "exact":
+        vectors = torch.as_tensor(embedder.encode(result.private_vocabulary), dtype=torch.float64)
+        kernel = torch.exp(-torch.cdist(vectors, vectors).pow(2) / cfg.bandwidth**2)
+        sensitivity = float(kernel.sum(dim=0).max())
+        assert 1.0 <= sensitivity < 0.7 * cfg.num_features
+    else:
+        sensitivity = 0.7 * cfg.num_features
     for built in kde_built:
-        assert built["d_in"] == pytest.approx(0.7 * cfg.num_features, rel=1e-8)
-        assert built["scale"] == pytest.approx(0.7 * cfg.num_features / share, rel=1e-8)
+        assert built["d_in"] == pytest.approx(sensitivity, rel=1e-6)
+        assert built["scale"] == pytest.approx(sensitivity / share, rel=1e-6)
     per_class = [sum(b["epsilon"] for b in kde_built[i::classes]) for i in range(classes)]
     recomputed = vocab_built["epsilon"] + max(per_class)
     report = result.report
@@ -201,6 +216,8 @@ def test_owner_diagnostics_stay_out_of_the_manifest(
         ({"vocabulary_size": 10_000}, "vocabulary_size"),
         ({"mode": "greedy"}, "mode"),
         ({"temperature": 0.0}, "temperature"),
+        ({"kde_method": "histogram"}, "kde_method"),
+        ({"mode": "iterative", "kde_method": "exact"}, "kde_method"),
         ({"class_contrast": -1.0}, "class_contrast"),
         ({"class_contrast": math.inf}, "class_contrast"),
         ({"contribution_bound": 2.0}, "contribution_bound"),
@@ -272,3 +289,21 @@ def test_a_declared_class_without_documents_still_gets_sequences(
         embedder=embedder,
     )
     assert Counter(s.label for s in result.sequences)["dermatology"] == 30
+
+
+def test_density_method_and_temperature_default_by_mode() -> None:
+    independent = GenerationConfig(epsilon_vocab=1.0, epsilon_kde=1.0).validate()
+    assert independent.density_method == "exact"
+    assert independent.sampling_temperature == DEFAULT_TEMPERATURE["exact"]
+    iterative = GenerationConfig(epsilon_vocab=1.0, epsilon_kde=1.0, mode="iterative")
+    assert iterative.density_method == "random_features"
+    assert iterative.sampling_temperature == DEFAULT_TEMPERATURE["random_features"]
+    chosen = GenerationConfig(
+        epsilon_vocab=1.0, epsilon_kde=1.0, kde_method="random_features", temperature=0.7
+    ).validate()
+    assert (chosen.density_method, chosen.sampling_temperature) == ("random_features", 0.7)
+    # what a manifest records is what ran, not "default"
+    recorded = independent.to_dict()
+    assert recorded["kde_method"] == "exact"
+    assert recorded["temperature"] == DEFAULT_TEMPERATURE["exact"]
+    assert GenerationConfig(**recorded).validate().to_dict() == recorded

@@ -15,6 +15,10 @@ from workers.dpkps.errors import ConfigError
 
 MODES = ("independent", "iterative")
 ENSEMBLES = ("log", "linear")
+KDE_METHODS = ("exact", "random_features")
+# Temperatures chosen by measurement for each way of estimating the density (see the
+# GenerationConfig docstring and BENCHMARKS.md).
+DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3}
 
 
 def check_epsilon(value: float, *, field: str) -> float:
@@ -82,22 +86,34 @@ class GenerationConfig:
     * independent mode: the iterative ensemble splits ε_kde over ⌈log₂ L⌉ + 1
       structures in 384·B dimensions and its noise swamps the prefix signal at this
       size (accuracy about 0.4 against 0.8);
+    * the exact kernel on Ṽ (``kde_method``, independent mode): independent sequences
+      query the density only at the phrases of Ṽ, so it is released there directly,
+      with sensitivity the largest column sum of the kernel (about 1 at σ = 0.3). The
+      random-feature structure has sensitivity c·I: the noise in a score is about ±27
+      documents' worth against ±0.3 here, and its kernel values carry a random-feature
+      error besides. At ε = 1 + 5: mean 0.817 over 6 runs (exact, τ = 0.7) against
+      0.793 over 10 (random features, τ = 0.3, no floor);
     * σ = 0.3: on unit vectors a wider kernel scores every phrase alike, so sequences
-      drift to generic words; at 0.3 the estimate is close to a smoothed per-class
-      phrase histogram;
-    * I = 1,024 with c = 0.5: the DP noise in a score grows like c·√I/ε and the random
-      feature error shrinks like 1/√I; a document's mean of M = 8 phrase features has
-      L1 norm about 0.4·I (the worst case √2·I is a single phrase), so clipping at 0.5·I
-      changes few documents and cuts the noise by 2.8×;
-    * τ = 0.3 and a noise floor of 1 standard deviation: most phrases of the private
-      vocabulary at ε_voc = 1 are noise winners absent from the corpus; their scores are
-      pure noise, and sharpening plus the floor keep them out of the sequences.
-    * class contrast β = 1: at τ = 0.3 a class's sequences were mostly the words every
-      class uses ("said", "new", weekdays, agency names), and which of them won changed
-      with the noise. Weighting each class's scores by its share of the phrase (see
-      :func:`workers.dpkps.sampling.class_contrast`, post-processing of the released
-      scores) raised accuracy in each of three paired runs (mean 0.763 → 0.778); β = 2
-      overshoots (0.763).
+      drift to generic words (exact kernel, σ = 0.5: 0.756);
+    * τ per method (:data:`DEFAULT_TEMPERATURE`): with the exact kernel the scores are
+      close to the class's phrase frequencies, and sharpening them narrows the
+      sequences to a class's top words (τ = 0.3: 0.77–0.80, τ = 0.5: 0.80–0.81,
+      τ = 0.7: 0.808–0.821 over 6 runs, τ = 1: 0.795–0.833 over 8, mean 0.814; 0.7 for
+      the smaller spread). The random-feature scores of the many noise winners in Ṽ (at
+      ε_voc = 1 most of it) are pure noise, and τ = 0.3 keeps them out (τ = 1: 0.65);
+    * I = 1,024 with c = 0.5 (random features): the DP noise in a score grows like
+      c·√I/ε and the random feature error shrinks like 1/√I; a document's mean of M = 8
+      phrase features has L1 norm about 0.4·I (the worst case √2·I is a single phrase),
+      so clipping at 0.5·I changes few documents and cuts the noise by 2.8×;
+    * no noise floor (the paper's plain clipping at 0): subtracting one noise standard
+      deviation before clipping also drops the real phrases whose class scores are
+      within the noise (random features: 10 runs without the floor gave a mean of 0.793,
+      8 runs with it 0.778; a run's spread is about ±0.01);
+    * class contrast β = 1: without it a class's sequences were mostly the words every
+      class uses ("said", "new", weekdays, agency names). Weighting each class's scores
+      by its share of the phrase (see :func:`workers.dpkps.sampling.class_contrast`,
+      post-processing of the released scores) raised accuracy with both methods (exact
+      kernel, τ = 1: 0.759 without it against 0.795–0.833 with it).
     """
 
     epsilon_vocab: float
@@ -110,10 +126,11 @@ class GenerationConfig:
     sequence_length: int = 8  # L
     mode: str = "independent"  # "independent" | "iterative"
     ensemble: str = "log"  # "log" | "linear" (iterative mode)
+    kde_method: str | None = None  # "exact" | "random_features"; None: exact if independent
     num_features: int = 1024  # I: random Fourier features
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
-    temperature: float = 0.3  # τ: p ∝ clip(score)^(1/τ)
-    noise_floor: float = 1.0  # scores minus this many noise std before clipping
+    temperature: float | None = None  # τ: p ∝ clip(score)^(1/τ); None: per kde_method
+    noise_floor: float = 0.0  # scores minus this many noise std before clipping
     class_contrast: float = 1.0  # β: weight by the class's share of a phrase, ^β (independent)
     contribution_bound: float = 0.5  # c: ‖φ_j‖₁ ≤ c·I, so the sensitivity is c·I
     max_phrases_per_document: int = 8  # M: phrases averaged per document (independent)
@@ -151,7 +168,15 @@ class GenerationConfig:
             raise ConfigError("must be a finite number", field="bandwidth")
         if self.bandwidth <= 0:
             raise ConfigError("must be > 0", field="bandwidth")
-        check_temperature(self.temperature)
+        if self.kde_method is not None and self.kde_method not in KDE_METHODS:
+            raise ConfigError(f"must be one of {', '.join(KDE_METHODS)}", field="kde_method")
+        if self.mode == "iterative" and self.kde_method == "exact":
+            raise ConfigError(
+                "the iterative mode scores prefixes in a continuous space: random_features",
+                field="kde_method",
+            )
+        if self.temperature is not None:
+            check_temperature(self.temperature)
         check_noise_floor(self.noise_floor)
         check_class_contrast(self.class_contrast)
         if not (
@@ -177,9 +202,26 @@ class GenerationConfig:
             )
 
     @property
+    def density_method(self) -> str:
+        """How the class densities are estimated: ``kde_method``, or its mode's default."""
+        if self.kde_method is not None:
+            return self.kde_method
+        return "exact" if self.mode == "independent" else "random_features"
+
+    @property
+    def sampling_temperature(self) -> float:
+        """τ: ``temperature``, or the default measured for :attr:`density_method`."""
+        if self.temperature is not None:
+            return self.temperature
+        return DEFAULT_TEMPERATURE[self.density_method]
+
+    @property
     def epsilon_total(self) -> float:
         """The budget a run of this configuration asks for (what a ledger reserves)."""
         return self.epsilon_vocab + self.epsilon_kde + (self.epsilon_count or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every parameter, with the defaults that depend on the mode resolved."""
+        out = asdict(self)
+        out["kde_method"], out["temperature"] = self.density_method, self.sampling_temperature
+        return out

@@ -21,6 +21,10 @@ The document's keyphrases are its matches against the private vocabulary Ṽ (it
 DP release), so a structure is a function of the corpus and of Ṽ: adaptive sequential
 composition charges ``ε_voc + ε_kde``.
 
+Independent sequences only query the density at the phrases of Ṽ, so by default that
+mode releases the exact Gaussian kernel density there instead (:func:`build_exact_structure`,
+at the end of this module): its sensitivity is about 1 rather than ``c·I``.
+
 Per class, an ensemble of structures shares ``ε_kde`` equally: the logarithmic ensemble
 (paper App. B.2) has block counts ``1, 2, 4, …`` capped at ``L``; the linear ensemble has
 ``1, 2, …, L``. Classes are disjoint, so each class may spend the whole ``ε_kde``.
@@ -178,6 +182,20 @@ def sequence_sum(
     return out
 
 
+def _release(
+    raw: NDArray[np.float64], sensitivity: float, epsilon: float, label: str, kind: str
+) -> tuple[NDArray[np.float64], MechanismSpend]:
+    """One class's KDE release through OpenDP's Laplace mechanism, named for the ledger."""
+    return laplace_vector(
+        raw,
+        sensitivity=sensitivity,
+        epsilon=epsilon,
+        mechanism="kde",
+        name=f"kde[label={label},{kind}]",
+        partition=label,
+    )
+
+
 @dataclass(frozen=True)
 class DPKDE:
     """One released structure: the noisy feature sum and what it cost."""
@@ -217,13 +235,8 @@ def build_structure(
         raw = sequence_sum(
             doc_phrases, embeddings, rff, num_features=num_features, blocks=blocks, bound=bound
         )
-    noisy, spend = laplace_vector(
-        raw,
-        sensitivity=kde_sensitivity(num_features, bound),
-        epsilon=epsilon,
-        mechanism="kde",
-        name=f"kde[label={label},blocks={blocks}]",
-        partition=label,
+    noisy, spend = _release(
+        raw, kde_sensitivity(num_features, bound), epsilon, label, f"blocks={blocks}"
     )
     del raw  # raw sums never outlive the structure's construction
     return DPKDE(
@@ -268,3 +281,106 @@ def build_class_ensemble(
         )
         for b in block_counts
     ]
+
+
+# --- The exact kernel on the finite query set Ṽ (independent mode) -------------------
+#
+# Independent sequences only ever query the density at the phrases of Ṽ, a finite public
+# set. The Gaussian kernel density at every one of them can then be released directly:
+# ``s = K w`` with ``K[v, u] = exp(−‖e_v − e_u‖²/σ²)`` over Ṽ and ``w`` the share-weighted
+# phrase counts of one class (a document adds ``1/n_j`` to each of its ``n_j ≤ M``
+# distinct phrases). Adding or removing document ``j`` moves ``s`` by ``K w_j`` with
+# ``w_j ≥ 0`` summing to 1, and ``K ≥ 0``, so the L1 sensitivity is the largest column sum
+# of ``K``: a public number (Ṽ is a DP release, the embeddings are public), about 1 at a
+# narrow bandwidth. The random-feature structure of the same density has sensitivity
+# ``c·I`` and adds feature noise of that scale to every score, besides the random-feature
+# error of each kernel value; this release has neither.
+
+EXACT_LIMIT = 20_000  # |Ṽ|: the kernel has |Ṽ|² entries, computed in row blocks
+
+
+def _kernel_rows(embeddings: torch.Tensor, rows: slice, bandwidth: float) -> torch.Tensor:
+    e = embeddings.to(torch.float64)
+    dist2 = (2.0 - 2.0 * e[rows] @ e.T).clamp_min(0.0)  # unit vectors
+    return torch.exp(-dist2 / (bandwidth * bandwidth))
+
+
+def exact_kde_sensitivity(embeddings: torch.Tensor, bandwidth: float) -> float:
+    """L1 sensitivity of ``K w`` under add/remove of one document: the largest column sum.
+
+    ``K`` is symmetric, so it is also the largest row sum.
+    """
+    most = 0.0
+    for start in range(0, embeddings.shape[0], _DOC_CHUNK):
+        block = _kernel_rows(embeddings, slice(start, start + _DOC_CHUNK), bandwidth)
+        most = max(most, float(block.sum(dim=1).max()))
+    return most
+
+
+def phrase_weights(
+    doc_phrases: Sequence[Sequence[int]], size: int, *, max_phrases: int
+) -> NDArray[np.float64]:
+    """``w[v] = Σ_j 1/n_j`` over the documents holding ``v`` among their first ``M`` phrases."""
+    weights = np.zeros(size, dtype=np.float64)
+    for phrases in doc_phrases:
+        kept = list(dict.fromkeys(phrases))[:max_phrases]
+        if kept:
+            np.add.at(weights, np.asarray(kept, dtype=np.int64), 1.0 / len(kept))
+    return weights
+
+
+def exact_kde_raw(
+    weights: NDArray[np.float64], embeddings: torch.Tensor, bandwidth: float
+) -> NDArray[np.float64]:
+    """``K w``: the (unnormalised) Gaussian kernel density at every phrase of Ṽ."""
+    w = torch.as_tensor(weights, dtype=torch.float64, device=embeddings.device)
+    parts = [
+        _kernel_rows(embeddings, slice(start, start + _DOC_CHUNK), bandwidth) @ w
+        for start in range(0, embeddings.shape[0], _DOC_CHUNK)
+    ]
+    out: NDArray[np.float64] = torch.cat(parts).cpu().numpy()
+    return out
+
+
+@dataclass(frozen=True)
+class ExactKDE:
+    """One class's released density at every phrase of Ṽ, and what it cost."""
+
+    label: str
+    noisy_density: NDArray[np.float64]
+    spend: MechanismSpend
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the Laplace noise on one score: ``√2 · b``."""
+        return math.sqrt(2.0) * self.spend.scale
+
+
+def build_exact_structure(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    *,
+    label: str,
+    epsilon: float,
+    bandwidth: float,
+    max_phrases: int,
+) -> ExactKDE:
+    """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise."""
+    epsilon = check_epsilon(epsilon, field="epsilon_kde")
+    if not (math.isfinite(bandwidth) and bandwidth > 0):
+        raise ConfigError("must be finite and > 0", field="bandwidth")
+    size = embeddings.shape[0]
+    if size > EXACT_LIMIT:
+        raise ConfigError(
+            f"the exact kernel needs a private vocabulary of at most {EXACT_LIMIT:,} phrases "
+            f"(got {size:,}); use random_features",
+            field="kde_method",
+        )
+    raw = exact_kde_raw(
+        phrase_weights(doc_phrases, size, max_phrases=max_phrases), embeddings, bandwidth
+    )
+    noisy, spend = _release(
+        raw, exact_kde_sensitivity(embeddings, bandwidth), epsilon, label, "exact"
+    )
+    del raw  # raw densities never outlive the structure's construction
+    return ExactKDE(label=label, noisy_density=noisy, spend=spend)

@@ -33,12 +33,13 @@ from workers.dpkps.embeddings import Embedder, EmbeddingCache, select_device
 from workers.dpkps.errors import InputDataError
 from workers.dpkps.extraction import KeyphraseExtractor
 from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import build_class_ensemble
+from workers.dpkps.kde import build_class_ensemble, build_exact_structure
 from workers.dpkps.private_vocab import select_private_vocabulary
 from workers.dpkps.proportions import allocate, noisy_class_counts
 from workers.dpkps.sampling import (
     class_contrast,
     floored_bag_scores,
+    floored_density,
     sample_from_scores,
     sample_iterative,
 )
@@ -188,7 +189,8 @@ def generate_sequences(
         assert config.per_class is not None
         wanted = {label: config.per_class for label in label_set}
 
-    # 4 + 6. one DP-KDE ensemble per class (parallel composition), then sampling
+    # 4 + 6. one DP-KDE per class (parallel composition), then sampling: the exact kernel
+    # on Ṽ (independent mode), or random-feature structures (either mode)
     blocks = config.sequence_length if config.mode == "iterative" else 1
     rff = RandomFourierFeatures(
         dim=embeddings.shape[1],
@@ -211,6 +213,19 @@ def generate_sequences(
 
     bag_scores: list[torch.Tensor] = []
     for n, label in enumerate(label_set):
+        if config.density_method == "exact":
+            exact = build_exact_structure(
+                by_class[label],
+                embeddings,
+                label=label,
+                epsilon=config.epsilon_kde,
+                bandwidth=config.bandwidth,
+                max_phrases=config.max_phrases_per_document,
+            )
+            spends.append(exact.spend)
+            bag_scores.append(floored_density(exact, noise_floor=config.noise_floor))
+            report_progress("dp_kde", (n + 1) / len(label_set))
+            continue
         structures = build_class_ensemble(
             by_class[label],
             embeddings,
@@ -240,7 +255,7 @@ def generate_sequences(
                     rff,
                     count=wanted[label],
                     length=config.sequence_length,
-                    temperature=config.temperature,
+                    temperature=config.sampling_temperature,
                     generator=generator,
                     distinct=config.distinct,
                     noise_floor=config.noise_floor,
@@ -259,7 +274,7 @@ def generate_sequences(
                         weighted[n],
                         count=wanted[label],
                         length=config.sequence_length,
-                        temperature=config.temperature,
+                        temperature=config.sampling_temperature,
                         generator=generator,
                         distinct=config.distinct,
                     ),

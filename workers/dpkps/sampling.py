@@ -26,7 +26,7 @@ import torch
 from workers.dpkps.config import check_class_contrast, check_noise_floor, check_temperature
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures, feature_map
-from workers.dpkps.kde import DPKDE
+from workers.dpkps.kde import DPKDE, ExactKDE
 
 
 def draw(
@@ -222,6 +222,12 @@ def floored_bag_scores(
     """``clip(s(e_v) − noise_floor · std, 0)`` for every candidate ``v`` of one class."""
     floor = check_noise_floor(noise_floor) * score_noise_std(kde)
     return (bag_scores(kde, embeddings, rff) - floor).clamp_min(0.0)
+
+
+def floored_density(kde: ExactKDE, *, noise_floor: float) -> torch.Tensor:
+    """``clip(s(v) − noise_floor · std, 0)`` from an exact-kernel release (one class)."""
+    floor = check_noise_floor(noise_floor) * kde.noise_std
+    return (torch.as_tensor(kde.noisy_density, dtype=torch.float64) - floor).clamp_min(0.0)
 
 
 def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
