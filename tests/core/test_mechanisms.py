@@ -17,12 +17,11 @@ import torch
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures
 from workers.dpkps.kde import (
+    ExactKernel,
     bag_sum,
     build_class_ensemble,
     build_exact_structure,
     build_structure,
-    exact_kde_raw,
-    exact_kde_sensitivity,
     kde_sensitivity,
     phrase_weights,
     sequence_sum,
@@ -294,22 +293,19 @@ def test_exact_kde_sensitivity_is_the_largest_kernel_column_sum() -> None:
     emb = torch.cat([emb, near])
     sigma = 0.6
     kernel = gaussian_kernel(emb, sigma)
-    delta = exact_kde_sensitivity(emb, sigma)
+    exact = ExactKernel(emb, sigma)
+    delta = exact.sensitivity
     assert delta == pytest.approx(float(kernel.sum(dim=0).max()), rel=1e-9)
     assert delta > 1.5  # the near-duplicates lift one column well above K[v, v] = 1
     corpus = [[0, 1, 2], [3], [4, 5]]
-    base = exact_kde_raw(phrase_weights(corpus, 31, max_phrases=8), emb, sigma)
+    base = exact.density(phrase_weights(corpus, 31, max_phrases=8))
     assert np.allclose(
         base, (kernel @ torch.as_tensor(phrase_weights(corpus, 31, max_phrases=8))).numpy()
     )
     worst = int(kernel.sum(dim=0).argmax())
     added = ([worst], [0, 30], list(range(31)), [worst] * 5, [7, 7, 8])
     moves = [
-        float(
-            np.abs(
-                exact_kde_raw(phrase_weights([*corpus, d], 31, max_phrases=8), emb, sigma) - base
-            ).sum()
-        )
+        float(np.abs(exact.density(phrase_weights([*corpus, d], 31, max_phrases=8)) - base).sum())
         for d in added
     ]
     assert max(moves) <= delta * (1 + 1e-9)
@@ -328,8 +324,10 @@ def test_exact_kde_document_weight_is_one_however_long() -> None:
 
 def test_exact_kde_noise_scale() -> None:
     emb = unit_rows(4000, 8, 22)
-    delta = exact_kde_sensitivity(emb, 0.3)
-    kde = build_exact_structure([], emb, label="a", epsilon=2.0, bandwidth=0.3, max_phrases=8)
+    kernel = ExactKernel(emb, 0.3)
+    delta = kernel.sensitivity
+    assert 1.0 <= delta == pytest.approx(float(gaussian_kernel(emb, 0.3).sum(dim=0).max()))
+    kde = build_exact_structure([], kernel, label="a", epsilon=2.0, max_phrases=8)
     assert kde.spend.sensitivity == pytest.approx(delta)
     assert kde.spend.scale == pytest.approx(delta / 2.0, rel=1e-6)
     assert kde.spend.partition == "a" and kde.spend.dimension == 4000
@@ -338,11 +336,12 @@ def test_exact_kde_noise_scale() -> None:
     assert kde.noise_std == pytest.approx(math.sqrt(2) * delta / 2.0, rel=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("field", "kwargs"), [("bandwidth", {"bandwidth": 0.0}), ("epsilon_kde", {"epsilon": math.inf})]
-)
-def test_exact_kde_refuses_bad_parameters(field: str, kwargs: dict[str, float]) -> None:
-    args: dict[str, float] = {"epsilon": 1.0, "bandwidth": 0.3, **kwargs}
+def test_exact_kde_refuses_bad_parameters() -> None:
     with pytest.raises(ConfigError) as err:
-        build_exact_structure([[0]], unit_rows(3, 4, 1), label="a", max_phrases=8, **args)
-    assert err.value.field == field
+        ExactKernel(unit_rows(3, 4, 1), 0.0)
+    assert err.value.field == "bandwidth"
+    with pytest.raises(ConfigError) as err:
+        build_exact_structure(
+            [[0]], ExactKernel(unit_rows(3, 4, 1), 0.3), label="a", epsilon=math.inf, max_phrases=8
+        )
+    assert err.value.field == "epsilon_kde"

@@ -19,11 +19,10 @@ import torch
 from tests.privacy_audit import estimate_privacy_loss
 from workers.dpkps.features import RandomFourierFeatures
 from workers.dpkps.kde import (
+    ExactKernel,
     bag_sum,
     build_exact_structure,
     build_structure,
-    exact_kde_raw,
-    exact_kde_sensitivity,
     phrase_weights,
 )
 from workers.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
@@ -107,21 +106,20 @@ def test_exact_kde_within_epsilon() -> None:
     first = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     second = torch.tensor([[math.cos(0.74), math.sin(0.74)]], dtype=torch.float64)
     emb = torch.cat([first, second])
-    delta = exact_kde_sensitivity(emb, sigma)
+    kernel = ExactKernel(emb, sigma)
+    delta = kernel.sensitivity
     assert 1.5 < delta < 1.7
     corpus = [[0, 1], [1]]
     neighbour = [*corpus, [0]]
-    raw = exact_kde_raw(phrase_weights(corpus, 2, max_phrases=8), emb, sigma)
-    raw2 = exact_kde_raw(phrase_weights(neighbour, 2, max_phrases=8), emb, sigma)
+    raw = kernel.density(phrase_weights(corpus, 2, max_phrases=8))
+    raw2 = kernel.density(phrase_weights(neighbour, 2, max_phrases=8))
     assert np.abs(raw2 - raw).sum() == pytest.approx(delta, rel=1e-9)
 
     def statistic(release: np.ndarray) -> float:
         return float(np.abs(release - raw).sum() - np.abs(release - raw2).sum())
 
     def release(docs: list[list[int]]) -> float:
-        kde = build_exact_structure(
-            docs, emb, label="a", epsilon=epsilon, bandwidth=sigma, max_phrases=8
-        )
+        kde = build_exact_structure(docs, kernel, label="a", epsilon=epsilon, max_phrases=8)
         return statistic(kde.noisy_density)
 
     x = np.array([release(corpus) for _ in range(RUNS)])

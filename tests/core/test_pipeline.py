@@ -302,6 +302,13 @@ def test_density_method_and_temperature_default_by_mode() -> None:
         epsilon_vocab=1.0, epsilon_kde=1.0, kde_method="random_features", temperature=0.7
     ).validate()
     assert (chosen.density_method, chosen.sampling_temperature) == ("random_features", 0.7)
+    # the exact kernel is computed in blocks, but |Ṽ| is bounded; random features are not
+    with pytest.raises(ConfigError) as err:
+        GenerationConfig(epsilon_vocab=1.0, epsilon_kde=1.0, vocabulary_size=20_001).validate()
+    assert err.value.field == "vocabulary_size" and "random_features" in str(err.value)
+    GenerationConfig(
+        epsilon_vocab=1.0, epsilon_kde=1.0, vocabulary_size=20_001, kde_method="random_features"
+    ).validate()
     # what a manifest records is what ran, not "default"
     recorded = independent.to_dict()
     assert recorded["kde_method"] == "exact"

@@ -19,6 +19,7 @@ KDE_METHODS = ("exact", "random_features")
 # Temperatures chosen by measurement for each way of estimating the density (see the
 # GenerationConfig docstring and BENCHMARKS.md).
 DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3}
+EXACT_KERNEL_LIMIT = 20_000  # |Ṽ| for the exact kernel, computed in blocks of rows
 
 
 def check_epsilon(value: float, *, field: str) -> float:
@@ -174,6 +175,12 @@ class GenerationConfig:
             raise ConfigError(
                 "the iterative mode scores prefixes in a continuous space: random_features",
                 field="kde_method",
+            )
+        if self.density_method == "exact" and self.vocabulary_size > EXACT_KERNEL_LIMIT:
+            raise ConfigError(
+                f"the exact kernel holds at most {EXACT_KERNEL_LIMIT:,} phrases; "
+                "use kde_method random_features for a larger private vocabulary",
+                field="vocabulary_size",
             )
         if self.temperature is not None:
             check_temperature(self.temperature)

@@ -33,7 +33,7 @@ Per class, an ensemble of structures shares ``ε_kde`` equally: the logarithmic 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +41,7 @@ import torch
 from numpy.typing import NDArray
 
 from workers.dpkps.accounting import MechanismSpend
-from workers.dpkps.config import ENSEMBLES, MODES, check_epsilon
+from workers.dpkps.config import ENSEMBLES, EXACT_KERNEL_LIMIT, MODES, check_epsilon
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures, feature_map
 from workers.dpkps.noise import laplace_vector
@@ -296,25 +296,43 @@ def build_class_ensemble(
 # ``c·I`` and adds feature noise of that scale to every score, besides the random-feature
 # error of each kernel value; this release has neither.
 
-EXACT_LIMIT = 20_000  # |Ṽ|: the kernel has |Ṽ|² entries, computed in row blocks
 
+class ExactKernel:
+    """The Gaussian kernel over the phrases of Ṽ, and its sensitivity, computed once a run.
 
-def _kernel_rows(embeddings: torch.Tensor, rows: slice, bandwidth: float) -> torch.Tensor:
-    e = embeddings.to(torch.float64)
-    dist2 = (2.0 - 2.0 * e[rows] @ e.T).clamp_min(0.0)  # unit vectors
-    return torch.exp(-dist2 / (bandwidth * bandwidth))
-
-
-def exact_kde_sensitivity(embeddings: torch.Tensor, bandwidth: float) -> float:
-    """L1 sensitivity of ``K w`` under add/remove of one document: the largest column sum.
-
-    ``K`` is symmetric, so it is also the largest row sum.
+    Public: Ṽ is a DP release and the embeddings come from a public model. The kernel is
+    never held whole; it is computed in blocks of rows (|Ṽ| ≤ ``EXACT_KERNEL_LIMIT``).
     """
-    most = 0.0
-    for start in range(0, embeddings.shape[0], _DOC_CHUNK):
-        block = _kernel_rows(embeddings, slice(start, start + _DOC_CHUNK), bandwidth)
-        most = max(most, float(block.sum(dim=1).max()))
-    return most
+
+    def __init__(self, embeddings: torch.Tensor, bandwidth: float) -> None:
+        if not (math.isfinite(bandwidth) and bandwidth > 0):
+            raise ConfigError("must be finite and > 0", field="bandwidth")
+        if embeddings.shape[0] > EXACT_KERNEL_LIMIT:
+            raise ConfigError(
+                f"the exact kernel holds at most {EXACT_KERNEL_LIMIT:,} phrases "
+                f"(got {embeddings.shape[0]:,}); use kde_method random_features",
+                field="vocabulary_size",
+            )
+        self.embeddings = embeddings.to(torch.float64)
+        self.bandwidth = float(bandwidth)
+        # L1 sensitivity of K w: the largest column sum (K is symmetric: row sums).
+        self.sensitivity = max(float(block.sum(dim=1).max()) for block in self._blocks())
+
+    @property
+    def size(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    def _blocks(self) -> Iterator[torch.Tensor]:
+        e = self.embeddings
+        for start in range(0, self.size, _DOC_CHUNK):
+            dist2 = (2.0 - 2.0 * e[start : start + _DOC_CHUNK] @ e.T).clamp_min(0.0)  # unit rows
+            yield torch.exp(-dist2 / (self.bandwidth * self.bandwidth))
+
+    def density(self, weights: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``K w``: the (unnormalised) Gaussian kernel density at every phrase of Ṽ."""
+        w = torch.as_tensor(weights, dtype=torch.float64, device=self.embeddings.device)
+        out: NDArray[np.float64] = torch.cat([k @ w for k in self._blocks()]).cpu().numpy()
+        return out
 
 
 def phrase_weights(
@@ -327,19 +345,6 @@ def phrase_weights(
         if kept:
             np.add.at(weights, np.asarray(kept, dtype=np.int64), 1.0 / len(kept))
     return weights
-
-
-def exact_kde_raw(
-    weights: NDArray[np.float64], embeddings: torch.Tensor, bandwidth: float
-) -> NDArray[np.float64]:
-    """``K w``: the (unnormalised) Gaussian kernel density at every phrase of Ṽ."""
-    w = torch.as_tensor(weights, dtype=torch.float64, device=embeddings.device)
-    parts = [
-        _kernel_rows(embeddings, slice(start, start + _DOC_CHUNK), bandwidth) @ w
-        for start in range(0, embeddings.shape[0], _DOC_CHUNK)
-    ]
-    out: NDArray[np.float64] = torch.cat(parts).cpu().numpy()
-    return out
 
 
 @dataclass(frozen=True)
@@ -358,29 +363,15 @@ class ExactKDE:
 
 def build_exact_structure(
     doc_phrases: Sequence[Sequence[int]],
-    embeddings: torch.Tensor,
+    kernel: ExactKernel,
     *,
     label: str,
     epsilon: float,
-    bandwidth: float,
     max_phrases: int,
 ) -> ExactKDE:
     """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise."""
     epsilon = check_epsilon(epsilon, field="epsilon_kde")
-    if not (math.isfinite(bandwidth) and bandwidth > 0):
-        raise ConfigError("must be finite and > 0", field="bandwidth")
-    size = embeddings.shape[0]
-    if size > EXACT_LIMIT:
-        raise ConfigError(
-            f"the exact kernel needs a private vocabulary of at most {EXACT_LIMIT:,} phrases "
-            f"(got {size:,}); use random_features",
-            field="kde_method",
-        )
-    raw = exact_kde_raw(
-        phrase_weights(doc_phrases, size, max_phrases=max_phrases), embeddings, bandwidth
-    )
-    noisy, spend = _release(
-        raw, exact_kde_sensitivity(embeddings, bandwidth), epsilon, label, "exact"
-    )
+    raw = kernel.density(phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases))
+    noisy, spend = _release(raw, kernel.sensitivity, epsilon, label, "exact")
     del raw  # raw densities never outlive the structure's construction
     return ExactKDE(label=label, noisy_density=noisy, spend=spend)

@@ -33,7 +33,7 @@ from workers.dpkps.embeddings import Embedder, EmbeddingCache, select_device
 from workers.dpkps.errors import InputDataError
 from workers.dpkps.extraction import KeyphraseExtractor
 from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import build_class_ensemble, build_exact_structure
+from workers.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
 from workers.dpkps.private_vocab import select_private_vocabulary
 from workers.dpkps.proportions import allocate, noisy_class_counts
 from workers.dpkps.sampling import (
@@ -212,14 +212,14 @@ def generate_sequences(
         )
 
     bag_scores: list[torch.Tensor] = []
+    kernel = ExactKernel(embeddings, config.bandwidth) if config.density_method == "exact" else None
     for n, label in enumerate(label_set):
-        if config.density_method == "exact":
+        if kernel is not None:
             exact = build_exact_structure(
                 by_class[label],
-                embeddings,
+                kernel,
                 label=label,
                 epsilon=config.epsilon_kde,
-                bandwidth=config.bandwidth,
                 max_phrases=config.max_phrases_per_document,
             )
             spends.append(exact.spend)
