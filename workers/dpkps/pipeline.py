@@ -190,16 +190,20 @@ def generate_sequences(
         wanted = {label: config.per_class for label in label_set}
 
     # 4 + 6. one DP-KDE per class (parallel composition), then sampling: the exact kernel
-    # on Ṽ (independent mode), or random-feature structures (either mode)
-    blocks = config.sequence_length if config.mode == "iterative" else 1
-    rff = RandomFourierFeatures(
-        dim=embeddings.shape[1],
-        num_features=config.num_features,
-        max_blocks=blocks,
-        bandwidth=config.bandwidth,
-        seed=config.seed,
-        device=device,
-    )
+    # on Ṽ, or random-feature structures (either mode); only the one the run uses is built
+    kernel: ExactKernel | None = None
+    rff: RandomFourierFeatures | None = None
+    if config.density_method == "exact":
+        kernel = ExactKernel(embeddings, config.bandwidth)
+    else:
+        rff = RandomFourierFeatures(
+            dim=embeddings.shape[1],
+            num_features=config.num_features,
+            max_blocks=config.sequence_length if config.mode == "iterative" else 1,
+            bandwidth=config.bandwidth,
+            seed=config.seed,
+            device=device,
+        )
     generator = torch.Generator().manual_seed(config.seed + 1)
     by_class: dict[str, list[list[int]]] = {label: [] for label in label_set}
     for label, phrases_of_doc in zip(labels, doc_phrases, strict=True):
@@ -212,7 +216,6 @@ def generate_sequences(
         )
 
     bag_scores: list[torch.Tensor] = []
-    kernel = ExactKernel(embeddings, config.bandwidth) if config.density_method == "exact" else None
     for n, label in enumerate(label_set):
         if kernel is not None:
             exact = build_exact_structure(
@@ -226,6 +229,7 @@ def generate_sequences(
             bag_scores.append(floored_density(exact, noise_floor=config.noise_floor))
             report_progress("dp_kde", (n + 1) / len(label_set))
             continue
+        assert rff is not None
         structures = build_class_ensemble(
             by_class[label],
             embeddings,
