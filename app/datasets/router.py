@@ -70,11 +70,21 @@ def upload_dataset(
     ] = None,
     on_empty: Annotated[Literal["skip", "reject"], Form()] = "skip",
     on_duplicate: Annotated[Literal["skip", "reject"], Form()] = "skip",
+    unit_column: Annotated[
+        str | SkipJsonSchema[None],
+        Form(
+            min_length=1,
+            max_length=200,
+            pattern=_NAME,
+            description="The column naming each row's privacy unit (a patient id, say); "
+            "without it every row is its own unit",
+        ),
+    ] = None,
 ) -> DatasetOut:
     """Documents are sealed (AES-256-GCM) before they are stored; the response and any
     error name rows and counts, never a document. Rows whose label is not declared,
     whose label or text column is missing, are refused with their row numbers, and then
-    nothing is stored."""
+    nothing is stored. With ``unit_column``, every row must name a non-empty unit."""
     size = file.size if file.size is not None else 0
     if size > settings.max_upload_bytes:
         raise ContentTooLarge(f"the file is larger than {settings.max_upload_bytes} bytes")
@@ -82,6 +92,9 @@ def upload_dataset(
     label_set = _names(labels, field="labels", limit=MAX_LABELS)
     if label_column.strip() in text_columns:
         raise Unprocessable("the label column is also a text column", field="label_column")
+    unit = unit_column.strip() if unit_column is not None else None
+    if unit is not None and unit in (*text_columns, label_column.strip()):
+        raise Unprocessable("the unit column is also a text or label column", field="unit_column")
     head = file.file.read(8192)
     file.file.seek(0)
     spec = UploadSpec(
@@ -91,6 +104,7 @@ def upload_dataset(
         labels=label_set,
         on_empty=on_empty,
         on_duplicate=on_duplicate,
+        unit_column=unit,
     )
     new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, upload=spec)
     dataset = service.create_dataset(session, principal, cipher, new, file.file, size)

@@ -42,6 +42,7 @@ class DatasetOut(BaseModel):
     text_columns: list[str]
     label_column: str
     labels: list[str]
+    unit_column: str | None
     documents: int
     skipped_empty: int
     skipped_duplicate: int

@@ -56,6 +56,7 @@ def create_dataset(
             text_columns=list(spec.text_columns),
             label_column=spec.label_column,
             labels=list(spec.labels),
+            unit_column=spec.unit_column,
             epsilon_cap=new.epsilon_cap,
             upload_bytes=size,
             created_by=principal.actor.ref,
@@ -63,15 +64,17 @@ def create_dataset(
     )
     report = UploadReport()
     batch: list[dict[str, Any]] = []
-    for row, text, label in read_documents(stream, spec, report):
-        nonce, sealed = cipher.seal(dataset.id, row, text, label)
+    for document in read_documents(stream, spec, report):
+        nonce, sealed = cipher.seal(dataset.id, document.row, document.text, document.label)
+        unit = document.unit
         batch.append(
             {
                 "dataset_id": dataset.id,
-                "row": row,
+                "row": document.row,
                 "key_id": cipher.key_id,
                 "nonce": nonce,
                 "ciphertext": sealed,
+                "unit": None if unit is None else cipher.seal_unit(dataset.id, document.row, unit),
             }
         )
         if len(batch) >= _BATCH:

@@ -217,6 +217,31 @@ def job_spec(stored: Mapping[str, Any]) -> JobSpec:
     return JobSpec.model_validate({k: v for k, v in stored.items() if k != "vocabulary_ref"})
 
 
+@dataclass
+class PrivateCorpus:
+    """A job's documents in the worker's memory, in row order. ``units`` names each
+    document's privacy unit when the upload named a unit column (else None: each row is
+    its own unit); the engine does not pool by unit yet."""
+
+    texts: list[str]
+    labels: list[str]
+    units: list[str] | None
+
+
+def load_corpus(ctx: WorkerContext, job_id: uuid.UUID) -> PrivateCorpus:
+    """Decrypt the job's documents (its spend must be committed: see ``runner``)."""
+    texts: list[str] = []
+    labels: list[str] = []
+    units: list[str | None] = []
+    with ctx.database.session() as session:
+        for text, label, unit in runner.private_documents(session, ctx.cipher, job_id):
+            texts.append(text)
+            labels.append(label)
+            units.append(unit)
+    named = [unit for unit in units if unit is not None]  # all or none: a dataset's rule
+    return PrivateCorpus(texts, labels, named if named and len(named) == len(units) else None)
+
+
 def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     """Stages 1-6 of a job; returns what became of it (for logs and tests)."""
     try:
@@ -278,14 +303,10 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
     vocabulary = _vocabulary(ctx, started.spec)
     embedder = _embedder(settings.embedding_model, settings.device)
     tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
-    with ctx.database.session() as session:
-        documents = list(runner.private_documents(session, ctx.cipher, job_id))
-    texts = [text for text, _ in documents]
-    labels = [label for _, label in documents]
-    del documents
+    corpus = load_corpus(ctx, job_id)
     result = generate_sequences(
-        texts,
-        labels,
+        corpus.texts,
+        corpus.labels,
         label_set=started.labels,
         vocabulary=vocabulary,
         config=config,
@@ -293,7 +314,7 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
         cache=EmbeddingCache(settings.embedding_cache_dir),
         progress=tracker,
     )
-    del texts, labels
+    del corpus
     check_accounting(result.report.by_mechanism(), started.epsilon_by_mechanism)
     sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
     without_llm = spec.llm == "none"

@@ -207,6 +207,6 @@ def test_no_canary_leaves_the_boundary(
     # control: the canaries are in the stored corpus, so the search above could find them
     with app.state.database.session() as session:
         texts = [
-            text for text, _ in private_documents(session, app.state.cipher, uuid.UUID(job_id))
+            text for text, _, _ in private_documents(session, app.state.cipher, uuid.UUID(job_id))
         ]
     assert all(any(c in t for t in texts) for c in canaries[:-1])
