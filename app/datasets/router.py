@@ -108,14 +108,16 @@ def upload_dataset(
     )
     new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, upload=spec)
     dataset = service.create_dataset(session, principal, cipher, new, file.file, size)
-    return service.to_out(session, dataset)
+    return service.to_out(session, dataset, principal)
 
 
 @router.get("", response_model=list[DatasetOut])
 def list_datasets(
     session: SessionDep, principal: Annotated[Principal, allowed(Action.DATASET_READ)]
 ) -> list[DatasetOut]:
-    return [service.to_out(session, d) for d in service.list_datasets(session, principal)]
+    return [
+        service.to_out(session, d, principal) for d in service.list_datasets(session, principal)
+    ]
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=problems(404))
@@ -124,7 +126,7 @@ def get_dataset(
     session: SessionDep,
     principal: Annotated[Principal, allowed(Action.DATASET_READ)],
 ) -> DatasetOut:
-    return service.to_out(session, service.get_dataset(session, principal, dataset_id))
+    return service.to_out(session, service.get_dataset(session, principal, dataset_id), principal)
 
 
 @router.delete("/{dataset_id}", response_model=DatasetOut, responses=problems(404, 409))
@@ -134,7 +136,8 @@ def delete_dataset(
     principal: Annotated[Principal, allowed(Action.DATASET_DELETE)],
 ) -> DatasetOut:
     """Purge the documents. The dataset's metadata, jobs, releases and ledger remain."""
-    return service.to_out(session, service.delete_dataset(session, principal, dataset_id))
+    dataset = service.delete_dataset(session, principal, dataset_id)
+    return service.to_out(session, dataset, principal)
 
 
 @router.patch("/{dataset_id}", response_model=DatasetOut, responses=problems(400, 404, 409))
@@ -146,7 +149,7 @@ def change_cap(
 ) -> DatasetOut:
     """Set the dataset's ε cap (admin only; the reason goes to the audit trail)."""
     dataset = service.set_cap(session, principal, dataset_id, body.epsilon_cap, body.reason)
-    return service.to_out(session, dataset)
+    return service.to_out(session, dataset, principal)
 
 
 @router.get("/{dataset_id}/ledger", response_model=LedgerOut, responses=problems(404))

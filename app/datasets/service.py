@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.crypto import DocumentCipher
 from app.datasets import repository
-from app.datasets.schemas import BudgetOut, DatasetOut
+from app.datasets.schemas import RAW_COUNTS, BudgetOut, DatasetOut
 from app.datasets.upload import UploadReport, UploadSpec, check_content, read_documents
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
@@ -103,11 +103,10 @@ def create_dataset(
         "dataset.uploaded",
         principal.actor,
         organisation_id=dataset.organisation_id,
-        target=("dataset", dataset.id),
+        target=("dataset", dataset.id),  # no count of rows or bytes: raw facts (docs/privacy.md)
         name=dataset.name,
-        documents=dataset.documents,
-        bytes=size,
         epsilon_cap=dataset.epsilon_cap,
+        unit_column=dataset.unit_column,
     )
     return dataset
 
@@ -132,15 +131,14 @@ def delete_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID
     if dataset.deleted_at is not None:
         return dataset
     jobs.stop_jobs_of_dataset(session, dataset.id, principal.actor)
-    purged = repository.purge_documents(session, dataset.id)
+    repository.purge_documents(session, dataset.id)
     dataset.deleted_at = utcnow()
-    audit.record(
+    audit.record(  # no count of the documents purged: a raw count (docs/privacy.md)
         session,
         "dataset.deleted",
         principal.actor,
         organisation_id=dataset.organisation_id,
         target=("dataset", dataset.id),
-        documents_purged=purged,
     )
     return dataset
 
@@ -186,7 +184,12 @@ def budget_out(figures: ledger.Budget) -> BudgetOut:
     )
 
 
-def to_out(session: Session, dataset: Dataset) -> DatasetOut:
+def to_out(session: Session, dataset: Dataset, principal: Principal) -> DatasetOut:
+    """The dataset as ``principal`` may see it: raw counts for its owner only."""
     figures = budget_out(ledger.budget(session, dataset))
-    fields = {name: getattr(dataset, name) for name in DatasetOut.model_fields if name != "budget"}
+    fields: dict[str, Any] = {
+        name: getattr(dataset, name) for name in DatasetOut.model_fields if name != "budget"
+    }
+    if principal.organisation_id != dataset.organisation_id:
+        fields.update(dict.fromkeys(RAW_COUNTS))
     return DatasetOut(**fields, budget=figures)

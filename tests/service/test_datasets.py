@@ -48,6 +48,25 @@ def test_upload_csv_reports_sizes_labels_and_budget_never_text(
     assert "Chest pain" not in response.text
 
 
+def test_raw_counts_of_an_upload_are_shown_to_its_owner_only(
+    client: TestClient, world: factories.World
+) -> None:
+    rows = [*factories.ROWS, factories.ROWS[0], ("", "ortho")]
+    dataset_id = factories.dataset(client, world.owner, content=factories.csv_bytes(rows))
+    counts = ("documents", "skipped_empty", "skipped_duplicate", "upload_bytes")
+    mine = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert [mine[name] for name in counts[:3]] == [4, 1, 1] and mine["upload_bytes"] > 0
+    for caller in (world.admin, world.auditor):
+        for body in (
+            client.get(f"/v1/datasets/{dataset_id}", headers=caller.headers).json(),
+            client.get("/v1/datasets", headers=caller.headers).json()[0],
+        ):
+            assert body["id"] == dataset_id and body["labels"] == ["cardio", "ortho"]
+            assert all(body[name] is None for name in counts), body
+    deleted = client.delete(f"/v1/datasets/{dataset_id}", headers=world.admin.headers).json()
+    assert all(deleted[name] is None for name in counts)
+
+
 def test_upload_jsonl_with_several_text_columns(
     client: TestClient, world: factories.World, db: Database, app: FastAPI
 ) -> None:
