@@ -190,7 +190,7 @@ def test_no_canary_leaves_the_boundary(
         ):
             assert client.get(path, headers=caller.headers).status_code == 200
     client.get("/v1/audit/events", headers=world.admin.headers, params={"limit": 500})
-    metrics = client.get("/metrics").text
+    metrics = client.get("/metrics", headers=world.admin.headers).text
     messages = _drain_messages(app)
     assert any(job_id in m for m in messages), "the job's Celery messages were not seen"
     assert debug_logs, "no log line was captured"
