@@ -68,6 +68,8 @@ class Settings(CoreSettings):
     llm_max_retries: int = Field(default=5, ge=0, le=100)  # per sequence, per prompting run
     llm_backoff_base: float = Field(default=0.5, ge=0, le=3600)
     llm_backoff_max: float = Field(default=30.0, ge=0, le=3600)
+    max_sequences_per_job: int = Field(default=100_000, ge=1)  # per_class × labels, or total
+    metrics_token: SecretStr = SecretStr("")  # a bearer token for /metrics (else a platform key)
     progress_interval: float = Field(default=2.0, ge=0, le=3600)  # seconds between writes
     log_level: str = "INFO"
     log_json: bool = True

@@ -183,6 +183,7 @@ class Dataset(Base):
     text_columns: Mapped[list[str]]
     label_column: Mapped[str] = mapped_column(String(200))
     labels: Mapped[list[str]]  # declared by the uploader: public schema
+    unit_column: Mapped[str | None] = mapped_column(String(200))  # privacy unit (a patient)
     epsilon_cap: Mapped[float] = mapped_column(Float)
     delta_cap: Mapped[float] = mapped_column(Float, default=0.0)
     documents: Mapped[int] = mapped_column(default=0)
@@ -210,6 +211,7 @@ class Document(Base):
     key_id: Mapped[str] = mapped_column(String(16))
     nonce: Mapped[bytes] = mapped_column(LargeBinary(12))
     ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    unit: Mapped[bytes | None] = mapped_column(LargeBinary)  # sealed apart: nonce || ciphertext
 
 
 class Vocabulary(Base):

@@ -108,8 +108,9 @@ def start_sequences(
 
 def private_documents(
     session: Session, cipher: DocumentCipher, job_id: uuid.UUID
-) -> Iterator[tuple[str, str]]:
-    """``(text, label)`` of the job's dataset, in row order, decrypted one at a time.
+) -> Iterator[tuple[str, str, str | None]]:
+    """``(text, label, unit)`` of the job's dataset, in row order, decrypted one at a
+    time (``unit`` is None unless the upload named a unit column).
 
     Refuses (:class:`Conflict`) unless the job's spend is committed: no private read is
     ever uncharged. The text must stay in the worker's memory: never log, persist or
@@ -119,12 +120,24 @@ def private_documents(
     if ledger.job_budget_state(session, job.id) != "committed":
         raise Conflict("the job's budget is not committed: it may not read private data")
     for document in datasets_repo.iter_documents(session, job.dataset_id):
-        yield cipher.open(
+        text, label = cipher.open(
             document.dataset_id,
             document.row,
             document.key_id,
             document.nonce,
             document.ciphertext,
+        )
+        sealed_unit = document.unit
+        yield (
+            text,
+            label,
+            (
+                None
+                if sealed_unit is None
+                else cipher.open_unit(
+                    document.dataset_id, document.row, document.key_id, sealed_unit
+                )
+            ),
         )
 
 

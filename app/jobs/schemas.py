@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -24,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.datasets.schemas import Epsilon, not_a_boolean
+from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
 from workers.dpkps.config import LIMITS, GenerationConfig
 from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
@@ -37,6 +38,15 @@ Example = Annotated[
 ]
 
 _BOOLEAN_FIELDS = frozenset({"distinct"})
+
+# ε of one mechanism. Below the floor a mechanism's output is noise whatever the data, so
+# a job could only serve to probe what fails or succeeds on the data at a negligible
+# charge; above the ceiling the figure no longer protects anyone.
+EPSILON_FLOOR = 1e-3
+EPSILON_CEILING = 100.0
+MechanismEpsilon = Annotated[
+    float, Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING), BeforeValidator(not_a_boolean)
+]
 
 # Every engine parameter but the device, which is the worker's business.
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "device")
@@ -72,9 +82,9 @@ class JobSpec(BaseModel):
     )
     max_llm_calls: int | None = Field(default=None, ge=1, le=10**9)
 
-    epsilon_vocab: Epsilon
-    epsilon_kde: Epsilon
-    epsilon_count: Epsilon | None = None
+    epsilon_vocab: MechanismEpsilon
+    epsilon_kde: MechanismEpsilon
+    epsilon_count: MechanismEpsilon | None = None
     # Defaults are the engine's own (chosen by measurement; see BENCHMARKS.md).
     per_class: int | None = Field(default=_ENGINE["per_class"], ge=1, le=LIMITS["per_class"])
     total: int | None = Field(default=_ENGINE["total"], ge=1, le=LIMITS["total"])
@@ -116,6 +126,12 @@ class JobSpec(BaseModel):
         if self.epsilon_count is not None and "per_class" not in self.model_fields_set:
             self.per_class = None
         return self
+
+    def sequences_requested(self, labels: int) -> int:
+        """How many keyphrase sequences the job asks for over ``labels`` declared labels."""
+        if self.epsilon_count is not None:
+            return self.total or 0
+        return (self.per_class or 0) * labels
 
     def engine_parameters(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in ENGINE_FIELDS}

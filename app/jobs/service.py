@@ -7,8 +7,11 @@ written, and its first task is sent to the broker only once all of that has comm
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -59,6 +62,41 @@ def _check_prompting(spec: JobSpec, settings: Settings) -> None:
     ).validate()
 
 
+def _check_size(spec: JobSpec, labels: int, settings: Settings) -> None:
+    wanted = spec.sequences_requested(labels)
+    if wanted > settings.max_sequences_per_job:
+        field = "total" if spec.epsilon_count is not None else "per_class"
+        raise Unprocessable(
+            f"asks for {wanted} keyphrase sequences; this server makes at most "
+            f"{settings.max_sequences_per_job} per job",
+            field=field,
+        )
+
+
+def prompt_provenance(spec: JobSpec, actor: Actor) -> dict[str, Any]:
+    """Who supplied the job's few-shot examples and prompt template, and a SHA-256 of
+    each (for the audit trail: the texts themselves are in the spec, not the event)."""
+    supplied: dict[str, Any] = {}
+    if spec.few_shot:
+        supplied["few_shot"] = {
+            "supplied_by": actor.ref,
+            "organisation_id": str(actor.organisation_id),
+            "examples": len(spec.few_shot),
+            "sha256": _sha256(json.dumps(spec.few_shot, ensure_ascii=False)),
+        }
+    if spec.template:
+        supplied["template"] = {
+            "supplied_by": actor.ref,
+            "organisation_id": str(actor.organisation_id),
+            "sha256": _sha256(spec.template),
+        }
+    return supplied
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def submit(
     session: Session,
     principal: Principal,
@@ -68,6 +106,7 @@ def submit(
 ) -> Job:
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     config = spec.generation_config()
+    _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
     vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
     if config.vocabulary_size > vocabulary.size:
@@ -109,6 +148,7 @@ def submit(
         epsilon=job.epsilon,
         epsilon_by_mechanism=by_mechanism,
         llm=spec.llm,
+        **prompt_provenance(spec, principal.actor),
     )
     enqueue_after_commit(session, RUN_SEQUENCES, str(job.id), task_id=task_id)
     return job
