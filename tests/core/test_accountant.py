@@ -16,9 +16,11 @@ from decimal import Decimal
 import dp_accounting
 import pytest
 from dp_accounting import rdp
+from scipy.optimize import brentq
+from scipy.stats import norm
 
 from workers.dpkps.errors import ConfigError
-from workers.privacy import accountant
+from workers.privacy import accountant, calibration
 from workers.privacy import events as events_module
 from workers.privacy.accountant import (
     EXACT_SUM,
@@ -26,6 +28,14 @@ from workers.privacy.accountant import (
     compose,
     compose_datasets,
     compose_jobs,
+)
+from workers.privacy.calibration import (
+    GaussianRelease,
+    PlannedMechanism,
+    analytic_gaussian_sigma,
+    calibrate_noise_multiplier,
+    gaussian_noise_multiplier,
+    split_budget,
 )
 from workers.privacy.events import PrivacyEvent, exact_decimal, plan_composition
 
@@ -435,6 +445,132 @@ def test_hundred_jobs_of_three_events_compose_fast() -> None:
     assert cold < 15 and warm < 2, (cold, warm)
 
 
-@pytest.mark.parametrize("module", [events_module, accountant])
+@pytest.mark.parametrize("module", [events_module, accountant, calibration])
 def test_doctests_hold(module: object) -> None:
     assert doctest.testmod(module, raise_on_error=True).attempted >= 2  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def scipy_analytic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
+    """Balle & Wang 2018, Thm. 8, solved independently of dp-accounting."""
+
+    def delta_of(sigma: float) -> float:
+        a, b = sensitivity / (2 * sigma), epsilon * sigma / sensitivity
+        return float(norm.cdf(a - b) - math.exp(epsilon) * norm.cdf(-a - b))
+
+    return float(brentq(lambda s: delta_of(s) - delta, 1e-3, 1e4, xtol=1e-13, rtol=1e-13))
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta", "sensitivity"),
+    [(1.0, 1e-5, 1.0), (0.25, 1e-6, 1.0), (0.1, 1e-6, 3.0), (5.0, 1e-8, 0.5), (8.0, 1e-3, 2.0)],
+)
+def test_analytic_gaussian_sigma_matches_an_independent_scipy_solution(
+    epsilon: float, delta: float, sensitivity: float
+) -> None:
+    sigma = analytic_gaussian_sigma(epsilon=epsilon, delta=delta, sensitivity=sensitivity)
+    expected = scipy_analytic_sigma(epsilon, delta, sensitivity)
+    assert sigma == pytest.approx(expected, rel=1e-8)
+    assert sigma >= expected * (1 - 1e-10)
+    # the classical bound √(2 ln(1.25/δ))·Δ/ε is looser wherever it applies (ε ≤ 1)
+    if epsilon <= 1:
+        assert sigma < math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon
+
+
+@pytest.mark.parametrize(("n", "published"), [(75_316, 13.26), (8_396, 11.60)])
+def test_private_evolution_noise_multipliers(n: int, published: float) -> None:
+    z = gaussian_noise_multiplier(epsilon=1.0, delta=aug_pe_delta(n), steps=10)
+    assert z == pytest.approx(published, rel=0.01)
+    assert math.ceil(z * 100) / 100 == published  # the README rounds up to two decimals
+    # the accountant certifies it, and 0.1 % less noise would not do
+    events = [gaussian(z, count=10)]
+    assert compose(events).epsilon(aug_pe_delta(n)) <= 1
+    assert compose([gaussian(z * 0.999, count=10)]).epsilon(aug_pe_delta(n)) > 1
+
+
+def test_calibration_respects_parallel_classes_and_fixed_events() -> None:
+    delta = 1e-6
+    alone = calibrate_noise_multiplier(
+        epsilon=2.0, delta=delta, releases=[GaussianRelease("kde", 1.0, count=4)]
+    )
+    classes = calibrate_noise_multiplier(
+        epsilon=2.0,
+        delta=delta,
+        releases=[GaussianRelease("kde", 1.0, count=4, partitions=("a", "b", "c"))],
+    )
+    assert classes == pytest.approx(alone, rel=2e-4)  # classes in parallel cost nothing more
+    with_pure = calibrate_noise_multiplier(
+        epsilon=2.0,
+        delta=delta,
+        releases=[GaussianRelease("kde", 1.0, count=4)],
+        fixed=[laplace("1")],
+    )
+    assert with_pure > alone
+    got = compose([laplace("1"), gaussian(with_pure, count=4, mechanism="kde")]).epsilon(delta)
+    assert Decimal("1.99") < got <= 2
+
+
+def test_calibration_refuses_impossible_targets() -> None:
+    with pytest.raises(ConfigError) as err:
+        calibrate_noise_multiplier(
+            epsilon=1.0, delta=1e-6, releases=[GaussianRelease("kde", 1.0)], fixed=[laplace("1")]
+        )
+    assert err.value.field == "epsilon"
+    with pytest.raises(ConfigError) as err:
+        gaussian_noise_multiplier(epsilon=1.0, delta=0.0, steps=3)
+    assert err.value.field == "delta"
+    with pytest.raises(ConfigError) as err:
+        gaussian_noise_multiplier(epsilon=1.0, delta=1e-6, steps=0)
+    assert err.value.field == "steps"
+
+
+def test_split_budget_by_shares() -> None:
+    plan = split_budget(
+        epsilon=3.0,
+        delta=0.0,
+        mechanisms=[
+            PlannedMechanism("vocabulary-histogram", "discrete_laplace", 4, "l1", 1000, share=1),
+            PlannedMechanism(
+                "kde", "laplace", 2.0, "l1", 64, share=2, count=4, partitions=("a", "b")
+            ),
+        ],
+    )
+    assert plan.composition.name == EXACT_SUM
+    assert plan.epsilon == Decimal(3)
+    assert plan.scale("vocabulary-histogram") == pytest.approx(4.0)
+    assert plan.scale("kde") == pytest.approx(2.0 * 4 / 2.0)  # ε 2 over 4 releases
+    thirds = split_budget(
+        epsilon=1.0,
+        delta=0.0,
+        mechanisms=[PlannedMechanism(name, "laplace", 1.0, "l1", 1) for name in ("x", "y", "z")],
+    )
+    assert Decimal("0.999999999999") <= thirds.epsilon <= 1  # rounded down, never over
+
+
+def test_split_budget_mixes_pure_and_gaussian_within_the_target() -> None:
+    plan = split_budget(
+        epsilon=1.0,
+        delta=1e-6,
+        mechanisms=[
+            PlannedMechanism("vocabulary-histogram", "discrete_laplace", 4, "l1", 1000, share=1),
+            PlannedMechanism("kde", "gaussian", 1.0, "l2", 4096, share=4, partitions=("a", "b")),
+            PlannedMechanism("counts", "gaussian", 1.0, "l2", 3, share=1),
+        ],
+    )
+    assert plan.composition.name == PLD_NAME
+    assert Decimal("0.99") < plan.epsilon <= 1
+    vocabulary = [e for e in plan.events if e.mechanism == "vocabulary-histogram"]
+    assert vocabulary[0].epsilon == Decimal("0.166666666666")
+    # μ² shares: the kde gets 4× the counts' μ², so half the counts' σ
+    assert plan.scale("counts") == pytest.approx(2 * plan.scale("kde"), rel=1e-9)
+    assert json.loads(json.dumps(plan.composition.to_dict(delta=1e-6)))["events"]
+
+
+def test_split_budget_refuses_gaussians_without_delta() -> None:
+    with pytest.raises(ConfigError) as err:
+        split_budget(
+            epsilon=1.0, delta=0.0, mechanisms=[PlannedMechanism("kde", "gaussian", 1.0, "l2", 8)]
+        )
+    assert err.value.field == "delta"
