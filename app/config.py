@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import ipaddress
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from workers.settings import CoreSettings
 
@@ -76,6 +77,14 @@ class Settings(CoreSettings):
     # The admin dashboard's session cookie is Secure over https ("auto"), or always/never.
     admin_cookie_secure: Literal["auto", "always", "never"] = "auto"
     admin_session_hours: float = Field(default=8.0, gt=0, le=7 * 24)
+    # The API server (``keyseed api``, ``keyseed serve``). X-Forwarded-For and -Proto are
+    # believed only from these addresses or networks (comma-separated; none by default).
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=2**20)  # 400 above it
+    # A request's line and headers must arrive within it, and its body may not pause for
+    # longer (408 and the connection closed); idle connections close after keep-alive.
+    request_timeout: float = Field(default=30.0, gt=0, le=3600)
+    keep_alive_timeout: int = Field(default=5, ge=1, le=3600)
 
     @field_validator("llm_endpoints")
     @classmethod
@@ -86,6 +95,22 @@ class Settings(CoreSettings):
         if clash:
             raise ValueError(f"endpoint names {clash} are reserved")
         return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_networks(cls, value: object) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise ValueError("give addresses or networks, comma-separated")
+        try:
+            networks = [
+                ipaddress.ip_network(str(item).strip(), strict=False)
+                for item in items
+                if str(item).strip()
+            ]
+        except ValueError:
+            raise ValueError("an entry is not an IP address or network") from None
+        return tuple(str(network) for network in networks)
 
     @property
     def embedded(self) -> bool:
