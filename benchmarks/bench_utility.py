@@ -194,6 +194,8 @@ def cli_seconds(h: Harness) -> dict[str, Any]:
             "description",
             "--label-column",
             "class",
+            "--labels",
+            ",".join(h.label_set),
             "--epsilon-vocab",
             "1",
             "--epsilon-kde",

@@ -43,7 +43,12 @@ def _option(field: str | None) -> str:
     """The command-line option of a configuration field (``epsilon_kde`` -> ``--epsilon-kde``)."""
     if not field:
         return "keyseed"
-    known = {"documents": "--input", "labels": "--label-column", "phrases": "--vocabulary"}
+    known = {
+        "documents": "--input",
+        "labels": "--label-column",
+        "declared_labels": "--labels",
+        "phrases": "--vocabulary",
+    }
     if field in known:
         return known[field]
     return "--" + field.replace("_", "-")
@@ -79,8 +84,8 @@ def register(sub: Any) -> None:
     io.add_argument(
         "--labels",
         default=None,
-        help="declared label set, comma-separated (public schema); default: the "
-        "labels found in the input, which the output then reveals",
+        help="declared label set, comma-separated (public schema; required: the labels found "
+        "in the data are private, one added row could add a class)",
     )
     io.add_argument(
         "--vocabulary",
@@ -404,14 +409,15 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     corpus = read_labelled(
         args.input, text_columns=args.text_columns, label_column=args.label_column
     )
-    if args.labels is not None:
-        label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
-        if not label_set:
-            raise ConfigError("declare at least one label", field="labels")
-        label_source = "declared"
-    else:
-        label_set = sorted(corpus.label_set())
-        label_source = "input"
+    if args.labels is None:
+        raise ConfigError(
+            "declare the label set (public schema), e.g. --labels World,Sports; the labels "
+            "found in the data are private and are never used",
+            field="declared_labels",
+        )
+    label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
+    if not label_set:
+        raise ConfigError("declare at least one label", field="declared_labels")
     if len(label_set) < 2:
         raise InputDataError("a labelled corpus needs at least two labels", field="labels")
     vocabulary = load_vocabulary(args.vocabulary)
@@ -442,11 +448,10 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     manifest_path = args.output.with_name(args.output.name[: -len(".jsonl")] + ".manifest.json")
     manifest = {
         **result.manifest(),
-        "labels": {"names": label_set, "source": label_source},
+        "labels": {"names": label_set, "source": "declared"},
         "prompting": prompting,
         "input": {"text_columns": args.text_columns, "label_column": args.label_column},
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "seconds": round(time.time() - started, 1),
     }
     written = 0
     with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
@@ -463,7 +468,8 @@ def _generate(args: argparse.Namespace, started: float) -> int:
             raise KeyseedError("the language model produced no text for any sequence", field="llm")
     print(
         f"wrote {written} synthetic documents to {args.output} "
-        f"(ε spent: {result.report.total:g}; manifest {manifest_path})",
+        f"(ε spent: {result.report.total:g}; manifest {manifest_path}; "
+        f"{time.time() - started:.1f} s)",
         file=sys.stderr,
     )
     return 0

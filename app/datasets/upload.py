@@ -32,6 +32,7 @@ csv.field_size_limit(2**31 - 1)  # the body limit bounds a field; clinical notes
 
 MAX_ROW_ERRORS = 50
 MAX_DOCUMENT_CHARS = 1_000_000
+MAX_NUMBER_DIGITS = 1000  # a JSON integer longer than this is refused, never converted
 MAX_UNIT_CHARS = 200
 FORMATS = ("csv", "jsonl")
 POLICIES = ("skip", "reject")
@@ -147,6 +148,15 @@ def _csv_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dic
         yield row, dict(zip(names, values, strict=True))
 
 
+class _LongNumber:
+    """A JSON integer of more than :data:`MAX_NUMBER_DIGITS` digits (Python would refuse
+    to convert it past 4,300 digits, and no text or label is such a number)."""
+
+
+def _integer(digits: str) -> int | _LongNumber:
+    return _LongNumber() if len(digits.lstrip("-")) > MAX_NUMBER_DIGITS else int(digits)
+
+
 def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
     row = 0
     for line in _lines(stream):
@@ -154,7 +164,7 @@ def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, d
             continue
         row += 1
         try:
-            value = json.loads(line)
+            value = json.loads(line, parse_int=_integer)
         except (json.JSONDecodeError, RecursionError):
             yield row, {"__error__": "is not valid JSON"}
             continue
@@ -162,6 +172,13 @@ def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, d
             yield row, {"__error__": "is not a JSON object"}
             continue
         yield row, value
+
+
+def _unreadable(record: dict[str, Any], column: str) -> str:
+    """Why the text cell ``column`` of a row cannot be read."""
+    if isinstance(record.get(column), _LongNumber):
+        return f"the column is a number of more than {MAX_NUMBER_DIGITS} digits"
+    return "the column is missing or not Unicode text"
 
 
 def _cell(record: dict[str, Any], column: str) -> str | None:
@@ -213,7 +230,7 @@ def read_documents(stream: IO[bytes], spec: UploadSpec, report: UploadReport) ->
             for column in spec.text_columns:
                 cell = _cell(record, column)
                 if cell is None:
-                    report.error(row, "the column is missing or not Unicode text", column)
+                    report.error(row, _unreadable(record, column), column)
                     break
                 parts.append(" ".join(cell.split()))
             else:

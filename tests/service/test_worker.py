@@ -319,9 +319,11 @@ def test_an_accounting_mismatch_fails_the_job_and_saves_nothing(
     assert ledger(client, world, dataset_id)["budget"]["spent"] == 1.0
 
 
-def test_engine_errors_become_generic_job_errors_without_private_text(
+def test_a_corpus_matching_no_phrase_runs_like_any_other(
     client: TestClient, world: factories.World, worker: WorkerContext
 ) -> None:
+    # No branch on raw data after the private read: a corpus whose documents match no
+    # phrase of the vocabulary releases noise like any other instead of failing.
     secret = "CANARY-worker-3f9a"
     content = factories.csv_bytes([(f"{secret} nothing to match", "cardio")] * 2)
     dataset_id = factories.dataset(client, world.owner, content=content)
@@ -334,10 +336,9 @@ def test_engine_errors_become_generic_job_errors_without_private_text(
         sequence_length=3,
         num_features=64,
     )
-    assert stages.run_sequences(worker, uuid.UUID(job_id)) == "failed"
+    assert stages.run_sequences(worker, uuid.UUID(job_id)) != "failed"
     body = job_of(client, world, job_id)
-    assert body["error"]["code"] == "input_data_error"
-    assert "no document contains a phrase" in body["error"]["message"]
+    assert body["error"] is None
     assert secret not in json.dumps(body)
     assert ledger(client, world, dataset_id)["budget"]["spent"] == 1.0  # the data was read
 

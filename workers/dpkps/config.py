@@ -22,12 +22,24 @@ DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3}
 EXACT_KERNEL_LIMIT = 20_000  # |Ṽ| for the exact kernel, computed in blocks of rows
 
 
+EPSILON_FLOOR = 1e-3  # per mechanism: below it a release is all noise, and a probe of one fact
+EPSILON_CEILING = 100.0  # above it the noise is negligible: no privacy worth a ledger entry
+
+
 def check_epsilon(value: float, *, field: str) -> float:
-    """ε must be a finite number > 0."""
+    """ε must be a number in [EPSILON_FLOOR, EPSILON_CEILING] (per mechanism).
+
+    The floor refuses the probes a tiny ε invites (many jobs at ε = 1e-9 each, spending
+    nothing on the ledger, asking one yes/no question each); the ceiling refuses a release
+    that is private in name only.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError("must be a number", field=field)
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"must be finite and > 0 (got {value})", field=field)
+    if not math.isfinite(value) or not EPSILON_FLOOR <= value <= EPSILON_CEILING:
+        raise ConfigError(
+            f"must be between {EPSILON_FLOOR:g} and {EPSILON_CEILING:g} (got {value})",
+            field=field,
+        )
     return float(value)
 
 
