@@ -30,14 +30,10 @@ from app.releases.schemas import ReleaseIn, ReleaseOut
 from workers.dpkps.accounting import ACCOUNTANT
 from workers.dpkps.config import GenerationConfig
 
-METHOD = "DP-KPS (Nagesh et al., 2024)"
+METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
 DENSITY_METHODS = {
-    "exact": "DP-KDE by the exact Gaussian kernel on the private vocabulary",
-    "random_features": "DP-KDE by random Fourier features",
-}
-SEQUENCE_MODES = {
-    "independent": "independent keyphrases",
-    "iterative": "prefix-conditioned sequences",
+    "exact": "the exact Gaussian kernel density on the private vocabulary",
+    "random_features": "random Fourier features ({mode} sequences)",
 }
 ADJACENCY = "one row of the uploaded file added or removed"
 VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
@@ -50,8 +46,10 @@ def _config(spec: dict[str, Any]) -> GenerationConfig:
 
 
 def describe_method(config: GenerationConfig) -> str:
-    """What ran, from the configuration (not a constant: the exact kernel is the default)."""
-    return f"{METHOD}, {SEQUENCE_MODES[config.mode]}, {DENSITY_METHODS[config.density_method]}"
+    """What ran, from the configuration (the words of the engine's own manifest,
+    ``workers.dpkps.pipeline.method_description``, which the API does not import: torch)."""
+    kde = DENSITY_METHODS[config.density_method].format(mode=config.mode)
+    return METHOD.format(kde=kde)
 
 
 def density(config: GenerationConfig) -> dict[str, Any]:
