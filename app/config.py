@@ -21,6 +21,7 @@ from workers.settings import CoreSettings
 
 DATA_KEY_FILE = "data.key"
 BUILTIN_LLMS = ("none", "local")  # no prompting; the packaged model served locally
+LEASE_SECONDS = 60.0  # default of job_lease_seconds
 
 
 class LLMEndpointSettings(BaseModel):
@@ -69,6 +70,9 @@ class Settings(CoreSettings):
     llm_backoff_base: float = Field(default=0.5, ge=0, le=3600)
     llm_backoff_max: float = Field(default=30.0, ge=0, le=3600)
     progress_interval: float = Field(default=2.0, ge=0, le=3600)  # seconds between writes
+    # A worker process counts as dead this long after it last said it was alive (it says
+    # so every quarter of it); its jobs are then sent to a worker again.
+    job_lease_seconds: float = Field(default=LEASE_SECONDS, ge=1, le=3600)
     log_level: str = "INFO"
     log_json: bool = True
     # The admin dashboard's session cookie is Secure over https ("auto"), or always/never.
