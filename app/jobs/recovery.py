@@ -71,15 +71,19 @@ def _stat(pid: int) -> tuple[str, str] | None:
     return (fields[0], fields[19]) if len(fields) > 19 else None
 
 
-@functools.cache
-def _process_id(pid: int) -> str:
+def process_id(pid: int) -> str:
+    """Process ``pid`` of this machine as a holder of jobs: ``host:pid:start time``."""
     stat = _stat(pid)
     return f"{socket.gethostname()}:{pid}:{stat[1] if stat else ''}"
 
 
+@functools.cache
+def _own_id(pid: int) -> str:  # by pid: a forked child is another holder
+    return process_id(pid)
+
+
 def this_process() -> str:
-    """This process as a holder of jobs: ``host:pid:start time``."""
-    return _process_id(os.getpid())
+    return _own_id(os.getpid())
 
 
 def gone(worker_id: str) -> bool:
