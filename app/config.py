@@ -22,6 +22,7 @@ from workers.settings import CoreSettings
 
 DATA_KEY_FILE = "data.key"
 BUILTIN_LLMS = ("none", "local")  # no prompting; the packaged model served locally
+LEASE_SECONDS = 60.0  # default of job_lease_seconds
 
 
 class LLMEndpointSettings(BaseModel):
@@ -72,6 +73,9 @@ class Settings(CoreSettings):
     max_sequences_per_job: int = Field(default=100_000, ge=1)  # per_class × labels, or total
     metrics_token: SecretStr = SecretStr("")  # a bearer token for /metrics (else a platform key)
     progress_interval: float = Field(default=2.0, ge=0, le=3600)  # seconds between writes
+    # A worker process counts as dead this long after it last said it was alive (it says
+    # so every quarter of it); its jobs are then sent to a worker again.
+    job_lease_seconds: float = Field(default=LEASE_SECONDS, ge=1, le=3600)
     log_level: str = "INFO"
     log_json: bool = True
     # The admin dashboard's session cookie is Secure over https ("auto"), or always/never.

@@ -260,10 +260,24 @@ class Job(Base):
     private_vocabulary: Mapped[list[str] | None] = deferred(mapped_column(JSON))  # DP output
     task_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     request_id: Mapped[str | None] = mapped_column(String(64))
+    # The worker process running the job's current stage (a ``workers`` id), empty while
+    # none does (app.jobs.recovery). Internal bookkeeping: never shown.
+    worker_id: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Worker(Base):
+    """A worker process that ran a stage of a job: ``host:pid:start time``, alive until
+    ``expires_at`` unless it renews it (app.jobs.recovery)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
 
 
 class KeyphraseSequence(Base):
