@@ -74,6 +74,11 @@ class Settings(CoreSettings):
     # The admin dashboard's session cookie is Secure over https ("auto"), or always/never.
     admin_cookie_secure: Literal["auto", "always", "never"] = "auto"
     admin_session_hours: float = Field(default=8.0, gt=0, le=7 * 24)
+    # The privacy budget (ε, δ) a new owner organisation gets; admins change it per
+    # organisation (PATCH /v1/organisations/{id}/budget) and its datasets' caps are
+    # carved out of it.
+    default_organisation_epsilon: float = Field(default=10.0, gt=0, le=1e6)
+    default_organisation_delta: float = Field(default=1e-6, ge=0, lt=1)
 
     @field_validator("llm_endpoints")
     @classmethod
