@@ -19,10 +19,12 @@ from sqlalchemy import func, select
 
 import migrations
 from app.db import Database
-from app.errors import BudgetExceeded
+from app.errors import BudgetExceeded, Forbidden
+from app.identity.policy import Principal
 from app.jobs import runner
 from app.ledger import service as ledger
 from app.models import Dataset, Organisation
+from app.releases import service as releases
 from tests.service import factories
 from tests.service.test_migrations import scratch_postgres  # noqa: F401 (a fixture)
 
@@ -267,6 +269,18 @@ def test_released_corpora_are_not_downloadable_with_platform_keys(
     response = client.get(f"/v1/releases/{release['id']}/download", headers=caller.headers)
     assert response.status_code == 403
     assert response.headers["content-type"] == "application/problem+json"
+    # The download check itself refuses platform callers, whatever the role rules say.
+    with db.session() as session:
+        found, grantees = releases.get_release(
+            session, _principal(caller), uuid.UUID(release["id"])
+        )
+        with pytest.raises(Forbidden):
+            releases.ensure_downloadable(_principal(caller), found, grantees)
+        releases.ensure_downloadable(_principal(world.client), found, grantees)
+
+
+def _principal(caller: factories.Caller) -> Principal:
+    return Principal("key", uuid.uuid4(), caller.role, caller.organisation_id)
 
 
 # -- the migration ----------------------------------------------------------------------
