@@ -89,6 +89,11 @@ class Settings(CoreSettings):
     # longer (408 and the connection closed); idle connections close after keep-alive.
     request_timeout: float = Field(default=30.0, gt=0, le=3600)
     keep_alive_timeout: int = Field(default=5, ge=1, le=3600)
+    # The privacy budget (ε, δ) a new owner organisation gets; admins change it per
+    # organisation (PATCH /v1/organisations/{id}/budget) and its datasets' caps are
+    # carved out of it.
+    default_organisation_epsilon: float = Field(default=10.0, gt=0, le=1e6)
+    default_organisation_delta: float = Field(default=1e-6, ge=0, lt=1)
 
     @field_validator("llm_endpoints")
     @classmethod

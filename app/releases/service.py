@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, Forbidden, NotFound, Unprocessable
 from app.identity import policy
 from app.identity import repository as identity_repo
 from app.identity.policy import Principal
@@ -176,6 +176,18 @@ def list_releases(session: Session, principal: Principal) -> Sequence[Release]:
     if principal.role == "client":
         return repository.list_releases(session, grantee=principal.organisation_id)
     return repository.list_releases(session, owner=principal.organisation_id)
+
+
+def ensure_downloadable(
+    principal: Principal, release: Release, grantees: Sequence[uuid.UUID]
+) -> None:
+    """A released corpus is read by its owner organisation and its grantees only: never
+    with a platform key (admin, auditor), whatever reach those roles have elsewhere."""
+    if principal.platform or principal.organisation_id not in (
+        release.organisation_id,
+        *grantees,
+    ):
+        raise Forbidden("only the owner organisation and the grantees download a release")
 
 
 def record_download(
