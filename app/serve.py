@@ -9,7 +9,7 @@ command runs on Postgres and Redis instead (and needs ``KEYSEED_DATA_KEY``).
 It brings the schema up to date, then supervises three children, each in its own
 process group:
 
-* the packaged LLM server (``python -m workers.dpkps.local_llm``; ``--no-llm`` leaves it
+* the packaged LLM server (``python -m workers.llm.local``; ``--no-llm`` leaves it
   out, and a job naming the ``local`` LLM then starts one for its prompting);
 * a real Celery worker on every queue (``--workers`` processes);
 * the API (``keyseed api``: uvicorn with the settings' limits; ``--host``, ``--port``).
@@ -267,7 +267,7 @@ def main(args: argparse.Namespace) -> int:
             llm_port = free_port()
             llm = supervisor.start(
                 "local LLM",
-                [python, "-m", "workers.dpkps.local_llm", "--port", str(llm_port)],
+                [python, "-m", "workers.llm.local", "--port", str(llm_port)],
                 grace=20.0,
             )
             base_url = f"http://127.0.0.1:{llm_port}/v1"

@@ -355,7 +355,7 @@ def _warn_owner(result: Any) -> None:
 
 
 def _endpoint_for(choice: str, settings: Any) -> Any:
-    from workers.dpkps.prompting import LLMEndpoint
+    from workers.llm.client import LLMEndpoint
 
     endpoint = LLMEndpoint.from_settings(settings)
     if endpoint is None:
@@ -380,8 +380,8 @@ def _prompt(
     args: argparse.Namespace, sequences: Sequence[Any], settings: Any, progress: _Progress
 ) -> tuple[list[str | None], dict[str, Any]]:
     """Texts for every sequence (None where the LLM failed) and a public summary."""
-    from workers.dpkps.local_llm import LocalLLMServer
     from workers.dpkps.prompting import PromptSpec, run_prompts
+    from workers.llm.local import LocalLLMServer
 
     spec = PromptSpec(
         document_type=args.document_type, few_shot=_read_few_shot(args.few_shot)
