@@ -42,7 +42,7 @@ from app.jobs import repository as jobs_repo
 from app.ledger import amounts, audit, repository
 from app.ledger.schemas import AmountOut, OrganisationBudgetOut
 from app.models import Dataset, Job, LedgerEntry, Organisation
-from workers.dpkps.accounting import ACCOUNTANT
+from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 
 
 def as_decimal(value: float) -> Decimal:
