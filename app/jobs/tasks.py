@@ -63,6 +63,7 @@ def _recover_at_start(**_: Any) -> None:
         waiting=lambda: waiting_task_ids(celery_app),
     )
     _sweeper.sweep()
+    database.engine.dispose()  # no connection of it crosses the fork of the pool
 
 
 def _recover_periodically(**_: Any) -> None:
