@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -117,15 +117,23 @@ def test_a_process_of_this_machine_is_gone_once_it_has_exited() -> None:
 
 
 def test_the_heartbeat_keeps_this_process_alive(db: Database) -> None:
-    heartbeat = recovery.Heartbeat(db, 2.0).start()
+    def expiry() -> datetime | None:
+        with db.session() as session:
+            return jobs_repo.worker_expiry(session, recovery.this_process())
+
+    def beats(after: datetime | None) -> datetime:
+        deadline = time.monotonic() + 30
+        while (value := expiry()) is None or (after is not None and value <= after):
+            assert time.monotonic() < deadline, "the heartbeat did not renew the row"
+            time.sleep(0.05)
+        return value
+
+    heartbeat = recovery.Heartbeat(db, 2.0).start()  # a beat every half second
     try:
+        first = beats(None)
+        assert first > utcnow()
+        later = beats(first)
         with db.session() as session:
-            first = jobs_repo.worker_expiry(session, recovery.this_process())
-        assert first is not None and first > utcnow()
-        time.sleep(1.2)  # two beats later
-        with db.session() as session:
-            later = jobs_repo.worker_expiry(session, recovery.this_process())
-            assert later is not None and later > first
             assert recovery.alive(session, recovery.this_process())
             assert not recovery.alive(session, recovery.this_process(), later)
     finally:
