@@ -1,0 +1,331 @@
+"""Aug-PE (workers/methods/aug_pe): accounting, the vote-histogram mechanism, checkpoints,
+resumption and end-to-end runs against a real OpenAI-compatible server.
+
+The stochastic checks follow tests/core/test_privacy_noise.py: ``estimate_epsilon_at_delta``
+at δ = 1e-2 on 40,000 releases per corpus, projected on the direction the added unit
+moves the histogram; a noise scale half as large is run as a control.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from tests.privacy_audit import estimate_epsilon_at_delta
+from workers.dpkps.errors import ConfigError
+from workers.methods.aug_pe.accounting import (
+    COUNTS,
+    HISTOGRAM,
+    histogram_release,
+    noise_plan,
+    plan_aug_pe,
+)
+from workers.methods.aug_pe.mechanism import (
+    VOTE_SCALE,
+    group_units,
+    nearest_candidates,
+    post_process,
+    release_histogram,
+    select,
+    unit_votes,
+    vote_histogram,
+)
+from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.aug_pe.prompts import blank, tokens, variation_messages
+from workers.methods.checkpoints import DirectoryCheckpoints, MemoryCheckpoints
+from workers.privacy.accountant import compose
+
+RELEASES = 40_000
+AUDIT_DELTA = 1e-2
+
+
+def params(**overrides: object) -> AugPEParams:
+    values: dict[str, object] = {"document_type": "news article", "epsilon": 1.0, "delta": 1e-5}
+    values.update(overrides)
+    return AugPEParams(**values)  # type: ignore[arg-type]
+
+
+def paper_delta(n: int) -> float:
+    return 1.0 / (n * math.log(n))
+
+
+# ---------------------------------------------------------------- accounting
+
+
+@pytest.mark.parametrize(
+    ("n", "published"),
+    [(75_316, 13.26), (8_396, 11.60)],  # PubMed, OpenReview: ε = 1, T = 10 (aug-pe.md §3)
+)
+def test_sigma_reproduces_the_published_noise_multipliers(n: int, published: float) -> None:
+    plan = noise_plan(params(epsilon=1.0, delta=paper_delta(n), iterations=10), ["all"])
+    assert plan.count_sigma is None and plan.count_event() is None  # one class: no counts
+    assert published - 0.01 < plan.histogram_sigma <= published
+    assert math.ceil(plan.histogram_sigma * 100) / 100 == published
+    events = list(plan.events)
+    assert len(events) == 10
+    assert float(compose(events).epsilon(paper_delta(n))) <= 1.0
+
+
+def test_sigma_meets_the_target_under_the_accountant_and_no_less_noise_would() -> None:
+    p = params(epsilon=2.0, delta=1e-6, iterations=4, count_share=0.2)
+    labels = ["World", "Sports", "Business"]
+    plan = noise_plan(p, labels)
+    spent = float(compose(plan.events).epsilon(p.delta))
+    assert 0.999 * p.epsilon < spent <= p.epsilon
+    # 1 % less noise on every release overshoots the target
+    thinner = [
+        histogram_release(plan.histogram_sigma * 0.99, e.dimension, 1, e.partition or "")
+        if e.mechanism == HISTOGRAM
+        else e
+        for e in plan.events
+    ]
+    assert float(compose(thinner).epsilon(p.delta)) > p.epsilon
+    # the counts get their share of μ²: σ_c = z/√s, σ = z·√(T/(1 − s))
+    assert plan.count_sigma is not None
+    ratio = (plan.histogram_sigma / plan.count_sigma) ** 2
+    assert ratio == pytest.approx(p.iterations * p.count_share / (1 - p.count_share), rel=1e-6)
+
+
+def test_plan_lists_counts_then_every_iteration_of_every_class() -> None:
+    p = params(iterations=3, population=10, initial_variation_folds=2, variation_folds=3)
+    events = plan_aug_pe(p, ["a", "b"])
+    counts, histograms = events[0], events[1:]
+    assert counts.mechanism == COUNTS and counts.noise == "discrete_gaussian"
+    assert counts.dimension == 2 and counts.sensitivity == 1.0 and counts.partition is None
+    assert [(e.name, e.partition, e.dimension) for e in histograms] == [
+        ("vote-histogram[t=1]", "a", 30),
+        ("vote-histogram[t=1]", "b", 30),
+        ("vote-histogram[t=2]", "a", 40),
+        ("vote-histogram[t=2]", "b", 40),
+        ("vote-histogram[t=3]", "a", 40),
+        ("vote-histogram[t=3]", "b", 40),
+    ]
+    assert all(e.noise == "gaussian" and e.count == 1 for e in histograms)
+    assert all(1.0 <= e.sensitivity < 1.0 + 1e-9 for e in histograms)  # OpenDP's lattice
+    assert len({e.scale for e in histograms}) == 1
+
+
+def test_plan_refuses_a_bad_label_set() -> None:
+    for bad in ([], ["a", "a"], ["a", ""]):
+        with pytest.raises(ConfigError) as caught:
+            plan_aug_pe(params(), bad)
+        assert caught.value.field == "labels"
+
+
+# ---------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"epsilon": 0.0}, "epsilon"),
+        ({"epsilon": 101.0}, "epsilon"),
+        ({"epsilon": True}, "epsilon"),
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 0.01}, "delta"),
+        ({"iterations": 0}, "iterations"),
+        ({"count_share": 1.0}, "count_share"),
+        ({"selection": "best"}, "selection"),
+        ({"document_type": "  "}, "document_type"),
+        ({"document_type": "two\nlines"}, "document_type"),
+        ({"variation_folds": 0, "keep_selected": False}, "keep_selected"),
+        ({"num_released": 401}, "num_released"),  # 100 × (3 + 1) candidates
+        ({"population": 100_000, "iterations": 100}, "population"),  # too many LLM calls
+        ({"sigma": 3.0}, "sigma"),  # never a parameter (caveat A4)
+    ],
+)
+def test_bad_parameters_name_their_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        params(**overrides)
+    assert [e["loc"] for e in caught.value.errors()] == [(field,)]
+
+
+def test_planned_calls_follow_the_design_note_formula() -> None:
+    # the library's openreview example without the unused last variations: 2000·4 + 9·3·2000
+    p = params(population=2000, num_released=2000)
+    assert p.planned_calls() == 2000 * 4 + 9 * 3 * 2000
+    looking = params(population=10, num_released=10, iterations=2, lookahead_degree=2)
+    assert looking.planned_calls() == 10 * 4 + 2 * (40 + 40) + 1 * 3 * 10
+
+
+# ---------------------------------------------------------------- votes
+
+
+def test_a_document_votes_one_over_root_k_for_each_of_its_k_neighbours() -> None:
+    neighbours = np.array([[0, 2, 3, 5]])
+    _, candidate, votes = unit_votes(neighbours, np.array([0]))
+    assert candidate.tolist() == [0, 2, 3, 5]
+    assert votes.tolist() == [VOTE_SCALE // 2] * 4
+    single = unit_votes(np.array([[7]]), np.array([0]))[2]
+    assert single.tolist() == [VOTE_SCALE]  # k = 1: exactly one vote
+
+
+def test_unit_votes_have_l2_norm_at_most_one_exactly() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        k = int(rng.integers(1, 6))
+        docs = int(rng.integers(1, 40))
+        neighbours = np.stack([rng.choice(12, size=k, replace=False) for _ in range(docs)])
+        units = rng.integers(0, 5, size=docs)
+        unit, _, votes = unit_votes(neighbours, units)
+        for u in np.unique(unit):
+            squared = sum(int(v) ** 2 for v in votes[unit == u])  # exact integers
+            assert squared <= VOTE_SCALE**2
+            assert squared > (VOTE_SCALE - 2 * k * docs) ** 2  # and nearly 1: no vote lost
+
+
+def test_units_are_assigned_to_their_most_frequent_class_and_vote_there_only() -> None:
+    labels = ["b", "a", "b", "a", "b", "c"]
+    units = ["p1", "p1", "p1", "p2", "p2", "p3"]
+    unit_of, class_of_unit, votes = group_units(labels, units, ["a", "b", "c"])
+    assert unit_of.tolist() == [0, 0, 0, 1, 1, 2]
+    assert class_of_unit.tolist() == [1, 0, 2]  # p1 → b (2 of 3), p2 → tie → a (declared first)
+    assert votes.tolist() == [True, False, True, True, False, True]
+    unit_of, class_of_unit, votes = group_units(labels, None, ["a", "b", "c"])
+    assert unit_of.tolist() == list(range(6)) and votes.all()
+    assert class_of_unit.tolist() == [1, 0, 1, 0, 1, 2]
+
+
+def test_nearest_candidates_by_each_distance() -> None:
+    candidates = np.array([[1.0, 0.0], [0.0, 1.0], [3.0, 3.0]], dtype=np.float32)
+    private = np.array([[0.9, 0.1], [2.0, 2.5]], dtype=np.float32)
+    assert nearest_candidates(private, candidates, k=1, distance="l2")[:, 0].tolist() == [0, 2]
+    assert nearest_candidates(private, candidates, k=1, distance="inner_product")[
+        :, 0
+    ].tolist() == [
+        2,
+        2,
+    ]
+    cosine = nearest_candidates(private, candidates, k=1, distance="cosine")[:, 0].tolist()
+    assert cosine == [0, 2]
+    both = nearest_candidates(private, candidates, k=2, distance="l2")
+    assert sorted(both[0].tolist()) == [0, 1]
+    assert nearest_candidates(private, candidates[:0], k=2).shape == (2, 0)
+
+
+def _histograms(neighbours: np.ndarray, units: np.ndarray, size: int) -> np.ndarray:
+    return vote_histogram(neighbours, units, size).astype(np.float64) / VOTE_SCALE
+
+
+def _neighbouring_outputs(
+    sigma: float, *, unit_level: bool
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The released histogram on D and on D plus one unit, projected on the difference."""
+    rng = np.random.default_rng(11)
+    size, k = 3, 2
+    private = rng.normal(size=(30, 4)).astype(np.float32)
+    candidates = rng.normal(size=(size, 4)).astype(np.float32)
+    added = rng.normal(size=(3 if unit_level else 1, 4)).astype(np.float32)
+    units = rng.integers(0, 10, size=30) if unit_level else np.arange(30)
+    both = np.concatenate([private, added])
+    both_units = np.concatenate([units, np.full(len(added), 99)])
+    h = vote_histogram(nearest_candidates(private, candidates, k=k), units, size)
+    h2 = vote_histogram(nearest_candidates(both, candidates, k=k), both_units, size)
+    shift = (h2 - h).astype(np.float64) / VOTE_SCALE
+    norm = float(np.linalg.norm(shift))
+    direction = shift / norm
+    x = release_histogram(np.tile(h, RELEASES), sigma=sigma).reshape(RELEASES, size) @ direction
+    y = release_histogram(np.tile(h2, RELEASES), sigma=sigma).reshape(RELEASES, size) @ direction
+    return x, y, norm
+
+
+@pytest.mark.parametrize("unit_level", [False, True], ids=["document", "unit"])
+def test_vote_histogram_on_neighbouring_corpora_within_epsilon_delta(unit_level: bool) -> None:
+    p = params(epsilon=2.0, delta=1e-3, iterations=1, population=2, num_released=2)
+    plan = noise_plan(p, ["all"])
+    event = plan.events[0]
+    target = float(compose([event]).epsilon(AUDIT_DELTA))  # what σ gives at the audit's δ
+    x, y, shift = _neighbouring_outputs(plan.histogram_sigma, unit_level=unit_level)
+    assert 0.99 < shift <= 1.0  # one unit moves the histogram by (almost exactly) 1
+    loss = estimate_epsilon_at_delta(x, y, delta=AUDIT_DELTA)
+    assert 0.75 * target < loss <= 1.25 * target
+    x, y, _ = _neighbouring_outputs(plan.histogram_sigma / 2, unit_level=unit_level)
+    assert estimate_epsilon_at_delta(x, y, delta=AUDIT_DELTA) > 1.6 * target
+
+
+def test_released_histogram_has_noise_of_standard_deviation_sigma() -> None:
+    histogram = np.full(20_000, 3 * VOTE_SCALE, dtype=np.int64)
+    noisy = release_histogram(histogram, sigma=2.5)
+    assert noisy.mean() == pytest.approx(3.0, abs=0.1)
+    assert noisy.std() == pytest.approx(2.5, rel=0.03)
+
+
+# ---------------------------------------------------------------- selection
+
+
+def test_rank_selection_takes_the_largest_and_sample_selection_is_proportional() -> None:
+    rng = np.random.default_rng(0)
+    scores = np.array([0.5, 3.0, -1.0, 2.0])
+    assert select(scores, 2, mode="rank", rng=rng).tolist() == [1, 3]
+    assert select(scores, 9, mode="rank", rng=rng).tolist() == [1, 3, 0, 2]
+    drawn = select(scores, 55_000, mode="sample", rng=rng)
+    frequencies = np.bincount(drawn, minlength=4) / drawn.size
+    assert frequencies == pytest.approx([0.5 / 5.5, 3 / 5.5, 0.0, 2 / 5.5], abs=0.01)
+    flat = select(np.array([-1.0, -2.0]), 4000, mode="sample", rng=rng)
+    assert np.bincount(flat).tolist() == pytest.approx([2000, 2000], abs=200)
+    assert post_process(scores, 1.0).tolist() == [0.0, 2.0, 0.0, 1.0]
+    assert post_process(scores, None) is scores
+
+
+# ---------------------------------------------------------------- prompts
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "[INST]", "\x00"]
+
+
+def test_blanking_accepts_any_text_and_keeps_what_it_does_not_blank() -> None:
+    rng = np.random.default_rng(5)
+    alphabet = [*SPECIALS, "a", "é", "東", "1", " ", "\n", "_", "'s", "\ud800", "\u0301", "🙂"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(0, 40))).tolist())
+        assert "".join(tokens(text)) == text
+        assert blank(text, 0.0, rng) == text
+        out = blank(text, 0.5, rng)
+        assert isinstance(out, str)
+    assert blank("one two three four", 1.0 - 1e-12, rng) == "____"
+
+
+def test_variation_prompts_carry_the_sample_label_and_length() -> None:
+    rng = np.random.default_rng(1)
+    fill = variation_messages(
+        "The team won the match",
+        document_type="news article",
+        label="Sports",
+        variation="fill_in_blanks",
+        blank_probability=0.5,
+        words=40,
+        rng=rng,
+    )
+    user = fill[1]["content"]
+    assert '"Sports"' in user and "news article" in user and "exactly 40 words" in user
+    assert "_" in user
+    para = variation_messages(
+        "The team won the match",
+        document_type="news article",
+        label="Sports",
+        variation="paraphrase",
+        blank_probability=0.5,
+        words=None,
+        rng=rng,
+    )
+    assert "The team won the match" in para[1]["content"]
+    assert "exactly" not in para[1]["content"]
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_checkpoints_round_trip_and_refuse_keys_that_are_paths(tmp_path: Path) -> None:
+    for store in (MemoryCheckpoints(), DirectoryCheckpoints(tmp_path / "ck")):
+        assert store.load("counts") is None
+        store.save("counts", b"one")
+        store.save("counts", b"two")
+        assert store.load("counts") == b"two"
+        for bad in ("../escape", "a/b", ".hidden", "", "x" * 200):
+            with pytest.raises(ConfigError):
+                store.save(bad, b"")
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["counts"]  # no temporaries
