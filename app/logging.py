@@ -88,6 +88,9 @@ def configure_logging(*, level: str = "INFO", json: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):  # uvicorn's lines go through these handlers
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
     for name in ("uvicorn.access",):  # replaced by the http.request line below
         logging.getLogger(name).disabled = True
 

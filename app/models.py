@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -31,6 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
+
+from app.ledger.amounts import DELTA_PLACES, EPSILON_PLACES
 
 # An autoincrementing 64-bit key on Postgres; SQLite wants INTEGER for its rowid alias.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -66,6 +69,36 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value
 
 
+class FixedPoint(TypeDecorator[Decimal]):
+    """An exact decimal stored as a 64-bit integer count of ``10**-places`` (a privacy
+    amount: see :mod:`app.ledger.amounts`). Only exact values are accepted: a float, or a
+    decimal finer than the unit, is refused rather than rounded here."""
+
+    impl = BigInteger
+    cache_ok = True
+
+    def __init__(self, places: int) -> None:
+        super().__init__()
+        self.places = places
+
+    def process_bind_param(self, value: Decimal | int | None, dialect: Dialect) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (Decimal, int)):
+            raise TypeError(f"an exact amount is a Decimal or an int, not {type(value).__name__}")
+        units = Decimal(value).scaleb(self.places)
+        if units != units.to_integral_value():
+            raise ValueError(f"{value} is finer than the stored unit 1e-{self.places}")
+        return int(units)
+
+    def process_result_value(self, value: int | None, dialect: Dialect) -> Decimal | None:
+        return None if value is None else Decimal(value).scaleb(-self.places)
+
+
+EpsilonAmount = FixedPoint(EPSILON_PLACES)
+DeltaAmount = FixedPoint(DELTA_PLACES)
+
+
 def _one_of(column: str, values: tuple[str, ...]) -> CheckConstraint:
     listed = ", ".join(f"'{v}'" for v in values)
     return CheckConstraint(f"{column} IN ({listed})", name=f"{column}_valid")
@@ -92,11 +125,19 @@ class Base(DeclarativeBase):
 
 class Organisation(Base):
     __tablename__ = "organisations"
-    __table_args__ = (_one_of("kind", ORGANISATION_KINDS),)
+    __table_args__ = (
+        _one_of("kind", ORGANISATION_KINDS),
+        CheckConstraint("epsilon_budget >= 0", name="epsilon_budget_non_negative"),
+        CheckConstraint("delta_budget >= 0", name="delta_budget_non_negative"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     kind: Mapped[str] = mapped_column(String(16))
+    # The privacy budget of an owner organisation, set by admins; its datasets' caps are
+    # carved out of it (app.ledger.service). Zero for platform and client organisations.
+    epsilon_budget: Mapped[Decimal] = mapped_column(EpsilonAmount, default=Decimal(0))
+    delta_budget: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -260,10 +301,24 @@ class Job(Base):
     private_vocabulary: Mapped[list[str] | None] = deferred(mapped_column(JSON))  # DP output
     task_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     request_id: Mapped[str | None] = mapped_column(String(64))
+    # The worker process running the job's current stage (a ``workers`` id), empty while
+    # none does (app.jobs.recovery). Internal bookkeeping: never shown.
+    worker_id: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Worker(Base):
+    """A worker process that ran a stage of a job: ``host:pid:start time``, alive until
+    ``expires_at`` unless it renews it (app.jobs.recovery)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
 
 
 class KeyphraseSequence(Base):

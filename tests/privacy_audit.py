@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from workers.privacy.events import PrivacyEvent
+
 
 def _tail_frequencies(
     x: np.ndarray, y: np.ndarray, min_count: int
@@ -71,3 +73,34 @@ def estimate_epsilon_at_delta(
             if (room > 0).any():
                 best = max(best, float(np.log(room[room > 0] / b[room > 0]).max()))
     return best
+
+
+def planned(
+    noise: str,
+    sensitivity: float,
+    *,
+    epsilon: float | None = None,
+    multiplier: float | None = None,
+    dimension: int = 1,
+    count: int = 1,
+    mechanism: str = "t",
+) -> PrivacyEvent:
+    """A planned release as :mod:`workers.dpkps.plan` makes them: ε per release for the
+    Laplace family (scale Δ/ε), the noise multiplier σ/Δ for the Gaussian family."""
+    pure = noise in ("laplace", "discrete_laplace")
+    if pure:
+        assert epsilon is not None
+        scale = sensitivity / epsilon
+    else:
+        assert multiplier is not None
+        scale = multiplier * sensitivity
+    return PrivacyEvent(
+        mechanism=mechanism,
+        noise=noise,
+        scale=scale,
+        sensitivity=sensitivity,
+        norm="l1" if pure else "l2",
+        dimension=dimension,
+        count=count,
+        epsilon=repr(epsilon) if pure else None,
+    )

@@ -204,6 +204,7 @@ class DatasetPage:
     dataset: Dataset
     organisation: str
     budget: BudgetView
+    organisation_budget: ledger.OrganisationBudget
     entries: Sequence[LedgerEntry]
     ledger_jobs: Sequence[LedgerJob]
     chart: Chart | None
@@ -270,6 +271,7 @@ def dataset_page(session: Session, principal: Principal, dataset_id: uuid.UUID) 
         dataset=dataset,
         organisation=names.get(dataset.organisation_id, "?"),
         budget=BudgetView(figures),
+        organisation_budget=ledger.get_organisation_budget(session, dataset.organisation_id),
         entries=entries,
         ledger_jobs=ledger_jobs,
         chart=cumulative_chart(dataset.epsilon_cap, dataset.delta_cap, entries),

@@ -63,7 +63,16 @@ def upload_dataset(
             "give one comma-separated value",
         ),
     ],
-    epsilon_cap: Annotated[float, Form(gt=0, le=MAX_EPSILON, allow_inf_nan=False)],
+    epsilon_cap: Annotated[
+        float,
+        Form(
+            gt=0,
+            le=MAX_EPSILON,
+            allow_inf_nan=False,
+            description="Carved out of the organisation's privacy budget",
+        ),
+    ],
+    delta_cap: Annotated[float, Form(ge=0, lt=1, allow_inf_nan=False)] = 0.0,
     format: Annotated[
         Literal["csv", "jsonl"] | SkipJsonSchema[None],
         Form(description="Detected from the file name and content when not given"),
@@ -84,7 +93,9 @@ def upload_dataset(
     """Documents are sealed (AES-256-GCM) before they are stored; the response and any
     error name rows and counts, never a document. Rows whose label is not declared,
     whose label or text column is missing, are refused with their row numbers, and then
-    nothing is stored. With ``unit_column``, every row must name a non-empty unit."""
+    nothing is stored. With ``unit_column``, every row must name a non-empty unit. The cap
+    (ε, δ) is carved out of what the organisation's budget has left (409 naming what
+    remains when it does not fit)."""
     size = file.size if file.size is not None else 0
     if size > settings.max_upload_bytes:
         raise ContentTooLarge(f"the file is larger than {settings.max_upload_bytes} bytes")
@@ -106,7 +117,7 @@ def upload_dataset(
         on_duplicate=on_duplicate,
         unit_column=unit,
     )
-    new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, upload=spec)
+    new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, delta_cap=delta_cap, upload=spec)
     dataset = service.create_dataset(session, principal, cipher, new, file.file, size)
     return service.to_out(session, dataset, principal)
 

@@ -34,6 +34,7 @@ class NewDataset:
     name: str
     epsilon_cap: float
     upload: UploadSpec
+    delta_cap: float = 0.0
 
 
 def create_dataset(
@@ -46,6 +47,8 @@ def create_dataset(
 ) -> Dataset:
     check_content(stream.read(8192))
     stream.seek(0)
+    cap = ledger.Amount.granted(new.epsilon_cap, new.delta_cap)
+    ledger.carve(session, principal.organisation_id, cap)
     spec = new.upload
     dataset = repository.add(
         session,
@@ -57,7 +60,8 @@ def create_dataset(
             label_column=spec.label_column,
             labels=list(spec.labels),
             unit_column=spec.unit_column,
-            epsilon_cap=new.epsilon_cap,
+            epsilon_cap=float(cap.epsilon),
+            delta_cap=float(cap.delta),
             upload_bytes=size,
             created_by=principal.actor.ref,
         ),
@@ -146,7 +150,9 @@ def delete_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID
 def set_cap(
     session: Session, principal: Principal, dataset_id: uuid.UUID, epsilon_cap: float, reason: str
 ) -> Dataset:
-    get_dataset(session, principal, dataset_id)
+    found = get_dataset(session, principal, dataset_id)
+    # Raised beyond the organisation's budget? (An admin raises that first, with a reason.)
+    ledger.check_cap_change(session, found, ledger.Amount.granted(epsilon_cap, found.delta_cap))
     dataset = repository.get(session, dataset_id, for_update=True)
     assert dataset is not None
     figures = ledger.budget(session, dataset)

@@ -17,6 +17,7 @@ import secrets
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
+from decimal import Decimal
 
 from argon2 import PasswordHasher
 from sqlalchemy.orm import Session
@@ -43,11 +44,26 @@ def _new_key() -> tuple[str, str]:
     return prefix, f"ks_{prefix}_{secrets.token_urlsafe(32)}"
 
 
-def create_organisation(session: Session, actor: Actor, *, name: str, kind: str) -> Organisation:
+def create_organisation(
+    session: Session,
+    actor: Actor,
+    *,
+    name: str,
+    kind: str,
+    epsilon_budget: Decimal = Decimal(0),
+    delta_budget: Decimal = Decimal(0),
+) -> Organisation:
+    """A new organisation; an owner organisation gets its privacy budget (ε, δ) here,
+    exact decimals (:mod:`app.ledger.amounts`); other kinds hold none."""
     if name == PLATFORM_ORGANISATION or repository.organisation_named(session, name):
         raise Conflict("an organisation of that name exists", field="name")
-    organisation = Organisation(name=name, kind=kind)
+    if kind != "owner":
+        epsilon_budget = delta_budget = Decimal(0)
+    organisation = Organisation(
+        name=name, kind=kind, epsilon_budget=epsilon_budget, delta_budget=delta_budget
+    )
     repository.add(session, organisation)
+    budget = {"epsilon": float(epsilon_budget), "delta": float(delta_budget)}
     audit.record(
         session,
         "organisation.created",
@@ -55,6 +71,7 @@ def create_organisation(session: Session, actor: Actor, *, name: str, kind: str)
         organisation_id=organisation.id,
         target=("organisation", organisation.id),
         organisation_kind=kind,
+        **({"budget": budget} if kind == "owner" else {}),
     )
     return organisation
 

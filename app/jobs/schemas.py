@@ -27,7 +27,7 @@ from pydantic import (
 
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
-from workers.dpkps.config import LIMITS, GenerationConfig
+from workers.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR, LIMITS, GenerationConfig
 from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
 
 Example = Annotated[
@@ -39,11 +39,8 @@ Example = Annotated[
 
 _BOOLEAN_FIELDS = frozenset({"distinct"})
 
-# ε of one mechanism. Below the floor a mechanism's output is noise whatever the data, so
-# a job could only serve to probe what fails or succeeds on the data at a negligible
-# charge; above the ceiling the figure no longer protects anyone.
-EPSILON_FLOOR = 1e-3
-EPSILON_CEILING = 100.0
+# ε of one mechanism, within the engine's floor and ceiling (see ``check_epsilon``): a
+# job at a negligible ε could only serve to probe the data at no charge.
 MechanismEpsilon = Annotated[
     float, Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING), BeforeValidator(not_a_boolean)
 ]

@@ -21,14 +21,14 @@ from app.db import enqueue_after_commit
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
-from app.jobs import repository
+from app.jobs import recovery, repository
 from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
 from app.ledger import audit
 from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
-from app.worker import RUN_PROMPTS, RUN_SEQUENCES
+from app.worker import RUN_SEQUENCES
 from workers.dpkps.config import GenerationConfig
 from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 
@@ -165,7 +165,9 @@ def list_jobs(session: Session, principal: Principal, dataset_id: uuid.UUID) -> 
 
 def stop(session: Session, job: Job, actor: Actor) -> Job:
     """Cancel a job: at once when it has not read private data (its reservation is
-    released), else by request (the worker observes it; the spend stays committed).
+    released) or when no live worker process holds it (its spend stays committed: a
+    job whose worker died), else by request (the worker observes it; the spend stays
+    committed).
 
     Takes the dataset lock first, like every change to the ledger, so that it cannot
     interleave with a worker committing the spend.
@@ -176,16 +178,19 @@ def stop(session: Session, job: Job, actor: Actor) -> Job:
     if current.state in TERMINAL_STATES:
         raise Conflict(f"the job has ended ({current.state})")
     target = ("job", current.id)
-    if ledger.job_budget_state(session, current.id) == "reserved":
+    reserved = ledger.job_budget_state(session, current.id) == "reserved"
+    if reserved or not recovery.held(session, current):
         current.state, current.finished_at, current.stage = "cancelled", utcnow(), None
-        ledger.release_reservation(session, current.id, actor)
+        recovery.release(current)  # a late task of the job finds it ended
+        if reserved:
+            ledger.release_reservation(session, current.id, actor)
         audit.record(
             session,
             "job.cancelled",
             actor,
             organisation_id=current.organisation_id,
             target=target,
-            epsilon_released=current.epsilon,
+            epsilon_released=current.epsilon if reserved else 0.0,
         )
     elif not current.cancel_requested:
         current.cancel_requested = True
@@ -205,16 +210,22 @@ def cancel(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
 
 
 def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
-    """Prompt again the sequences of a failed job that have no text yet.
+    """Prompt again the sequences of a failed job that have no text yet, or resume a
+    queued or running job whose worker process died.
 
-    Only the prompting stage runs again, from the persisted DP keyphrase sequences: no
-    private document is read and no budget is reserved or spent (LLM calls are
-    post-processing). Takes the dataset lock first, like :func:`stop`.
+    For a failed job, only the prompting stage runs again, from the persisted DP
+    keyphrase sequences: no private document is read and no budget is reserved or spent
+    (LLM calls are post-processing). A job whose worker died is sent the task that
+    continues it from what is persisted (:func:`recovery.dispatch`): its reservation or
+    spend stands as it is, and nothing saved is drawn again. Takes the dataset lock
+    first, like :func:`stop`.
     """
     job = get_job(session, principal, job_id)
     dataset = datasets_repo.get(session, job.dataset_id, for_update=True)
     current = repository.get(session, job.id, for_update=True)
     assert current is not None
+    if current.state in repository.ACTIVE_STATES:
+        return _resume(session, principal, current)
     if current.sequences_total == 0:
         raise Conflict("the job has no saved keyphrase sequences to prompt again; submit a new job")
     if current.state != "failed":
@@ -226,11 +237,9 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
     )
     if missing == 0 or current.spec.get("llm") == "none":
         raise Conflict("every sequence of the job has a text already")
-    task_id = str(uuid.uuid4())
     current.state, current.stage, current.finished_at = "running", "prompts", None
     current.error_code = current.error_message = None
     current.cancel_requested = False  # asking again supersedes an earlier stop
-    current.task_ids = [*current.task_ids, task_id]
     audit.record(
         session,
         "job.retried",
@@ -239,9 +248,31 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
         target=("job", current.id),
         sequences_without_text=missing,
     )
-    enqueue_after_commit(session, RUN_PROMPTS, str(current.id), task_id=task_id)
+    recovery.dispatch(session, current)
     session.flush()
     return current
+
+
+def _resume(session: Session, principal: Principal, job: Job) -> Job:
+    if not recovery.is_orphan(session, job, unheld=False):
+        if recovery.held(session, job):
+            raise Conflict("the job is running on a live worker; cancel it to stop it")
+        raise Conflict(
+            f"the job is {job.state} and waits for a worker; only a failed job with saved "
+            "keyphrase sequences, or one whose worker died, can be retried"
+        )
+    job.cancel_requested = False  # asking again supersedes an earlier stop
+    task = recovery.dispatch(session, job)
+    audit.record(
+        session,
+        "job.retried",
+        principal.actor,
+        organisation_id=job.organisation_id,
+        target=("job", job.id),
+        resumed_with=task,
+    )
+    session.flush()
+    return job
 
 
 def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) -> None:

@@ -17,6 +17,11 @@ the LLM for them and saves each outcome as it arrives, so a crash, an outage or 
 retry (``POST /v1/jobs/{id}/retry``) resumes where it stopped, with no private read
 and no budget spent.
 
+Both run on a job their process holds (:mod:`app.jobs.recovery`): a task that finds the
+job held by another live process returns ``held`` at once, and one whose job was taken
+over meanwhile (its process was thought dead) stops at its next write, writing nothing
+(``lost``).
+
 What reaches logs, job errors and metrics: ids, stages, ε, DP counts, short error codes
 and the duration of the prompting stage (the private stages' durations depend on the
 data: they are not measured). Never a document, a raw count of documents (the engine's owner
@@ -43,6 +48,7 @@ from app.db import Database
 from app.errors import Conflict, NotFound
 from app.jobs import llm, runner
 from app.jobs import repository as jobs_repo
+from app.jobs.recovery import LeaseLost
 from app.jobs.schemas import JobSpec
 from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.vocabularies import service as vocabularies
@@ -102,6 +108,16 @@ def _error_code(exc: KeyseedError) -> str:
 def _end(state: str) -> str:
     JOBS_ENDED.labels(state).inc()
     return state
+
+
+def _held(job_id: uuid.UUID, stage: str) -> str:
+    log.info(f"job.{stage}.held", job_id=str(job_id))  # by a live process: a duplicate
+    return "held"
+
+
+def _lost(job_id: uuid.UUID, stage: str) -> str:
+    log.warning(f"job.{stage}.lost", job_id=str(job_id))  # taken over: nothing written
+    return "lost"
 
 
 def _fail(ctx: WorkerContext, job_id: uuid.UUID, code: str, message: str) -> str:
@@ -252,10 +268,14 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     """Stages 1-6 of a job; returns what became of it (for logs and tests)."""
     try:
         with ctx.database.transaction() as session:
-            started = runner.start_sequences(session, job_id)
+            started = runner.start_sequences(
+                session, job_id, lease_seconds=ctx.settings.job_lease_seconds
+            )
     except NotFound:
         log.warning("job.sequences.no_such_job", job_id=str(job_id))
         return "missing"
+    except LeaseLost:
+        return _held(job_id, "sequences")
     if started is None:
         log.info("job.sequences.skipped", job_id=str(job_id))
         return "skipped"
@@ -274,6 +294,8 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except JobCancelled:
         log.info("job.cancelled", job_id=str(job_id), stage=tracker.stage)
         return _end("cancelled")
+    except LeaseLost:
+        return _lost(job_id, "sequences")
     except SoftTimeLimitExceeded:
         return _fail(
             ctx,
@@ -389,6 +411,10 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         if job.state != "running" or job.sequences_total == 0:
             log.info("job.prompts.skipped", job_id=str(job_id), state=job.state)
             return "skipped"
+        try:
+            runner.claim(session, job_id, ctx.settings.job_lease_seconds)
+        except LeaseLost:
+            return _held(job_id, "prompts")
         cancelled = runner.cancel_requested(session, job_id)
         spec, total = dict(job.spec), job.sequences_total
     if cancelled:
@@ -399,6 +425,8 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except JobCancelled:
         log.info("job.cancelled", job_id=str(job_id), stage="prompts")
         return _end("cancelled")
+    except LeaseLost:
+        return _lost(job_id, "prompts")
     except SoftTimeLimitExceeded:
         return _fail(
             ctx,
@@ -421,7 +449,10 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         return _crashed(ctx, job_id, "prompts", exc)
     finally:
         observe_stage("prompts", time.monotonic() - started)
-    return _conclude(ctx, job_id, total, calls)
+    try:
+        return _conclude(ctx, job_id, total, calls)
+    except LeaseLost:
+        return _lost(job_id, "prompts")
 
 
 def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, Any]) -> int:

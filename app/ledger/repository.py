@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.models import AuditEvent, LedgerEntry
+from app.models import AuditEvent, Dataset, LedgerEntry, Organisation
 
 
 def add_entry(session: Session, entry: LedgerEntry) -> LedgerEntry:
@@ -26,6 +26,32 @@ def entries_of_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[Ledg
 def entries_of_job(session: Session, job_id: uuid.UUID) -> dict[str, LedgerEntry]:
     query = select(LedgerEntry).where(LedgerEntry.job_id == job_id)
     return {entry.kind: entry for entry in session.scalars(query)}
+
+
+def organisation(
+    session: Session, organisation_id: uuid.UUID, *, for_update: bool = False
+) -> Organisation | None:
+    """The organisation; with ``for_update`` its row is locked (every change to what its
+    datasets carve out of its budget takes this lock first)."""
+    query = select(Organisation).where(Organisation.id == organisation_id)
+    if for_update:
+        query = query.with_for_update().execution_options(populate_existing=True)
+    return session.scalar(query)
+
+
+def datasets_of_organisation(session: Session, organisation_id: uuid.UUID) -> Sequence[Dataset]:
+    query = select(Dataset).where(Dataset.organisation_id == organisation_id)
+    return session.scalars(query.order_by(Dataset.created_at, Dataset.id)).all()
+
+
+def entries_of_organisation(session: Session, organisation_id: uuid.UUID) -> Sequence[LedgerEntry]:
+    query = (
+        select(LedgerEntry)
+        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+        .where(Dataset.organisation_id == organisation_id)
+        .order_by(LedgerEntry.id)
+    )
+    return session.scalars(query).all()
 
 
 def committed_epsilons(session: Session) -> Sequence[float]:

@@ -12,6 +12,16 @@ Figures follow from the entries alone: ``spent = Σ commit``, ``reserved = Σ re
 is basic (sums). Sums are taken over decimals of the stored floats' shortest ``repr``,
 so ten jobs of ε = 0.1 fit a cap of 1 exactly. Every change to the figures happens with
 the dataset row locked (``SELECT … FOR UPDATE``; SQLite transactions are IMMEDIATE).
+
+Organisation budgets (issue 14, item 9): an owner organisation holds a budget (ε, δ) set
+by admins, and its datasets' caps are carved out of it. What a dataset carves is its cap
+while it lives, and what it has spent or reserved once it is deleted (its unspent rest
+returns to the organisation; nothing it spent ever does). So re-uploading a corpus never
+yields a fresh budget: the new dataset's cap comes out of what the organisation has
+left. Caps compose basically into the organisation's figure (an (ε₁, δ₁) and an (ε₂, δ₂)
+guarantee make an (ε₁ + ε₂, δ₁ + δ₂) one, whoever's the patients), so with every
+dataset within its cap the organisation stays within its budget. Every change to what
+is carved (an upload, a cap change, a budget change) locks the organisation row first.
 """
 
 from __future__ import annotations
@@ -24,12 +34,14 @@ from decimal import Decimal
 
 from sqlalchemy.orm import Session
 
+from app.config import Settings
 from app.datasets import repository as datasets_repo
 from app.errors import BudgetExceeded, Conflict, NotFound
 from app.identity.policy import Actor
 from app.jobs import repository as jobs_repo
-from app.ledger import repository
-from app.models import Dataset, Job, LedgerEntry
+from app.ledger import amounts, audit, repository
+from app.ledger.schemas import AmountOut, OrganisationBudgetOut
+from app.models import Dataset, Job, LedgerEntry, Organisation
 from workers.dpkps.accounting import ACCOUNTANT
 
 
@@ -181,3 +193,200 @@ def job_budget_state(session: Session, job_id: uuid.UUID) -> str:
 
 def epsilon_spent_total(session: Session) -> float:
     return total(repository.committed_epsilons(session))
+
+
+# -- organisation budgets ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Amount:
+    """An exact (ε, δ) pair: a budget, a cap, or what is carved or left of a budget."""
+
+    epsilon: Decimal
+    delta: Decimal
+
+    @classmethod
+    def zero(cls) -> Amount:
+        return cls(Decimal(0), Decimal(0))
+
+    @classmethod
+    def granted(cls, epsilon: float | Decimal, delta: float | Decimal) -> Amount:
+        """A cap or a budget from request figures, rounded down to the stored unit."""
+        return cls(amounts.epsilon(epsilon), amounts.delta(delta))
+
+    def __add__(self, other: Amount) -> Amount:
+        return Amount(self.epsilon + other.epsilon, self.delta + other.delta)
+
+    def __sub__(self, other: Amount) -> Amount:
+        return Amount(self.epsilon - other.epsilon, self.delta - other.delta)
+
+    def within(self, other: Amount) -> bool:
+        return self.epsilon <= other.epsilon and self.delta <= other.delta
+
+    def shown(self) -> dict[str, float]:
+        return {"epsilon": amounts.shown(self.epsilon), "delta": amounts.shown(self.delta)}
+
+    def text(self) -> str:
+        return f"ε = {amounts.shown(self.epsilon):g}, δ = {amounts.shown(self.delta):g}"
+
+
+def initial_budget(settings: Settings, epsilon: float | None, delta: float | None) -> Amount:
+    """A new owner organisation's budget: the figures given, else the server's default."""
+    return Amount.granted(
+        settings.default_organisation_epsilon if epsilon is None else epsilon,
+        settings.default_organisation_delta if delta is None else delta,
+    )
+
+
+def budget_of(organisation: Organisation) -> Amount:
+    return Amount(organisation.epsilon_budget, organisation.delta_budget)
+
+
+def cap_of(dataset: Dataset) -> Amount:
+    return Amount.granted(dataset.epsilon_cap, dataset.delta_cap)
+
+
+@dataclass(frozen=True)
+class OrganisationBudget:
+    """An organisation's budget, what its datasets carve out of it, and their spend."""
+
+    organisation_id: uuid.UUID
+    budget: Amount  # set by admins
+    allocated: Amount  # carved: live datasets' caps, deleted datasets' spend
+    remaining: Amount  # budget − allocated: what new or raised caps may take
+    datasets: int
+    spent: float  # composed over the datasets' committed entries
+    reserved: float
+    accountant: str = ACCOUNTANT
+
+
+def _carved(dataset: Dataset, entries: Sequence[LedgerEntry]) -> Amount:
+    """What one dataset takes out of its organisation's budget: its cap while it lives,
+    its spent and reserved ε once deleted (DP-KPS releases are pure ε-DP: δ = 0)."""
+    if dataset.deleted_at is None:
+        return cap_of(dataset)
+    figures = budget_from(dataset.epsilon_cap, dataset.delta_cap, entries)
+    used = as_decimal(figures.spent) + as_decimal(figures.reserved)
+    return Amount(amounts.epsilon(used, charge=True), Decimal(0))
+
+
+def organisation_budget(
+    session: Session, organisation: Organisation, *, excluding: uuid.UUID | None = None
+) -> OrganisationBudget:
+    """The single source of an organisation's budget figures (``excluding`` one dataset,
+    whose cap is about to change)."""
+    by_dataset: dict[uuid.UUID, list[LedgerEntry]] = {}
+    for entry in repository.entries_of_organisation(session, organisation.id):
+        by_dataset.setdefault(entry.dataset_id, []).append(entry)
+    allocated, spent, reserved = Amount.zero(), Decimal(0), Decimal(0)
+    datasets = repository.datasets_of_organisation(session, organisation.id)
+    for dataset in datasets:
+        entries = by_dataset.get(dataset.id, [])
+        figures = budget_from(dataset.epsilon_cap, dataset.delta_cap, entries)
+        spent += as_decimal(figures.spent)
+        reserved += as_decimal(figures.reserved)
+        if dataset.id != excluding:
+            allocated += _carved(dataset, entries)
+    budget = budget_of(organisation)
+    return OrganisationBudget(
+        organisation.id,
+        budget,
+        allocated,
+        budget - allocated,
+        len(datasets),
+        float(spent),
+        float(reserved),
+    )
+
+
+def _locked_organisation(session: Session, organisation_id: uuid.UUID) -> Organisation:
+    organisation = repository.organisation(session, organisation_id, for_update=True)
+    if organisation is None:
+        raise NotFound("no such organisation")
+    return organisation
+
+
+def _refuse_cap(asked: Amount, figures: OrganisationBudget, action: str) -> BudgetExceeded:
+    left = figures.remaining
+    left = Amount(max(left.epsilon, Decimal(0)), max(left.delta, Decimal(0)))
+    return BudgetExceeded(
+        f"{action} asks for {asked.text()} but the organisation has {left.text()} left of "
+        f"its budget ({figures.budget.text()}; its datasets hold {figures.allocated.text()}); "
+        "an admin can raise the organisation's budget",
+        requested=asked.shown(),
+        remaining=figures.remaining.shown(),
+        organisation_budget=figures.budget.shown(),
+        allocated=figures.allocated.shown(),
+    )
+
+
+def carve(session: Session, organisation_id: uuid.UUID, cap: Amount) -> None:
+    """Check that a new dataset's cap fits in what its organisation has left, or raise
+    :class:`BudgetExceeded`. The organisation row stays locked until the upload commits,
+    so two uploads cannot both take the same rest."""
+    organisation = _locked_organisation(session, organisation_id)
+    figures = organisation_budget(session, organisation)
+    if not cap.within(figures.remaining):
+        raise _refuse_cap(cap, figures, "the dataset's cap")
+
+
+def check_cap_change(session: Session, dataset: Dataset, cap: Amount) -> None:
+    """Check that ``dataset``'s new cap fits in its organisation's budget beside the
+    other datasets' caps, or raise :class:`BudgetExceeded`."""
+    organisation = _locked_organisation(session, dataset.organisation_id)
+    figures = organisation_budget(session, organisation, excluding=dataset.id)
+    if not cap.within(figures.remaining):
+        raise _refuse_cap(cap, figures, "the new cap")
+
+
+def set_organisation_budget(
+    session: Session, actor: Actor, organisation_id: uuid.UUID, budget: Amount, reason: str
+) -> OrganisationBudget:
+    """Set an owner organisation's budget (an admin's act, with a reason, audited). It
+    cannot go below what its datasets hold: lower a dataset's cap first."""
+    organisation = _locked_organisation(session, organisation_id)
+    if organisation.kind != "owner":
+        raise Conflict(
+            f"only owner organisations hold a privacy budget (this one is {organisation.kind})"
+        )
+    figures = organisation_budget(session, organisation)
+    if not figures.allocated.within(budget):
+        raise Conflict(
+            f"the organisation's datasets hold {figures.allocated.text()}; its budget cannot "
+            "go below it",
+            allocated=figures.allocated.shown(),
+        )
+    previous = budget_of(organisation)
+    organisation.epsilon_budget, organisation.delta_budget = budget.epsilon, budget.delta
+    session.flush()
+    audit.record(
+        session,
+        "organisation.budget_changed",
+        actor,
+        organisation_id=organisation.id,
+        target=("organisation", organisation.id),
+        previous=previous.shown(),
+        budget=budget.shown(),
+        reason=reason,
+    )
+    return organisation_budget(session, organisation)
+
+
+def get_organisation_budget(session: Session, organisation_id: uuid.UUID) -> OrganisationBudget:
+    organisation = repository.organisation(session, organisation_id)
+    if organisation is None:
+        raise NotFound("no such organisation")
+    return organisation_budget(session, organisation)
+
+
+def organisation_budget_out(figures: OrganisationBudget) -> OrganisationBudgetOut:
+    return OrganisationBudgetOut(
+        organisation_id=figures.organisation_id,
+        budget=AmountOut(**figures.budget.shown()),
+        allocated=AmountOut(**figures.allocated.shown()),
+        remaining=AmountOut(**figures.remaining.shown()),
+        datasets=figures.datasets,
+        spent=figures.spent,
+        reserved=figures.reserved,
+        accountant=figures.accountant,
+    )

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, Forbidden, NotFound, Unprocessable
 from app.identity import policy
 from app.identity import repository as identity_repo
 from app.identity.policy import Principal
@@ -30,14 +30,10 @@ from app.releases.schemas import ReleaseIn, ReleaseOut
 from workers.dpkps.accounting import ACCOUNTANT
 from workers.dpkps.config import GenerationConfig
 
-METHOD = "DP-KPS (Nagesh et al., 2024)"
+METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
 DENSITY_METHODS = {
-    "exact": "DP-KDE by the exact Gaussian kernel on the private vocabulary",
-    "random_features": "DP-KDE by random Fourier features",
-}
-SEQUENCE_MODES = {
-    "independent": "independent keyphrases",
-    "iterative": "prefix-conditioned sequences",
+    "exact": "the exact Gaussian kernel density on the private vocabulary",
+    "random_features": "random Fourier features ({mode} sequences)",
 }
 ADJACENCY = "one row of the uploaded file added or removed"
 VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
@@ -50,8 +46,10 @@ def _config(spec: dict[str, Any]) -> GenerationConfig:
 
 
 def describe_method(config: GenerationConfig) -> str:
-    """What ran, from the configuration (not a constant: the exact kernel is the default)."""
-    return f"{METHOD}, {SEQUENCE_MODES[config.mode]}, {DENSITY_METHODS[config.density_method]}"
+    """What ran, from the configuration (the words of the engine's own manifest,
+    ``workers.dpkps.pipeline.method_description``, which the API does not import: torch)."""
+    kde = DENSITY_METHODS[config.density_method].format(mode=config.mode)
+    return METHOD.format(kde=kde)
 
 
 def density(config: GenerationConfig) -> dict[str, Any]:
@@ -178,6 +176,18 @@ def list_releases(session: Session, principal: Principal) -> Sequence[Release]:
     if principal.role == "client":
         return repository.list_releases(session, grantee=principal.organisation_id)
     return repository.list_releases(session, owner=principal.organisation_id)
+
+
+def ensure_downloadable(
+    principal: Principal, release: Release, grantees: Sequence[uuid.UUID]
+) -> None:
+    """A released corpus is read by its owner organisation and its grantees only: never
+    with a platform key (admin, auditor), whatever reach those roles have elsewhere."""
+    if principal.platform or principal.organisation_id not in (
+        release.organisation_id,
+        *grantees,
+    ):
+        raise Forbidden("only the owner organisation and the grantees download a release")
 
 
 def record_download(

@@ -13,6 +13,7 @@ import math
 import time
 
 import numpy as np
+import opendp.prelude as dp
 import pytest
 
 from tests.core.test_mechanisms import discrete_laplace_std
@@ -23,6 +24,7 @@ from workers.privacy.calibration import (
     GaussianRelease,
     analytic_gaussian_sigma,
     calibrate_noise_multiplier,
+    gaussian_sigma_for_rho,
 )
 from workers.privacy.noise import (
     discrete_gaussian_noise,
@@ -194,3 +196,13 @@ def test_a_million_coordinates_in_one_call() -> None:
     cpu = time.process_time() - start
     assert noisy.std() == pytest.approx(3.0, rel=0.01)
     assert cpu < 60, cpu  # about 13 s on this machine (module docstring)
+
+
+@pytest.mark.parametrize(("rho", "sensitivity"), [(0.125, 1.0), (0.01, 3.0), (2.0, math.sqrt(2))])
+def test_sigma_for_rho_meets_opendp_zcdp_map(rho: float, sensitivity: float) -> None:
+    sigma = gaussian_sigma_for_rho(rho=rho, sensitivity=sensitivity)
+    assert sigma == pytest.approx(sensitivity / math.sqrt(2 * rho), rel=1e-12)
+    meas = dp.m.make_gaussian(
+        dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float), scale=sigma
+    )
+    assert meas.map(sensitivity) <= rho * (1 + 1e-12)

@@ -627,3 +627,20 @@ def test_the_dashboard_on_the_embedded_sqlite_database(tmp_path: Path) -> None:
         assert replayed.get("/admin", follow_redirects=False).status_code == 303
     finally:
         embedded.state.database.dispose()
+
+
+def test_the_dataset_page_shows_the_organisation_budget_the_cap_is_carved_from(
+    admin: TestClient, client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=4)
+    factories.dataset(client, world.owner, cap=2.5)
+    page = admin.get(f"/admin/datasets/{dataset_id}").text
+    api = client.get(
+        f"/v1/organisations/{world.owner.organisation_id}/budget", headers=world.auditor.headers
+    ).json()
+    shown = dict(re.findall(r'<span data-field="(organisation_[a-z]+)">([^<]*)</span>', page))
+    assert float(shown["organisation_epsilon"]) == api["budget"]["epsilon"]
+    assert float(shown["organisation_delta"]) == api["budget"]["delta"]
+    assert float(shown["organisation_allocated"]) == api["allocated"]["epsilon"] == 6.5
+    assert float(shown["organisation_remaining"]) == api["remaining"]["epsilon"]
+    assert "its 2 datasets hold" in page

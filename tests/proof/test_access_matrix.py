@@ -93,6 +93,21 @@ MATRIX: tuple[Row, ...] = (
     ),
     ("GET", "/v1/organisations", "200 200 403 403 401 401", _none),
     (
+        "GET",
+        "/v1/organisations/{organisation_id}/budget",
+        "200 200 200/404 403 401 401",
+        lambda s, scope: Call({"organisation_id": str(s.owner(scope).organisation_id)}),
+    ),
+    (
+        "PATCH",
+        "/v1/organisations/{organisation_id}/budget",
+        "200 403 403 403 401 401",
+        lambda s, scope: Call(
+            {"organisation_id": str(s.owner(scope).organisation_id)},
+            json={"epsilon": float(factories.OWNER_BUDGET), "delta": 0, "reason": "matrix"},
+        ),
+    ),
+    (
         "POST",
         "/v1/keys",
         "201 403 403 403 401 401",

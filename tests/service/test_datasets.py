@@ -13,8 +13,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from app.config import Settings
 from app.crypto import DecryptionError, DocumentCipher
 from app.db import Database
+from app.jobs import runner, stages
+from app.jobs.stages import WorkerContext
 from app.models import Dataset, Document
 from tests.service import factories
 from tests.service.conftest import UPLOAD_LIMIT
@@ -475,6 +478,27 @@ def test_a_sealed_unit_is_bound_to_its_row(
     assert first.unit is not None
     with pytest.raises(DecryptionError):
         cipher.open_unit(second.dataset_id, second.row, first.key_id, first.unit)
+
+
+def test_the_worker_loads_the_units_with_the_documents(
+    client: TestClient, world: factories.World, db: Database, app: FastAPI, settings: Settings
+) -> None:
+    rows = [("heart", "cardio", "P-1"), ("bone", "ortho", "P-2"), ("knee", "ortho", "P-1")]
+    content = factories.csv_bytes(rows, header=("text", "label", "patient"))
+    with_units = factories.dataset(client, world.owner, content=content, unit_column="patient")
+    without = factories.dataset(client, world.owner)
+    worker = WorkerContext(settings, db, app.state.cipher)
+    corpora = {}
+    for dataset_id in (with_units, without):
+        job_id = uuid.UUID(factories.job(client, world.owner, dataset_id))
+        with db.transaction() as session:
+            assert runner.start_sequences(session, job_id) is not None
+        corpora[dataset_id] = stages.load_corpus(worker, job_id)
+    assert corpora[with_units] == stages.PrivateCorpus(
+        ["heart", "bone", "knee"], ["cardio", "ortho", "ortho"], ["P-1", "P-2", "P-1"]
+    )
+    assert corpora[without].units is None
+    assert corpora[without].texts == [text for text, _ in factories.ROWS]
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,17 @@ import io
 import json
 import uuid
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.db import Database
 from app.models import Download
 from app.releases.export import escape_cell
+from app.releases.service import describe_method
 from tests.service import factories
+from workers.dpkps.config import GenerationConfig
+from workers.dpkps.pipeline import method_description
 
 
 def _released(
@@ -66,8 +70,8 @@ def test_a_release_carries_its_manifest(
     manifest = release["manifest"]
     # what ran, from the job's configuration: the default is the exact kernel
     assert manifest["method"] == (
-        "DP-KPS (Nagesh et al., 2024), independent keyphrases, "
-        "DP-KDE by the exact Gaussian kernel on the private vocabulary"
+        "DP-KPS (Nagesh et al., 2024) with DP-KDE by "
+        "the exact Gaussian kernel density on the private vocabulary"
     )
     assert manifest["density"] == {"method": "exact", "kernel": "gaussian", "bandwidth": 0.3}
     assert manifest["parameters"]["kde_method"] == "exact"
@@ -120,8 +124,7 @@ def test_the_manifest_names_random_features_and_an_uploaded_vocabulary(
         "manifest"
     ]
     assert manifest["method"] == (
-        "DP-KPS (Nagesh et al., 2024), prefix-conditioned sequences, "
-        "DP-KDE by random Fourier features"
+        "DP-KPS (Nagesh et al., 2024) with DP-KDE by random Fourier features (iterative sequences)"
     )
     assert manifest["density"] == {
         "method": "random_features",
@@ -237,3 +240,14 @@ def test_large_releases_stream_in_batches(
     lines = b"".join(chunks).decode().splitlines()
     assert len(lines) == 2501 and lines[-1] == "cardio,,phrase 2499"
     assert release["documents"] == 2500
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{}, {"kde_method": "random_features"}, {"mode": "iterative"}],
+)
+def test_the_release_describes_the_method_in_the_engine_s_words(
+    parameters: dict[str, object],
+) -> None:
+    config = GenerationConfig(epsilon_vocab=1, epsilon_kde=1, **parameters)  # type: ignore[arg-type]
+    assert describe_method(config) == method_description(config)

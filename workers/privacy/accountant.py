@@ -11,12 +11,14 @@ Two regimes, chosen by the events alone:
   privacy loss distributions (PLD), pessimistic estimate, value discretization 1e-4,
   add/remove adjacency. Continuous Gaussian events are merged first into one Gaussian
   of sensitivity μ = √Σ count·(Δ₂/σ)² (Gaussians compose exactly so: Dong, Roth & Su,
-  GDP, Cor. 3.3), discrete Gaussian events use the library's discrete Gaussian PLD
+  GDP, Cor. 3.3), whose curve the library gives in closed form (``GaussianPrivacyLoss``,
+  ``get_epsilon_gaussian``: what its PLD discretizes, to 3e-8 in ε below, and fast at
+  any μ); discrete Gaussian events use the library's discrete Gaussian PLD
   (a vector one as its coordinates' 1-D PLDs composed, see ``events.py``), pure events
   the library's pessimistic PLD of an ε-DP mechanism (randomized response, valid for any
   ε-DP mechanism). ε at δ is the smaller of two valid bounds: the PLD of everything, and
-  the exact pure sum plus the PLD of the Gaussian part (the second wins when many pure
-  events each pay a discretization step).
+  the exact pure sum plus the Gaussian part (the second wins when many pure events each
+  pay a discretization step; the first is skipped when μ > 3, where its PLD gets slow).
 
 Parallel composition (``events.plan_composition``): for each choice of one partition per
 parallel group the sequential events and the chosen partitions are composed, and the
@@ -71,8 +73,10 @@ from importlib.metadata import version
 from itertools import product
 from typing import Any, TypeAlias
 
+import dp_accounting
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 
 from workers.dpkps.errors import ConfigError
 from workers.privacy.events import (
@@ -87,6 +91,11 @@ EXACT_SUM = "exact-sum"
 PLD_NAME = f"pld(dp-accounting {version('dp-accounting')})"
 # A PLD ε is rounded up to this quantum when it becomes a Decimal figure.
 EPSILON_QUANTUM = Decimal("1e-9")
+# The whole-composition PLD is skipped when the merged Gaussian is stronger than this
+# (its PLD builds in ~1 s at μ = 3 and grows with μ); the sum bound stays valid.
+FULL_PLD_MU_LIMIT = 3.0
+# dp-accounting's closed-form Gaussian ε is a root found to 1e-12: margin above it.
+GAUSSIAN_TOL = 1e-9
 MAX_CHOICES = 256  # partition choices evaluated before a group is composed sequentially
 INFINITY = Decimal("Infinity")
 
@@ -233,8 +242,27 @@ class _Signature:
         return self.mu_squared > 0 or bool(self.discrete)
 
     @property
-    def gaussian_pld(self) -> PLD | None:
-        return _plds(self)[0]
+    def mu(self) -> float:
+        return math.sqrt(self.mu_squared)
+
+    def gaussian_epsilon(self, delta: float) -> float:
+        """ε at δ of the Gaussian part alone."""
+        if not self.discrete:  # one Gaussian of sensitivity μ: its exact curve
+            return float(dp_accounting.get_epsilon_gaussian(1 / self.mu, delta)) + GAUSSIAN_TOL
+        return float(self._discrete_pld().get_epsilon_for_delta(delta))
+
+    def gaussian_delta(self, epsilon: float) -> float:
+        """δ at ε of the Gaussian part alone."""
+        if not self.discrete:
+            return float(
+                GaussianPrivacyLoss(1.0, sensitivity=self.mu).get_delta_for_epsilon(epsilon)
+            )
+        return float(self._discrete_pld().get_delta_for_epsilon(epsilon))
+
+    def _discrete_pld(self) -> PLD:
+        pld = _plds(self)[0]
+        assert pld is not None  # built whenever there are discrete Gaussians
+        return pld
 
     @property
     def full_pld(self) -> PLD | None:
@@ -246,35 +274,55 @@ class _Signature:
             return _to_decimal(pure)
         if delta == 0:
             return INFINITY
-        assert self.gaussian_pld is not None and self.full_pld is not None
-        gaussian = _pld_epsilon(self.gaussian_pld.get_epsilon_for_delta(delta))
-        whole = _pld_epsilon(self.full_pld.get_epsilon_for_delta(delta))
-        if gaussian.is_infinite():
-            return whole
-        split = _to_decimal(pure + Fraction(gaussian))  # exact, then rounded up below
-        return min(_plain(split.quantize(EPSILON_QUANTUM, rounding=ROUND_CEILING)), whole)
+        gaussian = _pld_epsilon(self.gaussian_epsilon(delta))
+        split = INFINITY
+        if not gaussian.is_infinite():  # exact sum, then rounded up
+            split = _plain(
+                _to_decimal(pure + Fraction(gaussian)).quantize(
+                    EPSILON_QUANTUM, rounding=ROUND_CEILING
+                )
+            )
+        if self.full_pld is None:
+            return split
+        return min(split, _pld_epsilon(self.full_pld.get_epsilon_for_delta(delta)))
 
     def delta(self, epsilon: Fraction) -> float:
         pure = self.pure_sum
-        if not self.has_gaussian and epsilon >= pure:
-            return 0.0
-        if self.full_pld is None:  # no event at all
-            return 0.0
-        whole = float(self.full_pld.get_delta_for_epsilon(float(epsilon)))
-        if self.gaussian_pld is None or epsilon < pure:
-            return whole
-        rest = float(epsilon - pure)
-        return min(whole, float(self.gaussian_pld.get_delta_for_epsilon(rest)))
+        if not self.has_gaussian:
+            if epsilon >= pure:
+                return 0.0
+            full = self.full_pld
+            return 1.0 if full is None else float(full.get_delta_for_epsilon(float(epsilon)))
+        bounds = [1.0]
+        if epsilon >= pure:
+            bounds.append(self.gaussian_delta(float(epsilon - pure)))
+        if self.full_pld is not None:
+            bounds.append(float(self.full_pld.get_delta_for_epsilon(float(epsilon))))
+        return min(bounds)
 
 
 @lru_cache(maxsize=32)
 def _plds(signature: _Signature) -> tuple[PLD | None, PLD | None]:
-    """The PLDs of a signature's Gaussian part and of all of it (cached across ledgers)."""
-    gaussian = [_gaussian_pld(math.sqrt(signature.mu_squared))] if signature.mu_squared else []
-    gaussian += [_discrete_gaussian_pld(s, d, n) for s, d, n in signature.discrete]
-    gaussian_pld = _compose_all(gaussian)
-    pure = [_pure_pld(_float_up(eps), n) for eps, n in signature.pure]
-    return gaussian_pld, _compose_all([*([gaussian_pld] if gaussian_pld else []), *pure])
+    """PLDs of a signature's Gaussian part and of all of it (cached across ledgers).
+
+    The Gaussian part's PLD is built only when it holds discrete Gaussians (a lone
+    Gaussian has an exact closed form); the whole is built only when it has pure events
+    beside Gaussian ones and μ ≤ FULL_PLD_MU_LIMIT, where it builds in about a second —
+    beyond that the sum bound (pure + Gaussian) is used alone.
+    """
+    gaussian_pld = None
+    if signature.discrete:
+        parts = [_gaussian_pld(signature.mu)] if signature.mu_squared else []
+        parts += [_discrete_gaussian_pld(s, d, n) for s, d, n in signature.discrete]
+        gaussian_pld = _compose_all(parts)
+    if not signature.pure or signature.mu > FULL_PLD_MU_LIMIT:
+        return gaussian_pld, None
+    parts = [_pure_pld(_float_up(eps), n) for eps, n in signature.pure]
+    if gaussian_pld is not None:
+        parts.append(gaussian_pld)
+    elif signature.mu_squared:
+        parts.append(_gaussian_pld(signature.mu))
+    return gaussian_pld, _compose_all(parts)
 
 
 def _choices(plan: CompositionPlan) -> tuple[_Signature, ...]:
