@@ -54,8 +54,8 @@ from workers.dpkps.embeddings import Embedder
 from workers.dpkps.errors import ConfigError, InputDataError, LLMError
 from workers.dpkps.pipeline import check_corpus
 from workers.dpkps.proportions import allocate
+from workers.llm.client import LLMCosts, LLMEndpoint, complete, run_sync
 from workers.methods.aug_pe import prompts
-from workers.methods.aug_pe._llm import LLMCosts, LLMEndpoint, complete, run_sync
 from workers.methods.aug_pe.accounting import (
     NoisePlan,
     check_label_set,
