@@ -8,15 +8,20 @@ moves the histogram; a noise scale half as large is run as a control.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from tests.fake_llm import FakeLLM
 from tests.privacy_audit import estimate_epsilon_at_delta
-from workers.dpkps.errors import ConfigError
+from workers.dpkps.embeddings import SentenceEmbedder
+from workers.dpkps.errors import ConfigError, InputDataError, LLMError
+from workers.methods.aug_pe import AugPEResult, run_aug_pe, runner
 from workers.methods.aug_pe.accounting import (
     COUNTS,
     HISTOGRAM,
@@ -36,7 +41,7 @@ from workers.methods.aug_pe.mechanism import (
 )
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.aug_pe.prompts import blank, tokens, variation_messages
-from workers.methods.checkpoints import DirectoryCheckpoints, MemoryCheckpoints
+from workers.methods.checkpoints import Checkpoints, DirectoryCheckpoints, MemoryCheckpoints
 from workers.privacy.accountant import compose
 
 RELEASES = 40_000
@@ -207,10 +212,6 @@ def test_nearest_candidates_by_each_distance() -> None:
     assert nearest_candidates(private, candidates[:0], k=2).shape == (2, 0)
 
 
-def _histograms(neighbours: np.ndarray, units: np.ndarray, size: int) -> np.ndarray:
-    return vote_histogram(neighbours, units, size).astype(np.float64) / VOTE_SCALE
-
-
 def _neighbouring_outputs(
     sigma: float, *, unit_level: bool
 ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -329,3 +330,310 @@ def test_checkpoints_round_trip_and_refuse_keys_that_are_paths(tmp_path: Path) -
             with pytest.raises(ConfigError):
                 store.save(bad, b"")
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["counts"]  # no temporaries
+
+
+# ---------------------------------------------------------------- runs
+
+
+CANARY = "canary-7f3a"
+SPORTS = [
+    "The home side scored twice in injury time to win the cup final.",
+    "A late penalty gave the champions a narrow victory in the derby.",
+    "The striker signed a new contract after a record-breaking season.",
+    "Fans celebrated as the team clinched the league title on Sunday.",
+    f"The coach praised the defence after a clean sheet ({CANARY}).",
+]
+BUSINESS = [
+    "Shares fell sharply after the bank reported quarterly losses.",
+    "The central bank raised interest rates to curb inflation.",
+    "Oil prices climbed as investors weighed supply cuts.",
+    "The retailer's profits beat analysts' expectations this quarter.",
+]
+DOCUMENTS = SPORTS + BUSINESS
+LABELS = ["Sports"] * len(SPORTS) + ["Business"] * len(BUSINESS)
+LABEL_SET = ["Sports", "Business"]
+TINY = {
+    "document_type": "news article",
+    "epsilon": 4.0,
+    "delta": 1e-5,
+    "iterations": 3,
+    "population": 4,
+    "num_released": 4,
+    "initial_variation_folds": 1,
+    "variation_folds": 1,
+    "concurrency": 4,
+}
+
+
+def topical(body: dict[str, object]) -> str:
+    """A short synthetic text on the label's topic, numbered so that texts differ."""
+    messages = body.get("messages")
+    user = str(messages[-1]["content"]) if isinstance(messages, list) else ""
+    topical.calls += 1  # type: ignore[attr-defined]
+    if '"Sports"' in user:
+        return f"The team won the match with a late goal, report {topical.calls}."  # type: ignore[attr-defined]
+    return f"Shares and bank profits moved the market, report {topical.calls}."  # type: ignore[attr-defined]
+
+
+topical.calls = 0  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceEmbedder:
+    return SentenceEmbedder()
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLM]:
+    with FakeLLM(content_fn=topical) as server:
+        yield server
+
+
+def run(
+    llm: FakeLLM,
+    embedder: SentenceEmbedder,
+    store: Checkpoints,
+    *,
+    units: list[str] | None = None,
+    progress: Callable[[str, float], None] | None = None,
+    **overrides: object,
+) -> AugPEResult:
+    return run_aug_pe(
+        DOCUMENTS,
+        LABELS,
+        label_set=LABEL_SET,
+        units=units,
+        params=params(**{**TINY, **overrides}),
+        llm=llm.endpoint(),
+        embedder=embedder,
+        checkpoints=store,
+        progress=progress,
+    )
+
+
+def test_end_to_end_releases_planned_events_and_keeps_private_text_out_of_prompts(
+    llm: FakeLLM, embedder: SentenceEmbedder
+) -> None:
+    stages: list[tuple[str, float]] = []
+    result = run(llm, embedder, MemoryCheckpoints(), progress=lambda s, f: stages.append((s, f)))
+    p = params(**TINY)
+    assert len(result.records) == p.num_released
+    assert {label for label, _ in result.records} <= set(LABEL_SET)
+    assert all(text.startswith(("The team", "Shares")) for _, text in result.records)
+    assert result.events == plan_aug_pe(p, LABEL_SET)
+    assert result.llm_costs.calls == p.planned_calls() == len(llm.chat_requests)
+    assert result.llm_costs.prompt_tokens > 0 and result.llm_costs.completion_tokens > 0
+    for request in llm.chat_requests:
+        assert CANARY not in request.prompt_text
+        assert not any(doc in request.prompt_text for doc in DOCUMENTS)
+    random_prompts = {r.user_text for r in llm.chat_requests if "Write one" in r.user_text}
+    assert random_prompts == {
+        'Write one news article of the category "Sports".',
+        'Write one news article of the category "Business".',
+    }
+    manifest = result.manifest
+    text = json.dumps(manifest)
+    assert CANARY not in text and not any(doc in text for doc in DOCUMENTS)
+    assert manifest["method"] == "aug-pe" and manifest["released"] == p.num_released
+    assert float(manifest["privacy"]["epsilon"]) <= p.epsilon
+    assert manifest["llm_costs"]["calls"] == manifest["llm_costs"]["planned_calls"]
+    assert manifest["models"]["embedding"] == embedder.name
+    assert [s for s, _ in stages] == [
+        "class_counts",
+        "initial_population",
+        "iteration",
+        "iteration",
+        "iteration",
+        "release",
+    ]
+
+
+def test_checkpoints_hold_only_the_allow_list_and_no_clean_histogram(
+    llm: FakeLLM, embedder: SentenceEmbedder
+) -> None:
+    store = MemoryCheckpoints()
+    run(llm, embedder, store)
+    assert all(CANARY not in raw.decode() for raw in store.items.values())
+    assert not any(doc in raw.decode() for raw in store.items.values() for doc in DOCUMENTS)
+    fields = {
+        "aug-pe-run": {"method", "fingerprint"},
+        "aug-pe-counts": {"noisy", "event"},
+        "aug-pe-llm-costs": {
+            "calls",
+            "prompt_tokens",
+            "completion_tokens",
+            "wall_seconds",
+            "failed_requests",
+        },
+    }
+    for key, raw in store.items.items():
+        data = json.loads(raw)
+        if key.startswith("aug-pe-histogram-"):
+            assert set(data) == {"iteration", "noisy", "scores", "selected", "events"}
+        elif key.startswith("aug-pe-population-"):
+            assert set(data) == {"texts", "labels", "parents"}
+        else:
+            assert set(data) == fields[key]
+    # The clean vote histogram of iteration 1, recomputed here, is stored nowhere.
+    population = json.loads(store.items["aug-pe-population-0"])
+    candidates = embedder.encode(population["texts"])
+    noisy = json.loads(store.items["aug-pe-histogram-1"])["noisy"]
+    for label in LABEL_SET:
+        own = np.array([i for i, x in enumerate(population["labels"]) if x == label])
+        rows = [d for d, x in zip(DOCUMENTS, LABELS, strict=True) if x == label]
+        neighbours = nearest_candidates(embedder.encode(rows), candidates[own], k=1)
+        units = np.arange(len(rows))
+        clean = vote_histogram(neighbours, units, len(candidates), candidate_index=own)
+        clean = clean / VOTE_SCALE
+        assert clean.sum() == len(rows)
+        assert np.all(np.asarray(noisy[label]) != clean)
+        assert json.dumps(clean.tolist()) not in b"".join(store.items.values()).decode()
+
+
+class Killed(Exception):
+    """Stands for the worker dying between two iterations."""
+
+
+def test_a_killed_run_resumes_without_drawing_noise_again(
+    llm: FakeLLM,
+    embedder: SentenceEmbedder,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    draws: list[str] = []
+
+    def counted(name: str, draw: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        def spy(*args: object, **kwargs: object) -> np.ndarray:
+            draws.append(name)
+            return draw(*args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(runner, "release_histogram", counted("histogram", release_histogram))
+    monkeypatch.setattr(
+        runner, "discrete_gaussian_noise", counted("counts", runner.discrete_gaussian_noise)
+    )
+
+    def die_after_first_iteration(stage: str, fraction: float) -> None:
+        if stage == "iteration":
+            raise Killed
+
+    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+    with pytest.raises(Killed):
+        run(llm, embedder, store, progress=die_after_first_iteration)
+    assert draws == ["counts", "histogram", "histogram"]  # counts, then iteration 1's classes
+    assert store.load("aug-pe-histogram-2") is None
+    saved = {p.name: p.read_bytes() for p in store.root.iterdir()}
+    calls_before = len(llm.chat_requests)
+
+    result = run(llm, embedder, store)
+    p = params(**TINY)
+    # iterations 2 and 3 only: no new class counts, no new noise for iteration 1
+    assert draws[3:] == ["histogram"] * 4
+    for key in (
+        "aug-pe-counts",
+        "aug-pe-histogram-1",
+        "aug-pe-population-0",
+        "aug-pe-population-1",
+    ):
+        assert store.load(key) == saved[key]
+    assert result.events == plan_aug_pe(p, LABEL_SET)  # every release charged once
+    # only population 2 was left to generate: N·f variations
+    assert len(llm.chat_requests) - calls_before == p.population * p.variation_folds
+    assert result.llm_costs.calls == p.planned_calls()  # costs add up across the two runs
+    iteration_1 = json.loads(saved["aug-pe-histogram-1"])
+    assert (
+        json.loads(store.load("aug-pe-histogram-1") or b"")["selected"] == iteration_1["selected"]
+    )
+
+
+def test_checkpoints_of_another_run_and_bad_input_are_refused_before_any_read(
+    llm: FakeLLM, embedder: SentenceEmbedder
+) -> None:
+    store = MemoryCheckpoints()
+    run(llm, embedder, store, iterations=1, num_released=4)
+    calls = len(llm.chat_requests)
+    with pytest.raises(ConfigError) as caught:
+        run(llm, embedder, store, iterations=2)
+    assert caught.value.field == "checkpoints"
+    with pytest.raises(InputDataError) as bad_units:
+        run(llm, embedder, MemoryCheckpoints(), units=["p1"] * 3)
+    assert bad_units.value.field == "units"
+    with pytest.raises(InputDataError) as bad_label:
+        run_aug_pe(
+            DOCUMENTS,
+            ["Sports"] * (len(DOCUMENTS) - 1) + ["Weather"],
+            label_set=LABEL_SET,
+            units=None,
+            params=params(**TINY),
+            llm=llm.endpoint(),
+            embedder=embedder,
+            checkpoints=MemoryCheckpoints(),
+        )
+    assert bad_label.value.field == "labels"
+    assert CANARY not in str(bad_label.value)
+    assert len(llm.chat_requests) == calls
+
+
+def test_unit_level_run_states_its_adjacency(llm: FakeLLM, embedder: SentenceEmbedder) -> None:
+    # patient p1 has notes in both classes: it votes in Sports only (3 of its 4 notes)
+    units = ["p1", "p1", "p1", "p2", "p3", "p1", "p4", "p5", "p5"]
+    result = run(llm, embedder, MemoryCheckpoints(), units=units)
+    assert result.events == plan_aug_pe(params(**TINY), LABEL_SET)
+    assert result.manifest["adjacency"].startswith("add/remove one unit")
+    assert len(result.records) == TINY["num_released"]
+
+
+def test_failed_variations_keep_their_parent_and_failed_seeds_stop_the_run_resumably(
+    llm: FakeLLM, embedder: SentenceEmbedder
+) -> None:
+    llm.script_for("Fill in the blanks", "400")  # a client error: not retried
+    result = run(llm, embedder, MemoryCheckpoints())
+    assert result.manifest["llm_costs"]["failed_requests"] == 1
+    assert len(result.records) == TINY["num_released"]
+
+    store = MemoryCheckpoints()
+    with FakeLLM(default="400") as broken:
+        with pytest.raises(LLMError) as caught:
+            run_aug_pe(
+                DOCUMENTS,
+                LABELS,
+                label_set=LABEL_SET,
+                units=None,
+                params=params(**TINY),
+                llm=broken.endpoint(),
+                embedder=embedder,
+                checkpoints=store,
+            )
+        assert caught.value.field == "llm"
+        assert len(broken.chat_requests) == 3 * TINY["population"]  # three rounds of seeds
+    counts = store.load("aug-pe-counts")
+    assert counts is not None  # the counts were released before the LLM failed
+    result = run(llm, embedder, store)  # same checkpoints, a working endpoint: resumes
+    assert store.load("aug-pe-counts") == counts
+    assert result.events == plan_aug_pe(params(**TINY), LABEL_SET)
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_aug_pe_with_the_packaged_local_llm(embedder: SentenceEmbedder) -> None:
+    from workers.llm.local import LocalLLMServer
+
+    p = params(**{**TINY, "iterations": 2, "population": 2, "num_released": 2, "max_tokens": 48})
+    with LocalLLMServer(startup_timeout=180) as server:
+        result = run_aug_pe(
+            DOCUMENTS,
+            LABELS,
+            label_set=LABEL_SET,
+            units=None,
+            params=p,
+            llm=server.endpoint,
+            embedder=embedder,
+            checkpoints=MemoryCheckpoints(),
+        )
+    assert len(result.records) == 2
+    assert all(text.strip() for _, text in result.records)
+    assert result.events == plan_aug_pe(p, LABEL_SET)
+    assert result.llm_costs.calls >= p.planned_calls()
+    assert result.manifest["models"]["llm"] == server.model_name
