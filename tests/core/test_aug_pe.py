@@ -584,6 +584,43 @@ def test_unit_level_run_states_its_adjacency(llm: FakeLLM, embedder: SentenceEmb
     assert len(result.records) == TINY["num_released"]
 
 
+def test_every_option_runs_as_planned_and_one_class_needs_no_counts(
+    llm: FakeLLM, embedder: SentenceEmbedder
+) -> None:
+    options = {
+        **TINY,
+        "iterations": 2,
+        "lookahead_degree": 1,
+        "selection": "sample",
+        "histogram_threshold": 0.5,
+        "variation": "paraphrase",
+        "word_count_std": None,
+        "keep_selected": False,
+        "nearest_neighbors": 2,
+        "distance": "cosine",
+    }
+    p = params(**options)
+    result = run_aug_pe(
+        DOCUMENTS,
+        ["news"] * len(DOCUMENTS),
+        label_set=["news"],
+        units=None,
+        params=p,
+        llm=llm.endpoint(),
+        embedder=embedder,
+        checkpoints=MemoryCheckpoints(),
+    )
+    assert result.events == plan_aug_pe(p, ["news"])
+    assert all(e.mechanism == HISTOGRAM for e in result.events)  # one class: nothing to count
+    assert result.llm_costs.calls == p.planned_calls() == len(llm.chat_requests)
+    assert len(result.records) == p.num_released
+    assert sum("Rephrase" in r.user_text for r in llm.chat_requests) == (
+        p.population * p.initial_variation_folds
+        + p.lookahead_degree * (p.candidates(1) + p.candidates(2))
+        + p.population * p.variation_folds
+    )
+
+
 def test_failed_variations_keep_their_parent_and_failed_seeds_stop_the_run_resumably(
     llm: FakeLLM, embedder: SentenceEmbedder
 ) -> None:
@@ -622,6 +659,7 @@ def test_aug_pe_with_the_packaged_local_llm(embedder: SentenceEmbedder) -> None:
 
     p = params(**{**TINY, "iterations": 2, "population": 2, "num_released": 2, "max_tokens": 48})
     with LocalLLMServer(startup_timeout=180) as server:
+        model = server.endpoint.model
         result = run_aug_pe(
             DOCUMENTS,
             LABELS,
@@ -636,4 +674,79 @@ def test_aug_pe_with_the_packaged_local_llm(embedder: SentenceEmbedder) -> None:
     assert all(text.strip() for _, text in result.records)
     assert result.events == plan_aug_pe(p, LABEL_SET)
     assert result.llm_costs.calls >= p.planned_calls()
-    assert result.manifest["models"]["llm"] == server.model_name
+    assert result.manifest["models"]["llm"] == model
+
+
+CHILD = """
+import json, sys
+from workers.dpkps.embeddings import SentenceEmbedder
+from workers.llm.client import LLMEndpoint
+from workers.methods.aug_pe import AugPEParams, run_aug_pe
+from workers.methods.checkpoints import DirectoryCheckpoints
+base_url, model, folder, spec = sys.argv[1:5]
+corpus = json.loads(spec)
+run_aug_pe(
+    corpus["documents"], corpus["labels"], label_set=corpus["label_set"], units=None,
+    params=AugPEParams(**corpus["params"]), llm=LLMEndpoint(base_url=base_url, model=model),
+    embedder=SentenceEmbedder(), checkpoints=DirectoryCheckpoints(folder),
+)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigkill_mid_iteration_resumes_with_each_release_drawn_once(
+    embedder: SentenceEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "checkpoints"
+    spec = {
+        "documents": DOCUMENTS,
+        "labels": LABELS,
+        "label_set": LABEL_SET,
+        "params": {**TINY, "concurrency": 1},
+    }
+    # Slow answers keep the child inside iteration 2's variations when it is killed.
+    with FakeLLM(content_fn=topical, latency=0.4) as llm:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, llm.base_url, llm.model, str(folder), json.dumps(spec)],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while not (folder / "aug-pe-histogram-2").exists():
+                assert child.poll() is None, (
+                    child.stderr.read().decode()[-2000:] if child.stderr else ""
+                )
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
+            if child.stderr:
+                child.stderr.close()
+        assert child.returncode == -signal.SIGKILL
+        assert not (folder / "aug-pe-population-2").exists()  # killed mid-iteration 2
+        saved = {p.name: p.read_bytes() for p in folder.iterdir() if not p.name.startswith(".")}
+
+        draws: list[int] = []
+
+        def spy(histogram: np.ndarray, *, sigma: float) -> np.ndarray:
+            draws.append(1)
+            return release_histogram(histogram, sigma=sigma)
+
+        monkeypatch.setattr(runner, "release_histogram", spy)
+        result = run(llm, embedder, DirectoryCheckpoints(folder), concurrency=1)
+    assert len(draws) == len(LABEL_SET)  # iteration 3 only
+    for key in ("aug-pe-counts", "aug-pe-histogram-1", "aug-pe-histogram-2"):
+        assert (folder / key).read_bytes() == saved[key]
+    assert result.events == plan_aug_pe(params(**TINY), LABEL_SET)
+    assert len(result.records) == TINY["num_released"]
