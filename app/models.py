@@ -340,6 +340,25 @@ class LedgerEntry(Base):
     epsilon: Mapped[float] = mapped_column(Float)
     delta: Mapped[float] = mapped_column(Float, default=0.0)
     epsilon_by_mechanism: Mapped[dict[str, Any]]
+    # Every release the entry stands for, as planned (app.ledger.events).
+    events: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    accountant: Mapped[str] = mapped_column(String(200))
+    actor: Mapped[str] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LedgerReport(Base):
+    """The releases a job's engine reports it made, as it recorded them (one per job,
+    once the mechanisms have run). Append-only like the ledger, and beside it: a report
+    moves no budget, it lets an auditor reconcile the job's entries (app.ledger.events)."""
+
+    __tablename__ = "ledger_reports"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    epsilon: Mapped[float] = mapped_column(Float)  # as the engine composed it
+    events: Mapped[list[Any]] = mapped_column(JSON)
     accountant: Mapped[str] = mapped_column(String(200))
     actor: Mapped[str] = mapped_column(String(80))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

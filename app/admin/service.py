@@ -34,7 +34,16 @@ from app.jobs import service as jobs
 from app.ledger import audit
 from app.ledger import service as ledger
 from app.ledger.audit import EventFilter
-from app.models import ApiKey, AuditEvent, Dataset, Download, Job, LedgerEntry, Release
+from app.models import (
+    ApiKey,
+    AuditEvent,
+    Dataset,
+    Download,
+    Job,
+    LedgerEntry,
+    LedgerReport,
+    Release,
+)
 from app.releases import export
 from app.releases import repository as releases_repo
 
@@ -183,6 +192,44 @@ class LedgerJob:
     committed_at: datetime | None
     released_at: datetime | None
     job: Job | None
+    events: Sequence[Mapping[str, Any]] = ()  # planned: what the job is charged for
+    report: LedgerReport | None = None  # what the engine reports it released
+    differences: Sequence[str] | None = None  # None: no report yet
+
+    @property
+    def reconciliation(self) -> str:
+        if self.differences is None:
+            return "no report yet"
+        if not self.differences:
+            return "matches the engine’s report"
+        return "differs: " + "; ".join(self.differences)
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One release of a job: as charged (planned) and as the engine reported it."""
+
+    job_id: uuid.UUID
+    planned: Mapping[str, Any] | None
+    reported: Mapping[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        return str((self.planned or self.reported or {}).get("name", ""))
+
+    def field(self, which: str, name: str) -> Any:
+        event = self.planned if which == "planned" else self.reported
+        return None if event is None else event.get(name)
+
+
+def event_rows(jobs: Sequence[LedgerJob]) -> list[EventRow]:
+    rows: list[EventRow] = []
+    for job in jobs:
+        reported = {e["name"]: e for e in (job.report.events if job.report else [])}
+        for planned in job.events:
+            rows.append(EventRow(job.job_id, planned, reported.pop(planned["name"], None)))
+        rows += [EventRow(job.job_id, None, extra) for extra in reported.values()]
+    return rows
 
 
 @dataclass(frozen=True)
@@ -207,6 +254,7 @@ class DatasetPage:
     organisation_budget: ledger.OrganisationBudget
     entries: Sequence[LedgerEntry]
     ledger_jobs: Sequence[LedgerJob]
+    events: Sequence[EventRow]
     chart: Chart | None
     jobs: Sequence[Job]
     releases: Sequence[ReleaseRow]
@@ -216,7 +264,9 @@ class DatasetPage:
 
 
 def _ledger_jobs(
-    entries: Sequence[LedgerEntry], jobs_by_id: Mapping[uuid.UUID, Job]
+    entries: Sequence[LedgerEntry],
+    jobs_by_id: Mapping[uuid.UUID, Job],
+    reports: Mapping[uuid.UUID, LedgerReport],
 ) -> list[LedgerJob]:
     by_job: dict[uuid.UUID, dict[str, LedgerEntry]] = {}
     for entry in entries:
@@ -236,6 +286,9 @@ def _ledger_jobs(
                 committed_at=kinds["commit"].created_at if "commit" in kinds else None,
                 released_at=kinds["release"].created_at if "release" in kinds else None,
                 job=job,
+                events=first.events,
+                report=reports.get(job_id),
+                differences=ledger.reconciliation(kinds, reports.get(job_id)),
             )
         )
     return rows
@@ -258,7 +311,8 @@ def dataset_page(session: Session, principal: Principal, dataset_id: uuid.UUID) 
         before_id=None,
         limit=100,
     )
-    ledger_jobs = _ledger_jobs(entries, {j.id: j for j in job_list})
+    reports = {r.job_id: r for r in ledger.reports_of(session, dataset)}
+    ledger_jobs = _ledger_jobs(entries, {j.id: j for j in job_list}, reports)
     refs = {
         *(e.actor for e in entries),
         *(j.submitted_by for j in ledger_jobs),
@@ -274,6 +328,7 @@ def dataset_page(session: Session, principal: Principal, dataset_id: uuid.UUID) 
         organisation_budget=ledger.get_organisation_budget(session, dataset.organisation_id),
         entries=entries,
         ledger_jobs=ledger_jobs,
+        events=event_rows(ledger_jobs),
         chart=cumulative_chart(dataset.epsilon_cap, dataset.delta_cap, entries),
         jobs=job_list,
         releases=[

@@ -157,4 +157,5 @@ def get_ledger(
         dataset_id=dataset.id,
         budget=service.budget_out(figures),
         entries=[LedgerEntryOut.model_validate(e) for e in entries],
+        reports=ledger.reports_out(session, dataset, entries),
     )

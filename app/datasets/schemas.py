@@ -67,12 +67,34 @@ class LedgerEntryOut(BaseModel):
     epsilon: float
     delta: float
     epsilon_by_mechanism: dict[str, Any]
+    events: list[dict[str, Any]] = Field(description="Every release the entry stands for")
     accountant: str
     actor: str
     created_at: datetime
+
+
+class LedgerReportOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    job_id: uuid.UUID
+    epsilon: float
+    events: list[dict[str, Any]]
+    accountant: str
+    actor: str
+    created_at: datetime
+    differences: list[str] = Field(
+        default_factory=list,
+        description="Releases charged but not reported, reported but not charged, or "
+        "costing more than charged (empty: the report matches the ledger)",
+    )
 
 
 class LedgerOut(BaseModel):
     dataset_id: uuid.UUID
     budget: BudgetOut
     entries: list[LedgerEntryOut]
+    reports: list[LedgerReportOut] = Field(
+        description="Per job, the releases its engine made as it recorded them, and how "
+        "they differ from those the job was charged for"
+    )

@@ -21,6 +21,7 @@ from app.identity.policy import Actor, Principal
 from app.jobs import repository
 from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
 from app.ledger import audit
+from app.ledger import events as ledger_events
 from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
@@ -98,7 +99,8 @@ def submit(
         task_ids=[task_id],
         request_id=current_request_id(),
     )
-    ledger.reserve(session, job, principal.actor)
+    planned = ledger_events.planned(config, labels=dataset.labels, vocabulary_size=vocabulary.size)
+    ledger.reserve(session, job, principal.actor, planned)
     audit.record(
         session,
         "job.submitted",

@@ -7,6 +7,10 @@ Each job leaves at most one entry of each kind:
   spent from then on, whatever becomes of the job;
 * ``release``: written when a job ends before any private read; its reservation is free.
 
+Each entry lists the releases it stands for, as planned (:mod:`app.ledger.events`); once
+the engine has run the mechanisms, a report beside the ledger lists them as it recorded
+them, so that an auditor can reconcile every job from the ledger alone.
+
 Figures follow from the entries alone: ``spent = Σ commit``, ``reserved = Σ reserve −
 Σ commit − Σ release``, ``remaining = cap − spent − reserved``. Composition across jobs
 is basic (sums). Sums are taken over decimals of the stored floats' shortest ``repr``,
@@ -31,17 +35,20 @@ from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.datasets import repository as datasets_repo
+from app.datasets.schemas import LedgerReportOut
 from app.errors import BudgetExceeded, Conflict, NotFound
 from app.identity.policy import Actor
 from app.jobs import repository as jobs_repo
 from app.ledger import amounts, audit, repository
+from app.ledger import events as ledger_events
 from app.ledger.schemas import AmountOut, OrganisationBudgetOut
-from app.models import Dataset, Job, LedgerEntry, Organisation
+from app.models import Dataset, Job, LedgerEntry, LedgerReport, Organisation
 from workers.dpkps.accounting import ACCOUNTANT
 
 
@@ -103,7 +110,7 @@ def budget(session: Session, dataset: Dataset) -> Budget:
     return ledger_of(session, dataset)[0]
 
 
-def _entry(job: Job, kind: str, actor: Actor) -> LedgerEntry:
+def _entry(job: Job, kind: str, actor: Actor, events: Sequence[ledger_events.Event]) -> LedgerEntry:
     return LedgerEntry(
         dataset_id=job.dataset_id,
         job_id=job.id,
@@ -111,6 +118,7 @@ def _entry(job: Job, kind: str, actor: Actor) -> LedgerEntry:
         epsilon=job.epsilon,
         delta=0.0,
         epsilon_by_mechanism=dict(job.epsilon_by_mechanism),
+        events=[dict(e) for e in events],
         accountant=ACCOUNTANT,
         actor=actor.ref,
     )
@@ -123,8 +131,11 @@ def _locked_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     return dataset
 
 
-def reserve(session: Session, job: Job, actor: Actor) -> LedgerEntry:
-    """Add ``job`` and reserve its whole ε, or raise :class:`BudgetExceeded`."""
+def reserve(
+    session: Session, job: Job, actor: Actor, events: Sequence[ledger_events.Event]
+) -> LedgerEntry:
+    """Add ``job`` and reserve its whole ε, or raise :class:`BudgetExceeded`. ``events``
+    are the releases the job plans (:func:`app.ledger.events.planned`)."""
     dataset = _locked_dataset(session, job.dataset_id)
     if dataset.deleted_at is not None:
         raise Conflict("the dataset was deleted; it takes no new job")
@@ -142,7 +153,7 @@ def reserve(session: Session, job: Job, actor: Actor) -> LedgerEntry:
             reserved=figures.reserved,
         )
     jobs_repo.add(session, job)
-    return repository.add_entry(session, _entry(job, "reserve", actor))
+    return repository.add_entry(session, _entry(job, "reserve", actor, events))
 
 
 def _job_entries(session: Session, job_id: uuid.UUID) -> tuple[Job, Mapping[str, LedgerEntry]]:
@@ -165,7 +176,7 @@ def commit_spend(session: Session, job_id: uuid.UUID, actor: Actor) -> LedgerEnt
         return entries["commit"]
     if "release" in entries or "reserve" not in entries:
         raise Conflict("the job holds no reservation to spend")
-    return repository.add_entry(session, _entry(job, "commit", actor))
+    return repository.add_entry(session, _entry(job, "commit", actor, entries["reserve"].events))
 
 
 def release_reservation(session: Session, job_id: uuid.UUID, actor: Actor) -> LedgerEntry:
@@ -175,7 +186,61 @@ def release_reservation(session: Session, job_id: uuid.UUID, actor: Actor) -> Le
         return entries["release"]
     if "commit" in entries:
         raise Conflict("the job has read the private documents: its budget stays spent")
-    return repository.add_entry(session, _entry(job, "release", actor))
+    return repository.add_entry(session, _entry(job, "release", actor, entries["reserve"].events))
+
+
+def record_report(
+    session: Session, job: Job, privacy: Mapping[str, Any] | None, actor: Actor
+) -> LedgerReport:
+    """Record the releases the engine reports it made (its manifest's ``privacy`` block)
+    once, after the commit; idempotent. It moves no budget, so it takes no dataset lock:
+    the caller holds the job's row lock."""
+    existing = repository.report_of_job(session, job.id)
+    if existing is not None:
+        return existing
+    if job_budget_state(session, job.id) != "committed":
+        raise Conflict("the job has spent nothing: it has no releases to report")
+    privacy = privacy or {}
+    return repository.add_report(
+        session,
+        LedgerReport(
+            dataset_id=job.dataset_id,
+            job_id=job.id,
+            epsilon=float(privacy.get("epsilon_total", job.epsilon)),
+            events=ledger_events.reported(privacy),
+            accountant=str(privacy.get("accountant", ACCOUNTANT)),
+            actor=actor.ref,
+        ),
+    )
+
+
+def reports_of(session: Session, dataset: Dataset) -> Sequence[LedgerReport]:
+    return repository.reports_of_dataset(session, dataset.id)
+
+
+def reports_out(
+    session: Session, dataset: Dataset, entries: Sequence[LedgerEntry]
+) -> list[LedgerReportOut]:
+    """The dataset's reports, each with its differences from the job's entries."""
+    by_job: dict[uuid.UUID, dict[str, LedgerEntry]] = {}
+    for entry in entries:
+        by_job.setdefault(entry.job_id, {})[entry.kind] = entry
+    out = []
+    for report in reports_of(session, dataset):
+        shown = LedgerReportOut.model_validate(report)
+        shown.differences = reconciliation(by_job.get(report.job_id, {}), report) or []
+        out.append(shown)
+    return out
+
+
+def reconciliation(
+    entries: Mapping[str, LedgerEntry], report: LedgerReport | None
+) -> list[str] | None:
+    """How a job's reported releases differ from those it was charged for (None: no
+    report yet; empty: they match)."""
+    if report is None or "reserve" not in entries:
+        return None
+    return ledger_events.reconcile(entries["reserve"].events, report.events)
 
 
 def budget_state(kinds: Collection[str]) -> str:

@@ -1,11 +1,20 @@
-"""Organisation privacy budgets (issue 14, item 9).
+"""Organisation privacy budgets (issue 14, item 9); every release on the ledger (item 6).
 
 ``organisations`` gains ``epsilon_budget`` and ``delta_budget``: exact amounts, integers
 of 10⁻¹² (ε) and 10⁻¹⁸ (δ) (``app.models.FixedPoint``). An existing owner organisation
 gets the default budget of the time (ε = 10, δ = 10⁻⁶) or, if its datasets' caps add up
 to more, exactly their sum: its datasets keep the caps they had, and from now on every
 new or raised cap is carved out of what is left. Other organisations hold no budget.
-Downgrading drops the two columns and keeps every other row.
+
+``ledger_entries`` gains ``events`` (the releases an entry stands for, JSON). An existing
+entry gets one event per mechanism of its ``epsilon_by_mechanism``, charged as recorded
+(the per-class DP-KDE once, on the whole dataset, as it was charged); its noise scales
+were not kept. The table stays append-only: its triggers are lifted for the migration
+only. ``ledger_reports`` (new, append-only) holds the releases each job's engine
+reports it made.
+
+Downgrading drops the new columns and ``ledger_reports`` (what the reports hold is also
+in the jobs' manifests) and keeps every other row.
 
 Revision ID: 0005
 Revises: 0002
@@ -20,11 +29,14 @@ from decimal import ROUND_CEILING, Decimal
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.append_only import append_only, lifted
+
 revision: str = "0005"
 down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 EPSILON_PLACES, DELTA_PLACES = 12, 18  # app.ledger.amounts (not imported: frozen here)
 DEFAULT_EPSILON, DEFAULT_DELTA = Decimal(10), Decimal("1e-6")
 
@@ -58,6 +70,43 @@ def _budgets(connection: sa.Connection) -> None:
         )
 
 
+_NOISE = {"vocabulary": "discrete_laplace", "class_counts": "discrete_laplace"}
+_LEDGER = sa.table(
+    "ledger_entries",
+    sa.column("id", sa.BigInteger()),
+    sa.column("epsilon_by_mechanism", sa.JSON()),
+    sa.column("events", sa.JSON()),
+)
+
+
+def _legacy_events(by_mechanism: dict[str, float]) -> list[dict[str, object]]:
+    return [
+        {
+            "mechanism": mechanism,
+            "name": mechanism,
+            "noise": _NOISE.get(mechanism, "laplace"),
+            "scale": None,
+            "sensitivity": None,
+            "norm": "l1",
+            "dimension": None,
+            "partition": None,
+            "count": 1,
+            "epsilon": repr(float(epsilon)),
+        }
+        for mechanism, epsilon in by_mechanism.items()
+    ]
+
+
+def _events(connection: sa.Connection) -> None:
+    rows = connection.execute(sa.select(_LEDGER.c.id, _LEDGER.c.epsilon_by_mechanism)).all()
+    for entry_id, by_mechanism in rows:
+        connection.execute(
+            sa.update(_LEDGER)
+            .where(_LEDGER.c.id == entry_id)
+            .values(events=_legacy_events(by_mechanism or {}))
+        )
+
+
 def upgrade() -> None:
     with op.batch_alter_table("organisations") as batch:
         batch.add_column(
@@ -69,9 +118,32 @@ def upgrade() -> None:
         batch.create_check_constraint("epsilon_budget_non_negative", "epsilon_budget >= 0")
         batch.create_check_constraint("delta_budget_non_negative", "delta_budget >= 0")
     _budgets(op.get_bind())
+    with lifted("ledger_entries"):
+        op.add_column(
+            "ledger_entries",
+            sa.Column("events", sa.JSON(), nullable=False, server_default="[]"),
+        )
+        _events(op.get_bind())
+    op.create_table(
+        "ledger_reports",
+        sa.Column("id", BIG_ID, primary_key=True, autoincrement=True),
+        sa.Column("dataset_id", sa.Uuid(), sa.ForeignKey("datasets.id"), nullable=False),
+        sa.Column("job_id", sa.Uuid(), sa.ForeignKey("jobs.id"), nullable=False),
+        sa.Column("epsilon", sa.Float(), nullable=False),
+        sa.Column("events", sa.JSON(), nullable=False),
+        sa.Column("accountant", sa.String(200), nullable=False),
+        sa.Column("actor", sa.String(80), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.UniqueConstraint("job_id"),
+    )
+    op.create_index("ix_ledger_reports_dataset_id", "ledger_reports", ["dataset_id"])
+    append_only("ledger_reports")
 
 
 def downgrade() -> None:
+    op.drop_table("ledger_reports")  # its index and triggers go with it
+    with lifted("ledger_entries"), op.batch_alter_table("ledger_entries") as batch:
+        batch.drop_column("events")
     with op.batch_alter_table("organisations") as batch:
         batch.drop_constraint("delta_budget_non_negative", type_="check")
         batch.drop_constraint("epsilon_budget_non_negative", type_="check")
