@@ -10,17 +10,19 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import ipaddress
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from workers.settings import CoreSettings
 
 DATA_KEY_FILE = "data.key"
 BUILTIN_LLMS = ("none", "local")  # no prompting; the packaged model served locally
+LEASE_SECONDS = 60.0  # default of job_lease_seconds
 
 
 class LLMEndpointSettings(BaseModel):
@@ -68,12 +70,25 @@ class Settings(CoreSettings):
     llm_max_retries: int = Field(default=5, ge=0, le=100)  # per sequence, per prompting run
     llm_backoff_base: float = Field(default=0.5, ge=0, le=3600)
     llm_backoff_max: float = Field(default=30.0, ge=0, le=3600)
+    max_sequences_per_job: int = Field(default=100_000, ge=1)  # per_class × labels, or total
+    metrics_token: SecretStr = SecretStr("")  # a bearer token for /metrics (else a platform key)
     progress_interval: float = Field(default=2.0, ge=0, le=3600)  # seconds between writes
+    # A worker process counts as dead this long after it last said it was alive (it says
+    # so every quarter of it); its jobs are then sent to a worker again.
+    job_lease_seconds: float = Field(default=LEASE_SECONDS, ge=1, le=3600)
     log_level: str = "INFO"
     log_json: bool = True
     # The admin dashboard's session cookie is Secure over https ("auto"), or always/never.
     admin_cookie_secure: Literal["auto", "always", "never"] = "auto"
     admin_session_hours: float = Field(default=8.0, gt=0, le=7 * 24)
+    # The API server (``keyseed api``, ``keyseed serve``). X-Forwarded-For and -Proto are
+    # believed only from these addresses or networks (comma-separated; none by default).
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=2**20)  # 400 above it
+    # A request's line and headers must arrive within it, and its body may not pause for
+    # longer (408 and the connection closed); idle connections close after keep-alive.
+    request_timeout: float = Field(default=30.0, gt=0, le=3600)
+    keep_alive_timeout: int = Field(default=5, ge=1, le=3600)
     # The privacy budget (ε, δ) a new owner organisation gets; admins change it per
     # organisation (PATCH /v1/organisations/{id}/budget) and its datasets' caps are
     # carved out of it.
@@ -89,6 +104,22 @@ class Settings(CoreSettings):
         if clash:
             raise ValueError(f"endpoint names {clash} are reserved")
         return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_networks(cls, value: object) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise ValueError("give addresses or networks, comma-separated")
+        try:
+            networks = [
+                ipaddress.ip_network(str(item).strip(), strict=False)
+                for item in items
+                if str(item).strip()
+            ]
+        except ValueError:
+            raise ValueError("an entry is not an IP address or network") from None
+        return tuple(str(network) for network in networks)
 
     @property
     def embedded(self) -> bool:

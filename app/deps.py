@@ -7,6 +7,7 @@ response, never a success the database does not hold. Routes never commit.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
@@ -63,6 +64,25 @@ def get_principal(
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal, scope="function")]
+
+
+def read_metrics(
+    session: SessionDep,
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """``/metrics`` answers the configured metrics token (``KEYSEED_METRICS_TOKEN``, for
+    a Prometheus scraper) or an admin or auditor key."""
+    given = credentials.credentials if credentials is not None else ""
+    if not given:
+        raise Unauthorized("send the metrics token or an admin or auditor key: Bearer …")
+    token = settings.metrics_token.get_secret_value()
+    if token and hmac.compare_digest(given.encode(), token.encode()):
+        return
+    policy.authorize(identity.authenticate(session, given), Action.METRICS_READ)
+
+
+MetricsReader = Depends(read_metrics, scope="function")
 
 
 def allowed(action: Action) -> Any:

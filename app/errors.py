@@ -9,7 +9,6 @@ validation errors are stripped of the ``input`` pydantic would echo.
 from __future__ import annotations
 
 import re
-import traceback
 from http import HTTPStatus
 from typing import Any, ClassVar
 
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DataError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.logging import exception_fields
 from workers.dpkps.errors import KeyseedError
 
 PROBLEM_JSON = "application/problem+json"
@@ -218,11 +218,7 @@ def install(app: FastAPI) -> None:
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The message of an arbitrary exception may quote data: log its type and frames.
-        log.error(
-            "http.unhandled_error",
-            error=type(exc).__name__,
-            frames=traceback.format_tb(exc.__traceback__)[-8:],
-        )
+        log.error("http.unhandled_error", **exception_fields(exc))
         return problem_response(500, Problem.title, "an unexpected error occurred")
 
     app.add_exception_handler(Problem, on_problem)

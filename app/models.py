@@ -224,6 +224,7 @@ class Dataset(Base):
     text_columns: Mapped[list[str]]
     label_column: Mapped[str] = mapped_column(String(200))
     labels: Mapped[list[str]]  # declared by the uploader: public schema
+    unit_column: Mapped[str | None] = mapped_column(String(200))  # privacy unit (a patient)
     epsilon_cap: Mapped[float] = mapped_column(Float)
     delta_cap: Mapped[float] = mapped_column(Float, default=0.0)
     documents: Mapped[int] = mapped_column(default=0)
@@ -251,6 +252,7 @@ class Document(Base):
     key_id: Mapped[str] = mapped_column(String(16))
     nonce: Mapped[bytes] = mapped_column(LargeBinary(12))
     ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    unit: Mapped[bytes | None] = mapped_column(LargeBinary)  # sealed apart: nonce || ciphertext
 
 
 class Vocabulary(Base):
@@ -299,10 +301,24 @@ class Job(Base):
     private_vocabulary: Mapped[list[str] | None] = deferred(mapped_column(JSON))  # DP output
     task_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     request_id: Mapped[str | None] = mapped_column(String(64))
+    # The worker process running the job's current stage (a ``workers`` id), empty while
+    # none does (app.jobs.recovery). Internal bookkeeping: never shown.
+    worker_id: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Worker(Base):
+    """A worker process that ran a stage of a job: ``host:pid:start time``, alive until
+    ``expires_at`` unless it renews it (app.jobs.recovery)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
 
 
 class KeyphraseSequence(Base):

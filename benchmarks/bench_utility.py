@@ -149,8 +149,8 @@ def config(eps_vocab: float, eps_kde: float, seed: int, **changes: Any) -> Gener
 
 def llm_subset(h: Harness, per_class: int) -> dict[str, Any]:
     """The same DP sequences, as keyphrases and as SmolLM2 text."""
-    from workers.dpkps.local_llm import LocalLLMServer
     from workers.dpkps.prompting import PromptSpec, run_prompts
+    from workers.llm.local import LocalLLMServer
 
     seqs = h.sequences(replace(config(1.0, 5.0, 11), per_class=per_class))
     spec = PromptSpec(document_type="news article").validate()
@@ -194,6 +194,8 @@ def cli_seconds(h: Harness) -> dict[str, Any]:
             "description",
             "--label-column",
             "class",
+            "--labels",
+            ",".join(h.label_set),
             "--epsilon-vocab",
             "1",
             "--epsilon-kde",

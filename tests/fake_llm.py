@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from workers.dpkps.prompting import LLMEndpoint
+from workers.llm.client import LLMEndpoint
 
 KINDS = ("ok", "status", "timeout", "malformed", "invalid", "empty", "disconnect")
 

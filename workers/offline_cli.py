@@ -43,7 +43,12 @@ def _option(field: str | None) -> str:
     """The command-line option of a configuration field (``epsilon_kde`` -> ``--epsilon-kde``)."""
     if not field:
         return "keyseed"
-    known = {"documents": "--input", "labels": "--label-column", "phrases": "--vocabulary"}
+    known = {
+        "documents": "--input",
+        "labels": "--label-column",
+        "declared_labels": "--labels",
+        "phrases": "--vocabulary",
+    }
     if field in known:
         return known[field]
     return "--" + field.replace("_", "-")
@@ -79,8 +84,8 @@ def register(sub: Any) -> None:
     io.add_argument(
         "--labels",
         default=None,
-        help="declared label set, comma-separated (public schema); default: the "
-        "labels found in the input, which the output then reveals",
+        help="declared label set, comma-separated (public schema; required: the labels found "
+        "in the data are private, one added row could add a class)",
     )
     io.add_argument(
         "--vocabulary",
@@ -88,16 +93,50 @@ def register(sub: Any) -> None:
         help="english, medical, or a UTF-8 file with one phrase a line",
     )
     io.add_argument("--output", required=True, type=Path, help="OUT.jsonl")
-    priv = gen.add_argument_group("privacy (ε is spent once per run)")
-    priv.add_argument("--epsilon-vocab", type=float, required=True)
-    priv.add_argument("--epsilon-kde", type=float, required=True)
+    io.add_argument(
+        "--unit-column",
+        default=None,
+        help="privacy unit column (e.g. a patient id): every mechanism bounds one unit's "
+        "documents together; default: one row is one unit",
+    )
+    d = _defaults()
+    priv = gen.add_argument_group(
+        "privacy (spent once per run): a total --epsilon [--delta], or per-mechanism ε"
+    )
+    priv.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help="total ε, split among the mechanisms by the shares (see --share-*)",
+    )
+    priv.add_argument(
+        "--delta",
+        type=float,
+        default=0.0,
+        help="total δ; > 0 selects Gaussian noise (e.g. 1e-6), 0 Laplace (pure ε)",
+    )
+    priv.add_argument(
+        "--noise",
+        choices=("laplace", "gaussian"),
+        default=None,
+        help="default: gaussian when --delta > 0, else laplace",
+    )
+    for name in ("vocab", "kde", "count"):
+        priv.add_argument(f"--share-{name}", type=float, default=d[f"share_{name}"])
+    priv.add_argument("--epsilon-vocab", type=float, default=None, help="per-mechanism ε")
+    priv.add_argument("--epsilon-kde", type=float, default=None, help="per-mechanism ε")
     priv.add_argument(
         "--epsilon-count",
         type=float,
         default=None,
         help="spend this ε on noisy class counts and split --total by them",
     )
-    d = _defaults()
+    priv.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the planned releases, their noise and the composed (ε, δ) as JSON, "
+        "without reading --input",
+    )
     eng = gen.add_argument_group("engine")
     eng.add_argument(
         "--per-class",
@@ -105,7 +144,9 @@ def register(sub: Any) -> None:
         default=None,
         help=f"sequences per declared label (default {d['per_class']})",
     )
-    eng.add_argument("--total", type=int, default=None, help="sequences in all (--epsilon-count)")
+    eng.add_argument(
+        "--total", type=int, default=None, help="sequences in all, split by noisy class counts"
+    )
     eng.add_argument("--sequence-length", type=int, default=d["sequence_length"])
     eng.add_argument("--mode", choices=("independent", "iterative"), default=d["mode"])
     eng.add_argument("--ensemble", choices=("log", "linear"), default=d["ensemble"])
@@ -264,14 +305,19 @@ def _config(args: argparse.Namespace) -> Any:
     from workers.dpkps.config import GenerationConfig
 
     per_class = args.per_class
-    if args.epsilon_count is None and per_class is None:
+    if args.total is None and per_class is None:
         per_class = _defaults()["per_class"]
-    if args.epsilon_count is not None:
-        per_class = None if args.per_class is None else args.per_class
+    noise = args.noise or ("gaussian" if args.delta else "laplace")
     return GenerationConfig(
         epsilon_vocab=args.epsilon_vocab,
         epsilon_kde=args.epsilon_kde,
         epsilon_count=args.epsilon_count,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        noise=noise,
+        share_vocab=args.share_vocab,
+        share_kde=args.share_kde,
+        share_count=args.share_count,
         per_class=per_class,
         total=args.total,
         vocabulary_size=args.vocabulary_size,
@@ -309,7 +355,7 @@ def _warn_owner(result: Any) -> None:
 
 
 def _endpoint_for(choice: str, settings: Any) -> Any:
-    from workers.dpkps.prompting import LLMEndpoint
+    from workers.llm.client import LLMEndpoint
 
     endpoint = LLMEndpoint.from_settings(settings)
     if endpoint is None:
@@ -334,8 +380,8 @@ def _prompt(
     args: argparse.Namespace, sequences: Sequence[Any], settings: Any, progress: _Progress
 ) -> tuple[list[str | None], dict[str, Any]]:
     """Texts for every sequence (None where the LLM failed) and a public summary."""
-    from workers.dpkps.local_llm import LocalLLMServer
     from workers.dpkps.prompting import PromptSpec, run_prompts
+    from workers.llm.local import LocalLLMServer
 
     spec = PromptSpec(
         document_type=args.document_type, few_shot=_read_few_shot(args.few_shot)
@@ -386,8 +432,8 @@ def generate(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace, started: float) -> int:
     from workers.dpkps.corpus import read_labelled
     from workers.dpkps.embeddings import EmbeddingCache, SentenceEmbedder
-    from workers.dpkps.errors import InputDataError
-    from workers.dpkps.pipeline import generate_sequences, shuffled
+    from workers.dpkps.pipeline import generate_sequences, method_description, shuffled
+    from workers.dpkps.plan import plan
     from workers.dpkps.vocabulary import load_vocabulary
     from workers.settings import CoreSettings
 
@@ -401,21 +447,29 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     if args.max_llm_calls is not None and args.max_llm_calls < 1:
         raise ConfigError("must be ≥ 1", field="max_llm_calls")
     settings = CoreSettings()
-    corpus = read_labelled(
-        args.input, text_columns=args.text_columns, label_column=args.label_column
-    )
-    if args.labels is not None:
-        label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
-        if not label_set:
-            raise ConfigError("declare at least one label", field="labels")
-        label_source = "declared"
-    else:
-        label_set = sorted(corpus.label_set())
-        label_source = "input"
+    if args.labels is None:
+        raise ConfigError(
+            "declare the label set (public schema), e.g. --labels World,Sports; the labels "
+            "found in the data are private and are never used",
+            field="declared_labels",
+        )
+    label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
+    if not label_set:
+        raise ConfigError("declare at least one label", field="declared_labels")
     if len(label_set) < 2:
-        raise InputDataError("a labelled corpus needs at least two labels", field="labels")
+        raise ConfigError("a labelled corpus needs at least two labels", field="declared_labels")
     vocabulary = load_vocabulary(args.vocabulary)
     config.check_vocabulary(vocabulary.name, len(vocabulary))
+    planned = plan(config, label_set, len(vocabulary))
+    if args.dry_run:  # public inputs only: --input is not opened
+        print(json.dumps({"method": method_description(config), **planned.to_dict()}, indent=2))
+        return 0
+    corpus = read_labelled(
+        args.input,
+        text_columns=args.text_columns,
+        label_column=args.label_column,
+        unit_column=args.unit_column,
+    )
     embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
     cache = EmbeddingCache(settings.embedding_cache_dir)
     progress = _Progress()
@@ -429,6 +483,9 @@ def _generate(args: argparse.Namespace, started: float) -> int:
             embedder=embedder,
             cache=cache,
             progress=progress,
+            units=corpus.units,
+            unit_name=args.unit_column,
+            planned=planned,
         )
         progress.close()
         _warn_owner(result)
@@ -442,11 +499,14 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     manifest_path = args.output.with_name(args.output.name[: -len(".jsonl")] + ".manifest.json")
     manifest = {
         **result.manifest(),
-        "labels": {"names": label_set, "source": label_source},
+        "labels": {"names": label_set, "source": "declared"},
         "prompting": prompting,
-        "input": {"text_columns": args.text_columns, "label_column": args.label_column},
+        "input": {
+            "text_columns": args.text_columns,
+            "label_column": args.label_column,
+            "unit_column": args.unit_column,
+        },
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "seconds": round(time.time() - started, 1),
     }
     written = 0
     with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
@@ -463,7 +523,9 @@ def _generate(args: argparse.Namespace, started: float) -> int:
             raise KeyseedError("the language model produced no text for any sequence", field="llm")
     print(
         f"wrote {written} synthetic documents to {args.output} "
-        f"(ε spent: {result.report.total:g}; manifest {manifest_path})",
+        f"(ε = {float(result.report.epsilon):.6g}, δ = {result.report.delta:g} spent; "
+        f"manifest {manifest_path}; "
+        f"{time.time() - started:.1f} s)",
         file=sys.stderr,
     )
     return 0

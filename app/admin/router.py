@@ -118,12 +118,13 @@ def may(action: Action) -> Any:
 
 
 def _same_origin(request: Request) -> None:
-    """Browsers name the page a form was posted from; refuse another site's."""
+    """Browsers name the page a form was posted from; refuse another site's. The host is
+    the ``Host`` header (a reverse proxy passes it through); ``X-Forwarded-Host`` would be
+    any client's word."""
     if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
         raise Forbidden("the form was posted from another site")
     origin = request.headers.get("origin")
-    hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")}
-    if origin is not None and urlsplit(origin).netloc not in hosts - {None}:
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
         raise Forbidden("the form was posted from another site")
 
 

@@ -79,12 +79,23 @@ def upload_dataset(
     ] = None,
     on_empty: Annotated[Literal["skip", "reject"], Form()] = "skip",
     on_duplicate: Annotated[Literal["skip", "reject"], Form()] = "skip",
+    unit_column: Annotated[
+        str | SkipJsonSchema[None],
+        Form(
+            min_length=1,
+            max_length=200,
+            pattern=_NAME,
+            description="The column naming each row's privacy unit (a patient id, say); "
+            "without it every row is its own unit",
+        ),
+    ] = None,
 ) -> DatasetOut:
     """Documents are sealed (AES-256-GCM) before they are stored; the response and any
     error name rows and counts, never a document. Rows whose label is not declared,
     whose label or text column is missing, are refused with their row numbers, and then
-    nothing is stored. The cap (ε, δ) is carved out of what the organisation's budget
-    has left (409 naming what remains when it does not fit)."""
+    nothing is stored. With ``unit_column``, every row must name a non-empty unit. The cap
+    (ε, δ) is carved out of what the organisation's budget has left (409 naming what
+    remains when it does not fit)."""
     size = file.size if file.size is not None else 0
     if size > settings.max_upload_bytes:
         raise ContentTooLarge(f"the file is larger than {settings.max_upload_bytes} bytes")
@@ -92,6 +103,9 @@ def upload_dataset(
     label_set = _names(labels, field="labels", limit=MAX_LABELS)
     if label_column.strip() in text_columns:
         raise Unprocessable("the label column is also a text column", field="label_column")
+    unit = unit_column.strip() if unit_column is not None else None
+    if unit is not None and unit in (*text_columns, label_column.strip()):
+        raise Unprocessable("the unit column is also a text or label column", field="unit_column")
     head = file.file.read(8192)
     file.file.seek(0)
     spec = UploadSpec(
@@ -101,17 +115,20 @@ def upload_dataset(
         labels=label_set,
         on_empty=on_empty,
         on_duplicate=on_duplicate,
+        unit_column=unit,
     )
     new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, delta_cap=delta_cap, upload=spec)
     dataset = service.create_dataset(session, principal, cipher, new, file.file, size)
-    return service.to_out(session, dataset)
+    return service.to_out(session, dataset, principal)
 
 
 @router.get("", response_model=list[DatasetOut])
 def list_datasets(
     session: SessionDep, principal: Annotated[Principal, allowed(Action.DATASET_READ)]
 ) -> list[DatasetOut]:
-    return [service.to_out(session, d) for d in service.list_datasets(session, principal)]
+    return [
+        service.to_out(session, d, principal) for d in service.list_datasets(session, principal)
+    ]
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=problems(404))
@@ -120,7 +137,7 @@ def get_dataset(
     session: SessionDep,
     principal: Annotated[Principal, allowed(Action.DATASET_READ)],
 ) -> DatasetOut:
-    return service.to_out(session, service.get_dataset(session, principal, dataset_id))
+    return service.to_out(session, service.get_dataset(session, principal, dataset_id), principal)
 
 
 @router.delete("/{dataset_id}", response_model=DatasetOut, responses=problems(404, 409))
@@ -130,7 +147,8 @@ def delete_dataset(
     principal: Annotated[Principal, allowed(Action.DATASET_DELETE)],
 ) -> DatasetOut:
     """Purge the documents. The dataset's metadata, jobs, releases and ledger remain."""
-    return service.to_out(session, service.delete_dataset(session, principal, dataset_id))
+    dataset = service.delete_dataset(session, principal, dataset_id)
+    return service.to_out(session, dataset, principal)
 
 
 @router.patch("/{dataset_id}", response_model=DatasetOut, responses=problems(400, 404, 409))
@@ -142,7 +160,7 @@ def change_cap(
 ) -> DatasetOut:
     """Set the dataset's ε cap (admin only; the reason goes to the audit trail)."""
     dataset = service.set_cap(session, principal, dataset_id, body.epsilon_cap, body.reason)
-    return service.to_out(session, dataset)
+    return service.to_out(session, dataset, principal)
 
 
 @router.get("/{dataset_id}/ledger", response_model=LedgerOut, responses=problems(404))

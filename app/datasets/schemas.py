@@ -1,4 +1,5 @@
-"""What the API shows of a dataset: metadata, declared labels, sizes, budget; never text."""
+"""What the API shows of a dataset: metadata, declared labels, budget, and to its owner
+alone the sizes of the upload; never text."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ class BudgetOut(BaseModel):
     accountant: str
 
 
+_RAW = "A raw count of the upload (not DP): the owning organisation's keys only, else null"
+RAW_COUNTS = ("documents", "skipped_empty", "skipped_duplicate", "upload_bytes")
+
+
 class DatasetOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -42,10 +47,13 @@ class DatasetOut(BaseModel):
     text_columns: list[str]
     label_column: str
     labels: list[str]
-    documents: int
-    skipped_empty: int
-    skipped_duplicate: int
-    upload_bytes: int
+    unit_column: str | None
+    # Raw facts about the private upload (not DP): shown to the owning organisation only,
+    # null for everyone else (docs/privacy.md).
+    documents: int | None = Field(description=_RAW)
+    skipped_empty: int | None = Field(description=_RAW)
+    skipped_duplicate: int | None = Field(description=_RAW)
+    upload_bytes: int | None = Field(description=_RAW)
     created_at: datetime
     deleted_at: datetime | None
     budget: BudgetOut

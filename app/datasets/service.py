@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.crypto import DocumentCipher
 from app.datasets import repository
-from app.datasets.schemas import BudgetOut, DatasetOut
+from app.datasets.schemas import RAW_COUNTS, BudgetOut, DatasetOut
 from app.datasets.upload import UploadReport, UploadSpec, check_content, read_documents
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
@@ -59,6 +59,7 @@ def create_dataset(
             text_columns=list(spec.text_columns),
             label_column=spec.label_column,
             labels=list(spec.labels),
+            unit_column=spec.unit_column,
             epsilon_cap=float(cap.epsilon),
             delta_cap=float(cap.delta),
             upload_bytes=size,
@@ -67,15 +68,17 @@ def create_dataset(
     )
     report = UploadReport()
     batch: list[dict[str, Any]] = []
-    for row, text, label in read_documents(stream, spec, report):
-        nonce, sealed = cipher.seal(dataset.id, row, text, label)
+    for document in read_documents(stream, spec, report):
+        nonce, sealed = cipher.seal(dataset.id, document.row, document.text, document.label)
+        unit = document.unit
         batch.append(
             {
                 "dataset_id": dataset.id,
-                "row": row,
+                "row": document.row,
                 "key_id": cipher.key_id,
                 "nonce": nonce,
                 "ciphertext": sealed,
+                "unit": None if unit is None else cipher.seal_unit(dataset.id, document.row, unit),
             }
         )
         if len(batch) >= _BATCH:
@@ -104,11 +107,10 @@ def create_dataset(
         "dataset.uploaded",
         principal.actor,
         organisation_id=dataset.organisation_id,
-        target=("dataset", dataset.id),
+        target=("dataset", dataset.id),  # no count of rows or bytes: raw facts (docs/privacy.md)
         name=dataset.name,
-        documents=dataset.documents,
-        bytes=size,
         epsilon_cap=dataset.epsilon_cap,
+        unit_column=dataset.unit_column,
     )
     return dataset
 
@@ -133,15 +135,14 @@ def delete_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID
     if dataset.deleted_at is not None:
         return dataset
     jobs.stop_jobs_of_dataset(session, dataset.id, principal.actor)
-    purged = repository.purge_documents(session, dataset.id)
+    repository.purge_documents(session, dataset.id)
     dataset.deleted_at = utcnow()
-    audit.record(
+    audit.record(  # no count of the documents purged: a raw count (docs/privacy.md)
         session,
         "dataset.deleted",
         principal.actor,
         organisation_id=dataset.organisation_id,
         target=("dataset", dataset.id),
-        documents_purged=purged,
     )
     return dataset
 
@@ -189,7 +190,12 @@ def budget_out(figures: ledger.Budget) -> BudgetOut:
     )
 
 
-def to_out(session: Session, dataset: Dataset) -> DatasetOut:
+def to_out(session: Session, dataset: Dataset, principal: Principal) -> DatasetOut:
+    """The dataset as ``principal`` may see it: raw counts for its owner only."""
     figures = budget_out(ledger.budget(session, dataset))
-    fields = {name: getattr(dataset, name) for name in DatasetOut.model_fields if name != "budget"}
+    fields: dict[str, Any] = {
+        name: getattr(dataset, name) for name in DatasetOut.model_fields if name != "budget"
+    }
+    if principal.organisation_id != dataset.organisation_id:
+        fields.update(dict.fromkeys(RAW_COUNTS))
     return DatasetOut(**fields, budget=figures)

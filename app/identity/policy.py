@@ -77,6 +77,7 @@ class Action(StrEnum):
     RELEASE_DOWNLOAD = "release.download"
     AUDIT_READ = "audit.read"
     DASHBOARD_USE = "dashboard.use"
+    METRICS_READ = "metrics.read"
 
 
 _OWNER, _CLIENT, _ADMIN, _AUDITOR = "owner", "client", "admin", "auditor"
@@ -109,6 +110,8 @@ RULES: dict[Action, frozenset[str]] = {
     Action.AUDIT_READ: frozenset({_ADMIN, _AUDITOR}),
     # The admin dashboard is for people (signed in, never an API key) of the platform.
     Action.DASHBOARD_USE: frozenset({_ADMIN, _AUDITOR}),
+    # /metrics (or the configured metrics token): operations data of every organisation.
+    Action.METRICS_READ: frozenset({_ADMIN, _AUDITOR}),
 }
 
 

@@ -1,8 +1,9 @@
 """The LLM endpoint a job names, as the prompting stage calls it.
 
-* ``local``: the packaged SmolLM2 served by llama.cpp. ``keyseed serve`` runs one server
-  for every worker and passes its URL in ``KEYSEED_LOCAL_LLM_URL``; without it, a server
-  is started for the duration of the task and stopped after it.
+* ``local``: the packaged SmolLM2 served by llama.cpp with continuous batching
+  (``workers.llm.local``). ``keyseed serve`` runs one server for every worker and passes
+  its URL in ``KEYSEED_LOCAL_LLM_URL``; without it, a server is started for the duration
+  of the task and stopped after it.
 * any other name: an endpoint of ``KEYSEED_LLM_ENDPOINTS`` (its key stays on the server).
 
 Errors are :class:`~workers.dpkps.errors.LLMError` with a generic message: no URL of a
@@ -18,10 +19,11 @@ import httpx
 
 from app.config import Settings
 from workers.dpkps.errors import ConfigError, LLMError
-from workers.dpkps.prompting import LLMEndpoint
+from workers.llm.client import LLMEndpoint
+from workers.llm.engine import DEFAULT_SLOTS
 
 LOCAL = "local"
-LOCAL_CONCURRENCY = 2  # llama.cpp's server answers one completion at a time
+LOCAL_CONCURRENCY = DEFAULT_SLOTS  # the local server decodes this many completions at once
 
 
 def served_model(base_url: str, *, timeout: float = 10.0) -> str:
@@ -52,7 +54,7 @@ def endpoint(settings: Settings, name: str) -> Iterator[LLMEndpoint]:
                 max_tokens=settings.llm_max_tokens,
             ).validate()
             return
-        from workers.dpkps.local_llm import LocalLLMServer
+        from workers.llm.local import LocalLLMServer
 
         with LocalLLMServer(
             max_tokens=settings.llm_max_tokens, request_timeout=settings.llm_timeout

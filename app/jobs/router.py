@@ -60,7 +60,8 @@ def cancel_job(
     principal: Annotated[Principal, allowed(Action.JOB_CANCEL)],
 ) -> JobOut:
     """A job that has not read private data is cancelled and its reservation released;
-    a running one is asked to stop, and the ε it committed stays spent."""
+    a running one is asked to stop, and the ε it committed stays spent (one whose worker
+    died is cancelled at once)."""
     return service.to_out(session, service.cancel(session, principal, job_id))
 
 
@@ -77,5 +78,7 @@ def retry_job(
 ) -> JobOut:
     """Prompt the LLM again for the sequences of a failed job that have no text (after
     an LLM outage, say). Only jobs whose keyphrase sequences were saved qualify: the
-    private documents are not read again and no budget is reserved or spent."""
+    private documents are not read again and no budget is reserved or spent. A queued
+    or running job whose worker died resumes from what was saved (409 while a live
+    worker runs it): its budget is not reserved or spent again."""
     return service.to_out(session, service.retry(session, principal, job_id))

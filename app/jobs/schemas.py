@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -24,9 +25,9 @@ from pydantic import (
     model_validator,
 )
 
-from app.datasets.schemas import Epsilon, not_a_boolean
+from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
-from workers.dpkps.config import LIMITS, GenerationConfig
+from workers.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR, LIMITS, GenerationConfig
 from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
 
 Example = Annotated[
@@ -37,6 +38,12 @@ Example = Annotated[
 ]
 
 _BOOLEAN_FIELDS = frozenset({"distinct"})
+
+# ε of one mechanism, within the engine's floor and ceiling (see ``check_epsilon``): a
+# job at a negligible ε could only serve to probe the data at no charge.
+MechanismEpsilon = Annotated[
+    float, Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING), BeforeValidator(not_a_boolean)
+]
 
 # Every engine parameter but the device, which is the worker's business.
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "device")
@@ -72,9 +79,9 @@ class JobSpec(BaseModel):
     )
     max_llm_calls: int | None = Field(default=None, ge=1, le=10**9)
 
-    epsilon_vocab: Epsilon
-    epsilon_kde: Epsilon
-    epsilon_count: Epsilon | None = None
+    epsilon_vocab: MechanismEpsilon
+    epsilon_kde: MechanismEpsilon
+    epsilon_count: MechanismEpsilon | None = None
     # Defaults are the engine's own (chosen by measurement; see BENCHMARKS.md).
     per_class: int | None = Field(default=_ENGINE["per_class"], ge=1, le=LIMITS["per_class"])
     total: int | None = Field(default=_ENGINE["total"], ge=1, le=LIMITS["total"])
@@ -116,6 +123,12 @@ class JobSpec(BaseModel):
         if self.epsilon_count is not None and "per_class" not in self.model_fields_set:
             self.per_class = None
         return self
+
+    def sequences_requested(self, labels: int) -> int:
+        """How many keyphrase sequences the job asks for over ``labels`` declared labels."""
+        if self.epsilon_count is not None:
+            return self.total or 0
+        return (self.per_class or 0) * labels
 
     def engine_parameters(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in ENGINE_FIELDS}

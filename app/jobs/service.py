@@ -7,8 +7,11 @@ written, and its first task is sent to the broker only once all of that has comm
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -18,7 +21,7 @@ from app.db import enqueue_after_commit
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
-from app.jobs import repository
+from app.jobs import recovery, repository
 from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
 from app.ledger import audit
 from app.ledger import events as ledger_events
@@ -26,7 +29,7 @@ from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
-from app.worker import RUN_PROMPTS, RUN_SEQUENCES
+from app.worker import RUN_SEQUENCES
 from workers.dpkps.config import GenerationConfig
 from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 
@@ -60,6 +63,41 @@ def _check_prompting(spec: JobSpec, settings: Settings) -> None:
     ).validate()
 
 
+def _check_size(spec: JobSpec, labels: int, settings: Settings) -> None:
+    wanted = spec.sequences_requested(labels)
+    if wanted > settings.max_sequences_per_job:
+        field = "total" if spec.epsilon_count is not None else "per_class"
+        raise Unprocessable(
+            f"asks for {wanted} keyphrase sequences; this server makes at most "
+            f"{settings.max_sequences_per_job} per job",
+            field=field,
+        )
+
+
+def prompt_provenance(spec: JobSpec, actor: Actor) -> dict[str, Any]:
+    """Who supplied the job's few-shot examples and prompt template, and a SHA-256 of
+    each (for the audit trail: the texts themselves are in the spec, not the event)."""
+    supplied: dict[str, Any] = {}
+    if spec.few_shot:
+        supplied["few_shot"] = {
+            "supplied_by": actor.ref,
+            "organisation_id": str(actor.organisation_id),
+            "examples": len(spec.few_shot),
+            "sha256": _sha256(json.dumps(spec.few_shot, ensure_ascii=False)),
+        }
+    if spec.template:
+        supplied["template"] = {
+            "supplied_by": actor.ref,
+            "organisation_id": str(actor.organisation_id),
+            "sha256": _sha256(spec.template),
+        }
+    return supplied
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def submit(
     session: Session,
     principal: Principal,
@@ -69,6 +107,7 @@ def submit(
 ) -> Job:
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     config = spec.generation_config()
+    _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
     vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
     if config.vocabulary_size > vocabulary.size:
@@ -111,6 +150,7 @@ def submit(
         epsilon=job.epsilon,
         epsilon_by_mechanism=by_mechanism,
         llm=spec.llm,
+        **prompt_provenance(spec, principal.actor),
     )
     enqueue_after_commit(session, RUN_SEQUENCES, str(job.id), task_id=task_id)
     return job
@@ -127,7 +167,9 @@ def list_jobs(session: Session, principal: Principal, dataset_id: uuid.UUID) -> 
 
 def stop(session: Session, job: Job, actor: Actor) -> Job:
     """Cancel a job: at once when it has not read private data (its reservation is
-    released), else by request (the worker observes it; the spend stays committed).
+    released) or when no live worker process holds it (its spend stays committed: a
+    job whose worker died), else by request (the worker observes it; the spend stays
+    committed).
 
     Takes the dataset lock first, like every change to the ledger, so that it cannot
     interleave with a worker committing the spend.
@@ -138,16 +180,19 @@ def stop(session: Session, job: Job, actor: Actor) -> Job:
     if current.state in TERMINAL_STATES:
         raise Conflict(f"the job has ended ({current.state})")
     target = ("job", current.id)
-    if ledger.job_budget_state(session, current.id) == "reserved":
+    reserved = ledger.job_budget_state(session, current.id) == "reserved"
+    if reserved or not recovery.held(session, current):
         current.state, current.finished_at, current.stage = "cancelled", utcnow(), None
-        ledger.release_reservation(session, current.id, actor)
+        recovery.release(current)  # a late task of the job finds it ended
+        if reserved:
+            ledger.release_reservation(session, current.id, actor)
         audit.record(
             session,
             "job.cancelled",
             actor,
             organisation_id=current.organisation_id,
             target=target,
-            epsilon_released=current.epsilon,
+            epsilon_released=current.epsilon if reserved else 0.0,
         )
     elif not current.cancel_requested:
         current.cancel_requested = True
@@ -167,16 +212,22 @@ def cancel(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
 
 
 def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
-    """Prompt again the sequences of a failed job that have no text yet.
+    """Prompt again the sequences of a failed job that have no text yet, or resume a
+    queued or running job whose worker process died.
 
-    Only the prompting stage runs again, from the persisted DP keyphrase sequences: no
-    private document is read and no budget is reserved or spent (LLM calls are
-    post-processing). Takes the dataset lock first, like :func:`stop`.
+    For a failed job, only the prompting stage runs again, from the persisted DP
+    keyphrase sequences: no private document is read and no budget is reserved or spent
+    (LLM calls are post-processing). A job whose worker died is sent the task that
+    continues it from what is persisted (:func:`recovery.dispatch`): its reservation or
+    spend stands as it is, and nothing saved is drawn again. Takes the dataset lock
+    first, like :func:`stop`.
     """
     job = get_job(session, principal, job_id)
     dataset = datasets_repo.get(session, job.dataset_id, for_update=True)
     current = repository.get(session, job.id, for_update=True)
     assert current is not None
+    if current.state in repository.ACTIVE_STATES:
+        return _resume(session, principal, current)
     if current.sequences_total == 0:
         raise Conflict("the job has no saved keyphrase sequences to prompt again; submit a new job")
     if current.state != "failed":
@@ -188,11 +239,9 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
     )
     if missing == 0 or current.spec.get("llm") == "none":
         raise Conflict("every sequence of the job has a text already")
-    task_id = str(uuid.uuid4())
     current.state, current.stage, current.finished_at = "running", "prompts", None
     current.error_code = current.error_message = None
     current.cancel_requested = False  # asking again supersedes an earlier stop
-    current.task_ids = [*current.task_ids, task_id]
     audit.record(
         session,
         "job.retried",
@@ -201,9 +250,31 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
         target=("job", current.id),
         sequences_without_text=missing,
     )
-    enqueue_after_commit(session, RUN_PROMPTS, str(current.id), task_id=task_id)
+    recovery.dispatch(session, current)
     session.flush()
     return current
+
+
+def _resume(session: Session, principal: Principal, job: Job) -> Job:
+    if not recovery.is_orphan(session, job, unheld=False):
+        if recovery.held(session, job):
+            raise Conflict("the job is running on a live worker; cancel it to stop it")
+        raise Conflict(
+            f"the job is {job.state} and waits for a worker; only a failed job with saved "
+            "keyphrase sequences, or one whose worker died, can be retried"
+        )
+    job.cancel_requested = False  # asking again supersedes an earlier stop
+    task = recovery.dispatch(session, job)
+    audit.record(
+        session,
+        "job.retried",
+        principal.actor,
+        organisation_id=job.organisation_id,
+        target=("job", job.id),
+        resumed_with=task,
+    )
+    session.flush()
+    return job
 
 
 def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) -> None:

@@ -5,8 +5,8 @@
 1. :func:`app.jobs.runner.start_sequences` commits the job's ε before anything private
    is read, or says the job must not run;
 2. the documents are decrypted into memory, the engine runs with a progress callback
-   that writes the job's stage and progress (throttled) and stops the run when the job
-   was cancelled;
+   that writes the job's stage at its boundaries only (:class:`StageTracker`) and stops
+   the run when the job was cancelled;
 3. the ε the engine reports, by mechanism, must be the ε the ledger holds for the job;
    otherwise the job fails and nothing is saved (a bug, logged as such);
 4. the DP keyphrase sequences are saved, and the prompting stage is queued once that
@@ -17,8 +17,14 @@ the LLM for them and saves each outcome as it arrives, so a crash, an outage or 
 retry (``POST /v1/jobs/{id}/retry``) resumes where it stopped, with no private read
 and no budget spent.
 
-What reaches logs, job errors and metrics: ids, stages, durations, ε, DP counts and
-short error codes. Never a document, a raw count of documents (the engine's owner
+Both run on a job their process holds (:mod:`app.jobs.recovery`): a task that finds the
+job held by another live process returns ``held`` at once, and one whose job was taken
+over meanwhile (its process was thought dead) stops at its next write, writing nothing
+(``lost``).
+
+What reaches logs, job errors and metrics: ids, stages, ε, DP counts, short error codes
+and the duration of the prompting stage (the private stages' durations depend on the
+data: they are not measured). Never a document, a raw count of documents (the engine's owner
 diagnostics are not even read), or the text of an exception (it may quote data).
 """
 
@@ -42,8 +48,9 @@ from app.db import Database
 from app.errors import Conflict, NotFound
 from app.jobs import llm, runner
 from app.jobs import repository as jobs_repo
+from app.jobs.recovery import LeaseLost
 from app.jobs.schemas import JobSpec
-from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, STAGE_DURATION
+from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.vocabularies import service as vocabularies
 from workers.dpkps import prompting
 from workers.dpkps.config import GenerationConfig
@@ -103,6 +110,16 @@ def _end(state: str) -> str:
     return state
 
 
+def _held(job_id: uuid.UUID, stage: str) -> str:
+    log.info(f"job.{stage}.held", job_id=str(job_id))  # by a live process: a duplicate
+    return "held"
+
+
+def _lost(job_id: uuid.UUID, stage: str) -> str:
+    log.warning(f"job.{stage}.lost", job_id=str(job_id))  # taken over: nothing written
+    return "lost"
+
+
 def _fail(ctx: WorkerContext, job_id: uuid.UUID, code: str, message: str) -> str:
     with ctx.database.transaction() as session:
         runner.fail(session, job_id, code, message)
@@ -142,44 +159,49 @@ def check_accounting(reported: Mapping[str, float], reserved: Mapping[str, float
 
 
 class StageTracker:
-    """The engine's progress callback: stage and progress written to the job (at a
-    stage change, else at most every ``progress_interval`` seconds), cancellation
-    checked at each write, and wall time summed per stage for the metrics."""
+    """The engine's progress callback.
+
+    Every stage the engine reports runs after the first private read, so what others
+    see of it must not depend on the data (docs/privacy.md): the job shows a stage's
+    start (progress 0) and its end (1), never a fraction within it (extraction's i/n
+    would give the number of documents), and no stage's duration is measured. The
+    reports are the engine's; which of them change what is written depends only on the
+    configuration and the declared labels. Cancellation is checked at each write and
+    otherwise at most every ``progress_interval`` seconds.
+    """
 
     def __init__(self, ctx: WorkerContext, job_id: uuid.UUID) -> None:
         self.ctx = ctx
         self.job_id = job_id
         self.stage: str | None = None
-        self.mark = time.monotonic()
-        self.last_write = float("-inf")
-        self.durations: dict[str, float] = {}
+        self.shown: tuple[str, float] | None = None
+        self.last_check = float("-inf")
 
     def __call__(self, stage: str, fraction: float) -> None:
-        now = time.monotonic()
-        # the engine reports a stage when work of it is done: the time since the last
-        # report belongs to the stage reported now
-        self.durations[stage] = self.durations.get(stage, 0.0) + (now - self.mark)
-        self.mark = now
-        if stage == self.stage and now - self.last_write < self.ctx.settings.progress_interval:
-            return
-        self.stage = stage
-        self.write(stage, fraction)
-        self.last_write = time.monotonic()
+        shown = (stage, 1.0 if fraction >= 1.0 else 0.0)
+        if shown != self.shown:
+            self.stage, self.shown = stage, shown
+            self.write(*shown)
+        elif time.monotonic() - self.last_check >= self.ctx.settings.progress_interval:
+            self.check_cancelled()
+
+    def check_cancelled(self) -> None:
+        with self.ctx.database.transaction() as session:
+            cancelled = runner.cancel_requested(session, self.job_id)
+        self.last_check = time.monotonic()
+        if cancelled:
+            raise JobCancelled
 
     def write(self, stage: str, fraction: float) -> None:
         with self.ctx.database.transaction() as session:
             cancelled = runner.cancel_requested(session, self.job_id)
             if not cancelled:
                 runner.report_progress(session, self.job_id, stage, fraction)
+        self.last_check = time.monotonic()
         if cancelled:
             raise JobCancelled
         for hook in self.ctx.stage_hooks:
             hook(self.job_id, stage, fraction)
-
-    def close(self) -> None:
-        for stage, seconds in self.durations.items():
-            STAGE_DURATION.labels(stage).observe(seconds)
-        self.durations.clear()
 
 
 @functools.cache
@@ -217,14 +239,43 @@ def job_spec(stored: Mapping[str, Any]) -> JobSpec:
     return JobSpec.model_validate({k: v for k, v in stored.items() if k != "vocabulary_ref"})
 
 
+@dataclass
+class PrivateCorpus:
+    """A job's documents in the worker's memory, in row order. ``units`` names each
+    document's privacy unit when the upload named a unit column (else None: each row is
+    its own unit); the engine does not pool by unit yet."""
+
+    texts: list[str]
+    labels: list[str]
+    units: list[str] | None
+
+
+def load_corpus(ctx: WorkerContext, job_id: uuid.UUID) -> PrivateCorpus:
+    """Decrypt the job's documents (its spend must be committed: see ``runner``)."""
+    texts: list[str] = []
+    labels: list[str] = []
+    units: list[str | None] = []
+    with ctx.database.session() as session:
+        for text, label, unit in runner.private_documents(session, ctx.cipher, job_id):
+            texts.append(text)
+            labels.append(label)
+            units.append(unit)
+    named = [unit for unit in units if unit is not None]  # all or none: a dataset's rule
+    return PrivateCorpus(texts, labels, named if named and len(named) == len(units) else None)
+
+
 def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     """Stages 1-6 of a job; returns what became of it (for logs and tests)."""
     try:
         with ctx.database.transaction() as session:
-            started = runner.start_sequences(session, job_id)
+            started = runner.start_sequences(
+                session, job_id, lease_seconds=ctx.settings.job_lease_seconds
+            )
     except NotFound:
         log.warning("job.sequences.no_such_job", job_id=str(job_id))
         return "missing"
+    except LeaseLost:
+        return _held(job_id, "sequences")
     if started is None:
         log.info("job.sequences.skipped", job_id=str(job_id))
         return "skipped"
@@ -243,6 +294,8 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except JobCancelled:
         log.info("job.cancelled", job_id=str(job_id), stage=tracker.stage)
         return _end("cancelled")
+    except LeaseLost:
+        return _lost(job_id, "sequences")
     except SoftTimeLimitExceeded:
         return _fail(
             ctx,
@@ -264,8 +317,6 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         return _fail(ctx, job_id, _error_code(exc), exc.message)
     except Exception as exc:
         return _crashed(ctx, job_id, "sequences", exc)
-    finally:
-        tracker.close()
 
 
 def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTracker) -> str:
@@ -278,14 +329,10 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
     vocabulary = _vocabulary(ctx, started.spec)
     embedder = _embedder(settings.embedding_model, settings.device)
     tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
-    with ctx.database.session() as session:
-        documents = list(runner.private_documents(session, ctx.cipher, job_id))
-    texts = [text for text, _ in documents]
-    labels = [label for _, label in documents]
-    del documents
+    corpus = load_corpus(ctx, job_id)
     result = generate_sequences(
-        texts,
-        labels,
+        corpus.texts,
+        corpus.labels,
         label_set=started.labels,
         vocabulary=vocabulary,
         config=config,
@@ -293,7 +340,7 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
         cache=EmbeddingCache(settings.embedding_cache_dir),
         progress=tracker,
     )
-    del texts, labels
+    del corpus
     check_accounting(result.report.by_mechanism(), started.epsilon_by_mechanism)
     sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
     without_llm = spec.llm == "none"
@@ -364,6 +411,10 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         if job.state != "running" or job.sequences_total == 0:
             log.info("job.prompts.skipped", job_id=str(job_id), state=job.state)
             return "skipped"
+        try:
+            runner.claim(session, job_id, ctx.settings.job_lease_seconds)
+        except LeaseLost:
+            return _held(job_id, "prompts")
         cancelled = runner.cancel_requested(session, job_id)
         spec, total = dict(job.spec), job.sequences_total
     if cancelled:
@@ -374,6 +425,8 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except JobCancelled:
         log.info("job.cancelled", job_id=str(job_id), stage="prompts")
         return _end("cancelled")
+    except LeaseLost:
+        return _lost(job_id, "prompts")
     except SoftTimeLimitExceeded:
         return _fail(
             ctx,
@@ -395,8 +448,11 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except Exception as exc:
         return _crashed(ctx, job_id, "prompts", exc)
     finally:
-        STAGE_DURATION.labels("prompts").observe(time.monotonic() - started)
-    return _conclude(ctx, job_id, total, calls)
+        observe_stage("prompts", time.monotonic() - started)
+    try:
+        return _conclude(ctx, job_id, total, calls)
+    except LeaseLost:
+        return _lost(job_id, "prompts")
 
 
 def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, Any]) -> int:

@@ -1,8 +1,10 @@
 """Releasing a finished job's corpus to client organisations, and downloading it.
 
-A release carries its manifest: the method, every parameter, the vocabulary, the
-models, the ε charged by mechanism (and the engine's exact per-mechanism report when
-the worker recorded one), and the time. All of it is public: DP outputs and settings.
+A release carries its manifest: the method and the density estimate that ran (derived
+from the job's configuration), every parameter, the vocabulary (built in or uploaded,
+with its fingerprint), the models, the ε charged by mechanism (and the engine's exact
+per-mechanism report when the worker recorded one), and the time. All of it is public:
+DP outputs and settings.
 """
 
 from __future__ import annotations
@@ -26,8 +28,54 @@ from app.models import Download, Job, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
 from workers.dpkps.accounting import ACCOUNTANT
+from workers.dpkps.config import GenerationConfig
 
-METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by random Fourier features"
+METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
+DENSITY_METHODS = {
+    "exact": "the exact Gaussian kernel density on the private vocabulary",
+    "random_features": "random Fourier features ({mode} sequences)",
+}
+ADJACENCY = "one row of the uploaded file added or removed"
+VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
+FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
+
+
+def _config(spec: dict[str, Any]) -> GenerationConfig:
+    """The job's engine configuration, from its stored spec (validated at submission)."""
+    return GenerationConfig(**{name: spec[name] for name in ENGINE_FIELDS if name in spec})
+
+
+def describe_method(config: GenerationConfig) -> str:
+    """What ran, from the configuration (the words of the engine's own manifest,
+    ``workers.dpkps.pipeline.method_description``, which the API does not import: torch)."""
+    kde = DENSITY_METHODS[config.density_method].format(mode=config.mode)
+    return METHOD.format(kde=kde)
+
+
+def density(config: GenerationConfig) -> dict[str, Any]:
+    """How the class densities were estimated and released."""
+    described: dict[str, Any] = {
+        "method": config.density_method,
+        "kernel": "gaussian",
+        "bandwidth": config.bandwidth,
+    }
+    if config.density_method == "random_features":
+        described["num_features"] = config.num_features
+        described["contribution_bound"] = config.contribution_bound
+    return described
+
+
+def vocabulary_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """The public vocabulary the job drew from: built in or uploaded, and its fingerprint."""
+    ref = spec["vocabulary_ref"]
+    return {
+        "source": VOCABULARY_SOURCES[ref["kind"]],
+        "id": ref["id"],
+        "name": ref["name"],
+        "size": ref["size"],
+        "fingerprint": ref["fingerprint"],
+        "fingerprint_algorithm": FINGERPRINT,
+    }
 
 
 def _texts_only(job: Job) -> bool:
@@ -37,15 +85,16 @@ def _texts_only(job: Job) -> bool:
 def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
     spec = job.spec
     engine = job.manifest or {}
-    ran = engine.get("parameters") or {}
+    config = _config(spec)
+    resolved = config.to_dict()  # the defaults that depend on the mode, resolved
     llm = spec.get("llm", "none")
     endpoint = settings.llm_endpoints.get(llm)
     return {
-        "method": engine.get("method", METHOD),
+        "method": describe_method(config),
         "job_id": str(job.id),
-        # What the engine ran with (defaults such as the temperature resolved), else the spec.
-        "parameters": {name: ran.get(name, spec.get(name)) for name in ENGINE_FIELDS},
-        "vocabulary": engine.get("vocabulary", spec.get("vocabulary_ref")),
+        "parameters": {name: resolved[name] for name in ENGINE_FIELDS},
+        "density": density(config),
+        "vocabulary": vocabulary_of(spec),
         "prompt": {
             "document_type": spec.get("document_type"),
             "few_shot_examples": len(spec.get("few_shot") or []),
@@ -56,6 +105,7 @@ def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
             "llm": {"endpoint": llm, "model": endpoint.model if endpoint else None},
         },
         "privacy": {
+            "adjacency": ADJACENCY,
             "accountant": ACCOUNTANT,
             "epsilon_charged": job.epsilon,
             "delta": 0.0,

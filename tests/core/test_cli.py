@@ -68,6 +68,8 @@ def generate_args(small: dict[str, Path], *extra: str) -> list[str]:
         "body",
         "--label-column",
         "class",
+        "--labels",
+        ",".join(LABELS),
         "--vocabulary",
         str(small["vocab"]),
         "--epsilon-vocab",
@@ -108,7 +110,9 @@ def test_generate_writes_records_and_manifest(small: dict[str, Path]) -> None:
         {"vocabulary": 2.0, "kde": 4.0}
     )
     assert manifest["parameters"]["seed"] == 3
-    assert manifest["labels"]["source"] == "input"
+    assert manifest["labels"] == {"names": list(LABELS), "source": "declared"}
+    assert "seconds" not in manifest  # wall time is a timing side channel: stderr only
+    assert "exact Gaussian kernel" in manifest["method"]  # what ran, from the configuration
     assert manifest["prompting"] == {"llm": "none"}
     assert manifest["documents_written"] == len(records)
     with open(small["input"], newline="", encoding="utf-8") as handle:
@@ -133,6 +137,8 @@ def test_declared_labels_are_used_and_reported(small: dict[str, Path]) -> None:
         (["--epsilon-kde", "-1"], "--epsilon-kde"),
         (["--epsilon-vocab", "inf"], "--epsilon-vocab"),
         (["--epsilon-vocab", "nan"], "--epsilon-vocab"),
+        (["--epsilon-vocab", "1e-9"], "--epsilon-vocab"),
+        (["--epsilon-kde", "1000"], "--epsilon-kde"),
         (["--vocabulary-size", "500"], "--vocabulary-size"),
         (["--temperature", "0"], "--temperature"),
         (["--mode", "iterative", "--kde-method", "exact"], "--kde-method"),
@@ -181,13 +187,32 @@ def test_bad_input_files(
     assert outputs_absent(small["out"])
 
 
-def test_no_document_matches_the_vocabulary(
+def test_no_document_matching_the_vocabulary_is_not_an_error(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # Success or failure after the private read must not depend on the data: the run
+    # releases noise (DP on an all-zero histogram) and warns its owner on stderr only.
     small["vocab"].write_text("\n".join(f"zzz{i}" for i in range(20)))
-    assert main(generate_args(small)) != 0
-    assert "error: --vocabulary: no document contains a phrase" in capsys.readouterr().err
+    assert main(generate_args(small)) == 0
+    assert "48 of 48 documents contain no phrase" in capsys.readouterr().err
+    assert len(small["out"].read_text().splitlines()) == 5 * len(LABELS)
+
+
+def test_the_label_set_must_be_declared(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = generate_args(small)
+    at = args.index("--labels")
+    del args[at : at + 2]
+    assert main(args) != 0
+    assert capsys.readouterr().err.startswith("error: --labels: declare the label set")
     assert outputs_absent(small["out"])
+
+
+def test_random_features_are_named_in_the_manifest(small: dict[str, Path]) -> None:
+    assert main(generate_args(small, "--kde-method", "random_features")) == 0
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    assert "random Fourier features" in manifest["method"]
 
 
 def test_small_class_and_unmatched_documents_warn_the_owner(
@@ -195,7 +220,7 @@ def test_small_class_and_unmatched_documents_warn_the_owner(
 ) -> None:
     with open(small["input"], "a", encoding="utf-8") as handle:
         handle.write("nothing known,here either,World\nshares up,profit,Health\n")
-    assert main(generate_args(small)) == 0
+    assert main(generate_args(small, "--labels", ",".join([*LABELS, "Health"]))) == 0
     err = capsys.readouterr().err
     assert "1 of 50 documents contain no phrase" in err
     assert "label 'Health' has 1 document(s)" in err
@@ -247,6 +272,8 @@ def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) ->
         "description",
         "--label-column",
         "class",
+        "--labels",
+        ",".join(LABELS),
         "--vocabulary",
         "english",
         "--epsilon-vocab",

@@ -27,15 +27,13 @@ from workers.dpkps.prompting import (
     DEFAULT_TEMPLATE,
     LIMITS,
     SYSTEM_MESSAGE,
-    LLMEndpoint,
     PromptOutcome,
     PromptSpec,
-    backoff_delay,
     build_messages,
-    parse_retry_after,
     prompt_sequences,
     run_prompts,
 )
+from workers.llm.client import LLMEndpoint, backoff_delay, parse_retry_after
 from workers.settings import CoreSettings
 
 SPEC = PromptSpec(document_type="news article")
@@ -310,7 +308,7 @@ def test_errors_and_logs_hold_codes_not_text(
     llm: FakeLLM, caplog: pytest.LogCaptureFixture
 ) -> None:
     llm.script("429", "500", "malformed", "empty", "timeout:5", "400")
-    with caplog.at_level(logging.DEBUG, logger="workers.dpkps.prompting"):
+    with caplog.at_level(logging.DEBUG, logger="workers"):
         outcomes = run_prompts(
             [["zebracanary", "quokkacanary"]] * 3,
             endpoint=llm.endpoint(timeout=0.3),
@@ -456,7 +454,7 @@ def test_backoff_grows_exponentially_with_jitter_and_cap() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_packaged_smollm2_generates_text() -> None:
-    from workers.dpkps.local_llm import LocalLLMServer, packaged_gguf_path
+    from workers.llm.local import LocalLLMServer, packaged_gguf_path
 
     assert packaged_gguf_path().is_file()
     with LocalLLMServer(max_tokens=40, temperature=0.7, startup_timeout=120) as server:

@@ -80,7 +80,7 @@ Row = tuple[str, str, str, Callable[[Scene, str], Call]]
 MATRIX: tuple[Row, ...] = (
     ("GET", "/healthz", "200 200 200 200 200 200", _none),
     ("GET", "/readyz", "200 200 200 200 200 200", _none),
-    ("GET", "/metrics", "200 200 200 200 200 200", _none),
+    ("GET", "/metrics", "200 200 403 403 401 401", _none),
     ("GET", "/openapi.json", "200 200 200 200 200 200", _none),
     ("GET", "/docs", "200 200 200 200 200 200", _none),
     ("GET", "/docs/oauth2-redirect", "200 200 200 200 200 200", _none),

@@ -89,6 +89,14 @@ def test_decimal_budget_arithmetic_fits_ten_tenths_in_one(
         ({"epsilon_vocab": -1}, "epsilon_vocab"),
         ({"epsilon_kde": 0}, "epsilon_kde"),
         ({"epsilon_kde": 5000}, "epsilon_kde"),
+        # a floor and a ceiling per mechanism (a job at ε = 2e-9 is a free probe)
+        ({"epsilon_vocab": 2e-9}, "epsilon_vocab"),
+        ({"epsilon_kde": 0.0009}, "epsilon_kde"),
+        ({"epsilon_count": 1e-4, "total": 10}, "epsilon_count"),
+        ({"epsilon_vocab": 100.5}, "epsilon_vocab"),
+        # sequences per job: per_class × 2 declared labels, or total (server cap 100,000)
+        ({"per_class": 50_001}, "per_class"),
+        ({"epsilon_count": 1, "total": 100_001}, "total"),
         ({"api_key": "sk-secret"}, "api_key"),
         ({"base_url": "http://evil"}, "base_url"),
         ({"mode": "greedy"}, "mode"),

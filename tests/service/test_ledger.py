@@ -105,7 +105,7 @@ def test_the_worker_commits_before_it_can_read_private_documents(
     assert started is not None and started.labels == ["cardio", "ortho"]
     with db.transaction() as session:
         documents = list(runner.private_documents(session, cipher, job_id))
-    assert documents == [(text, label) for text, label in factories.ROWS]
+    assert documents == [(text, label, None) for text, label in factories.ROWS]
     job = client.get(f"/v1/jobs/{job_id}", headers=world.owner.headers).json()
     assert job["state"] == "running" and job["stage"] == "extract"
     assert job["epsilon"]["budget_state"] == "committed"

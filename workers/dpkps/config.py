@@ -22,12 +22,41 @@ DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3}
 EXACT_KERNEL_LIMIT = 20_000  # |Ṽ| for the exact kernel, computed in blocks of rows
 
 
-def check_epsilon(value: float, *, field: str) -> float:
-    """ε must be a finite number > 0."""
+EPSILON_FLOOR = 1e-3  # per mechanism: below it a release is all noise, and a probe of one fact
+EPSILON_CEILING = 100.0  # above it the noise is negligible: no privacy worth a ledger entry
+
+
+NOISES = ("laplace", "gaussian")
+DELTA_CEILING = 1e-3  # δ is a probability of failure: keep it far below 1/n
+
+
+def check_delta(value: float, *, gaussian: bool, field: str = "delta") -> float:
+    """δ in [0, 1e-3]; > 0 for Gaussian noise, 0 for pure ε."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError("must be a number", field=field)
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"must be finite and > 0 (got {value})", field=field)
+    if not math.isfinite(value) or not 0 <= value <= DELTA_CEILING:
+        raise ConfigError(f"must be between 0 and {DELTA_CEILING:g} (got {value})", field=field)
+    if gaussian and value == 0:
+        raise ConfigError("Gaussian noise needs δ > 0 (e.g. 1e-6)", field=field)
+    if not gaussian and value != 0:
+        raise ConfigError("Laplace noise is pure ε-DP: δ must be 0", field=field)
+    return float(value)
+
+
+def check_epsilon(value: float, *, field: str) -> float:
+    """ε must be a number in [EPSILON_FLOOR, EPSILON_CEILING] (per mechanism).
+
+    The floor refuses the probes a tiny ε invites (many jobs at ε = 1e-9 each, spending
+    nothing on the ledger, asking one yes/no question each); the ceiling refuses a release
+    that is private in name only.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError("must be a number", field=field)
+    if not math.isfinite(value) or not EPSILON_FLOOR <= value <= EPSILON_CEILING:
+        raise ConfigError(
+            f"must be between {EPSILON_FLOOR:g} and {EPSILON_CEILING:g} (got {value})",
+            field=field,
+        )
     return float(value)
 
 
@@ -39,12 +68,15 @@ def check_temperature(temperature: float) -> float:
     return float(temperature)
 
 
-def _check_between(value: float, *, field: str, high: float, unit: str = "") -> float:
-    """A finite number in [0, high]; the message names ``field``."""
+def _check_between(
+    value: float, *, field: str, high: float, unit: str = "", low_open: bool = False
+) -> float:
+    """A finite number in [0, high] (or (0, high]); the message names ``field``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError("must be a number", field=field)
-    if not (math.isfinite(value) and 0 <= value <= high):
-        raise ConfigError(f"must be between 0 and {high:g}{unit}", field=field)
+    if not (math.isfinite(value) and 0 <= value <= high) or (low_open and value == 0):
+        low = "> 0 and ≤" if low_open else "between 0 and"
+        raise ConfigError(f"must be {low} {high:g}{unit}", field=field)
     return float(value)
 
 
@@ -117,11 +149,17 @@ class GenerationConfig:
       kernel, τ = 1: 0.759 without it against 0.795–0.833 with it).
     """
 
-    epsilon_vocab: float
-    epsilon_kde: float
+    epsilon_vocab: float | None = None  # per-mechanism ε (Laplace noise); or `epsilon`
+    epsilon_kde: float | None = None
     epsilon_count: float | None = None  # set: split `total` by noisy class counts
     per_class: int | None = 100  # fixed number of sequences per declared label
-    total: int | None = None  # with epsilon_count
+    total: int | None = None  # with epsilon_count, or with `epsilon` (counts get a share)
+    epsilon: float | None = None  # total budget, split among the mechanisms by the shares
+    delta: float = 0.0  # with `epsilon`: > 0 for Gaussian noise
+    noise: str = "laplace"  # "laplace" (pure ε) | "gaussian" (ε, δ), with `epsilon`
+    share_vocab: float = 1.0  # shares of the total (of ε for Laplace, of μ² for Gaussians)
+    share_kde: float = 1.0
+    share_count: float = 0.1
     vocabulary_size: int = 1000  # N: size of the private vocabulary
     max_matches_per_document: int = 10  # S: sensitivity of the vocabulary histogram
     sequence_length: int = 8  # L
@@ -140,18 +178,12 @@ class GenerationConfig:
     device: str | None = None  # None: GPU if torch sees one, else CPU
 
     def validate(self) -> GenerationConfig:
-        check_epsilon(self.epsilon_vocab, field="epsilon_vocab")
-        check_epsilon(self.epsilon_kde, field="epsilon_kde")
-        if self.epsilon_count is None:
+        self._check_budget()
+        if self.total is None:
             if self.per_class is None:
                 raise ConfigError("give per_class, or total with epsilon_count", field="per_class")
             _check_int(self.per_class, name="per_class", low=1, high=LIMITS["per_class"])
-            if self.total is not None:
-                raise ConfigError("total needs epsilon_count (noisy class counts)", field="total")
         else:
-            check_epsilon(self.epsilon_count, field="epsilon_count")
-            if self.total is None:
-                raise ConfigError("epsilon_count needs a total number of sequences", field="total")
             _check_int(self.total, name="total", low=1, high=LIMITS["total"])
         for name in (
             "vocabulary_size",
@@ -200,6 +232,40 @@ class GenerationConfig:
             )
         return self
 
+    def _check_budget(self) -> None:
+        """One total budget (``epsilon``, ``delta``, ``noise``, shares) or per-mechanism ε."""
+        if self.noise not in NOISES:
+            raise ConfigError(f"must be one of {', '.join(NOISES)}", field="noise")
+        if self.epsilon is None:
+            if self.epsilon_vocab is None or self.epsilon_kde is None:
+                raise ConfigError(
+                    "give a total epsilon, or epsilon_vocab and epsilon_kde",
+                    field="epsilon" if self.epsilon_vocab is None else "epsilon_kde",
+                )
+            check_epsilon(self.epsilon_vocab, field="epsilon_vocab")
+            check_epsilon(self.epsilon_kde, field="epsilon_kde")
+            if self.noise != "laplace" or self.delta != 0:
+                raise ConfigError(
+                    "per-mechanism ε is pure (Laplace); give a total epsilon and delta for "
+                    "Gaussian noise",
+                    field="noise" if self.noise != "laplace" else "delta",
+                )
+            if (self.epsilon_count is None) != (self.total is None):
+                field = "total" if self.epsilon_count is not None else "epsilon_count"
+                raise ConfigError(
+                    "noisy class counts need both total and epsilon_count", field=field
+                )
+            if self.epsilon_count is not None:
+                check_epsilon(self.epsilon_count, field="epsilon_count")
+            return
+        for name in ("epsilon_vocab", "epsilon_kde", "epsilon_count"):
+            if getattr(self, name) is not None:
+                raise ConfigError("give a total epsilon or per-mechanism ε, not both", field=name)
+        check_epsilon(self.epsilon, field="epsilon")
+        check_delta(self.delta, gaussian=self.noise == "gaussian")
+        for name in ("share_vocab", "share_kde", "share_count"):
+            _check_between(getattr(self, name), field=name, high=1000, low_open=True)
+
     def check_vocabulary(self, name: str, size: int) -> None:
         """N must not exceed the public vocabulary it is drawn from."""
         if self.vocabulary_size > size:
@@ -223,9 +289,9 @@ class GenerationConfig:
         return DEFAULT_TEMPERATURE[self.density_method]
 
     @property
-    def epsilon_total(self) -> float:
-        """The budget a run of this configuration asks for (what a ledger reserves)."""
-        return self.epsilon_vocab + self.epsilon_kde + (self.epsilon_count or 0.0)
+    def uses_class_counts(self) -> bool:
+        """Whether the run releases noisy class counts (a total split by them)."""
+        return self.total is not None
 
     def to_dict(self) -> dict[str, Any]:
         """Every parameter, with the defaults that depend on the mode resolved."""

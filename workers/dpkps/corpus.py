@@ -28,6 +28,7 @@ class LabelledCorpus:
     texts: list[str]
     labels: list[str]  # "" for every row when no label column was asked for
     skipped_empty: int  # rows whose joined text was empty
+    units: list[str] | None = None  # the privacy unit of each document (unit column)
 
     def label_set(self) -> list[str]:
         """The distinct labels in order of first appearance."""
@@ -107,6 +108,7 @@ def read_labelled(
     text_columns: Sequence[str],
     label_column: str | None,
     field: str = "input",
+    unit_column: str | None = None,
 ) -> LabelledCorpus:
     """Documents (text columns joined by ". ") and labels from a CSV or JSONL file.
 
@@ -120,11 +122,17 @@ def read_labelled(
     text = _decode(file, field)
     jsonl = file.suffix.lower() in (".jsonl", ".ndjson")
     records = _jsonl_records(text, file, field) if jsonl else _csv_records(text, file, field)
-    wanted = [*text_columns, *([label_column] if label_column else [])]
+    wanted = [
+        *text_columns,
+        *([label_column] if label_column else []),
+        *([unit_column] if unit_column else []),
+    ]
     texts: list[str] = []
     labels: list[str] = []
+    units: list[str] = []
     skipped = 0
     missing_label: list[int] = []
+    missing_unit: list[int] = []
     checked_header = False
     for row, record in records:
         if not checked_header or jsonl:
@@ -134,7 +142,9 @@ def read_labelled(
                 raise InputDataError(
                     f"{file}: column {absent[0]!r} is not in {where} "
                     f"(columns: {', '.join(sorted(record)) or 'none'})",
-                    field="label_column" if absent[0] == label_column else "text_column",
+                    field={label_column: "label_column", unit_column: "unit_column"}.get(
+                        absent[0], "text_column"
+                    ),
                 )
             checked_header = True
         parts = [" ".join(record[c].split()) for c in text_columns]
@@ -143,17 +153,30 @@ def read_labelled(
         if label_column and not label:
             missing_label.append(row)
             continue
+        unit = record[unit_column].strip() if unit_column else ""
+        if unit_column and not unit:
+            missing_unit.append(row)
+            continue
         if not joined:
             skipped += 1
             continue
         texts.append(joined)
         labels.append(label)
+        units.append(unit)
     if missing_label:
         raise InputDataError(
             f"{file}: {len(missing_label)} row(s) have an empty label (rows "
             f"{_rows_named(missing_label)})",
             field="label_column",
         )
+    if missing_unit:
+        raise InputDataError(
+            f"{file}: {len(missing_unit)} row(s) have an empty unit (rows "
+            f"{_rows_named(missing_unit)})",
+            field="unit_column",
+        )
     if not texts:
         raise InputDataError(f"{file} holds no document with text", field=field)
-    return LabelledCorpus(texts=texts, labels=labels, skipped_empty=skipped)
+    return LabelledCorpus(
+        texts=texts, labels=labels, skipped_empty=skipped, units=units if unit_column else None
+    )

@@ -1,5 +1,11 @@
 """DP kernel density estimates over keyphrase embeddings (method.md, step 4; Wagner et al. 2023).
 
+Noise: the planned release of :mod:`workers.dpkps.plan` — Laplace (pure ε, L1
+sensitivities below) or Gaussian ((ε, δ), L2 sensitivities: contributions are clipped in
+L2 to ``c·√I`` instead of L1 to ``c·I``, and the exact kernel's sensitivity is its largest
+column norm instead of its largest column sum). One unit (a document, or a patient's
+pooled documents) contributes one vector, so everything below holds per unit.
+
 A structure releases ``F̃ = Σ_j φ_j + Laplace(b)^I`` where ``φ_j ∈ [−√2, √2]^I`` is the
 ONE feature vector document ``j`` contributes, however long it is. Under add/remove-one
 adjacency the sum moves by ``φ_j`` alone, so its L1 sensitivity is ``√2 · I`` and the
@@ -40,11 +46,11 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from workers.dpkps.accounting import MechanismSpend
-from workers.dpkps.config import ENSEMBLES, EXACT_KERNEL_LIMIT, MODES, check_epsilon
+from workers.dpkps.config import ENSEMBLES, EXACT_KERNEL_LIMIT, MODES
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures, feature_map
-from workers.dpkps.noise import laplace_vector
+from workers.dpkps.noise import noise_std, release_vector
+from workers.privacy.events import PrivacyEvent
 
 _DOC_CHUNK = 2048
 
@@ -81,18 +87,24 @@ def check_bound(bound: float) -> float:
     return float(bound)
 
 
-def kde_sensitivity(num_features: int, bound: float = MAX_BOUND) -> float:
-    """L1 sensitivity of ``Σ_j φ_j`` under add/remove of one document: ``c · I``.
+def kde_sensitivity(num_features: int, bound: float = MAX_BOUND, norm: str = "l1") -> float:
+    """Sensitivity of ``Σ_j φ_j`` under add/remove of one unit: ``c·I`` (L1), ``c·√I`` (L2).
 
-    Every ``φ_j`` is clipped to ``‖φ_j‖₁ ≤ c · I`` (:func:`clip_rows`); with ``c = √2``
-    that is the box ``[−√2, √2]^I`` itself and nothing is clipped.
+    Every ``φ_j`` is clipped to ``‖φ_j‖₁ ≤ c·I`` or ``‖φ_j‖₂ ≤ c·√I`` (:func:`clip_rows`);
+    with ``c = √2`` both are implied by the box ``[−√2, √2]^I`` and nothing is clipped
+    (``‖φ‖₂ ≤ √I·‖φ‖∞``). The L2 bound is smaller by √I: the Gaussian mechanism's
+    advantage for this release.
     """
-    return check_bound(bound) * num_features
+    scale = num_features if norm == "l1" else math.sqrt(num_features)
+    return check_bound(bound) * scale
 
 
-def clip_rows(rows: torch.Tensor, limit: float) -> torch.Tensor:
-    """Scale each row down to L1 norm ≤ ``limit`` (rows already within it are unchanged)."""
-    norms = rows.abs().sum(dim=1, keepdim=True)
+def clip_rows(rows: torch.Tensor, limit: float, norm: str = "l1") -> torch.Tensor:
+    """Scale each row down to norm ≤ ``limit`` (rows already within it are unchanged)."""
+    if norm == "l1":
+        norms = rows.abs().sum(dim=1, keepdim=True)
+    else:
+        norms = rows.pow(2).sum(dim=1, keepdim=True).sqrt()
     factor = torch.clamp(limit / norms.clamp_min(1e-300), max=1.0)
     return rows * factor
 
@@ -105,6 +117,7 @@ def bag_sum(
     num_features: int,
     max_phrases: int,
     bound: float = MAX_BOUND,
+    norm: str = "l1",
 ) -> NDArray[np.float64]:
     """Raw ``Σ_j clip(mean_{v ∈ doc j} f(e_v))``.
 
@@ -113,7 +126,7 @@ def bag_sum(
     clipping needs each of them. Without clipping (``bound = √2``) the sum collapses to
     ``Σ_v c_v f(e_v)``, a weighted histogram over distinct phrases.
     """
-    limit = check_bound(bound) * num_features
+    limit = kde_sensitivity(num_features, bound, norm)
     docs = [list(p[:max_phrases]) for p in doc_phrases if len(p)]
     if not docs:
         return np.zeros(num_features, dtype=np.float64)
@@ -143,7 +156,7 @@ def bag_sum(
             check_invariants=False,
         ).to(feats.device)
         phi = torch.sparse.mm(matrix, feats)  # repeated phrases are summed: coalesced
-        total += clip_rows(phi, limit).sum(dim=0)
+        total += clip_rows(phi, limit, norm).sum(dim=0)
     result: NDArray[np.float64] = total.cpu().numpy()
     return result
 
@@ -156,9 +169,10 @@ def sequence_sum(
     num_features: int,
     blocks: int,
     bound: float = MAX_BOUND,
+    norm: str = "l1",
 ) -> NDArray[np.float64]:
     """Raw ``Σ_j clip(f(x_j))`` with ``x_j`` the first ``blocks`` phrases of doc ``j``."""
-    limit = check_bound(bound) * num_features
+    limit = kde_sensitivity(num_features, bound, norm)
     docs = [list(p[:blocks]) for p in doc_phrases if len(p)]
     total = torch.zeros(num_features, dtype=torch.float64, device=embeddings.device)
     if not docs:
@@ -177,22 +191,17 @@ def sequence_sum(
             idx = torch.as_tensor([chunk[i][b] for i in rows], device=total.device)
             phase[torch.as_tensor(rows, device=total.device)] += projections[b][idx]
         phi = feature_map(scale * phase, beta).to(torch.float64)
-        total += clip_rows(phi, limit).sum(dim=0)
+        total += clip_rows(phi, limit, norm).sum(dim=0)
     out: NDArray[np.float64] = total.cpu().numpy()
     return out
 
 
 def _release(
-    raw: NDArray[np.float64], sensitivity: float, epsilon: float, label: str, kind: str
-) -> tuple[NDArray[np.float64], MechanismSpend]:
-    """One class's KDE release through OpenDP's Laplace mechanism, named for the ledger."""
-    return laplace_vector(
-        raw,
-        sensitivity=sensitivity,
-        epsilon=epsilon,
-        mechanism="kde",
-        name=f"kde[label={label},{kind}]",
-        partition=label,
+    raw: NDArray[np.float64], sensitivity: float, planned: PrivacyEvent, label: str, kind: str
+) -> tuple[NDArray[np.float64], PrivacyEvent]:
+    """One class's KDE release with the planned noise, named for the ledger."""
+    return release_vector(
+        raw, planned, sensitivity=sensitivity, name=f"kde[label={label},{kind}]", partition=label
     )
 
 
@@ -204,7 +213,7 @@ class DPKDE:
     blocks: int  # 0: bag structure of the independent mode
     num_features: int
     noisy_sum: NDArray[np.float64]
-    spend: MechanismSpend
+    event: PrivacyEvent
 
 
 def build_structure(
@@ -215,11 +224,12 @@ def build_structure(
     label: str,
     blocks: int,
     num_features: int,
-    epsilon: float,
+    planned: PrivacyEvent,
     max_phrases: int = 32,
     bound: float = MAX_BOUND,
 ) -> DPKDE:
-    """Build one DP-KDE structure for the documents of one class."""
+    """Build one DP-KDE structure for the units of one class."""
+    norm = planned.norm
     if not 1 <= num_features <= rff.num_features:
         raise ConfigError(f"must be in [1, {rff.num_features}]", field="num_features")
     if blocks == 0:
@@ -230,17 +240,24 @@ def build_structure(
             num_features=num_features,
             max_phrases=max_phrases,
             bound=bound,
+            norm=norm,
         )
     else:
         raw = sequence_sum(
-            doc_phrases, embeddings, rff, num_features=num_features, blocks=blocks, bound=bound
+            doc_phrases,
+            embeddings,
+            rff,
+            num_features=num_features,
+            blocks=blocks,
+            bound=bound,
+            norm=norm,
         )
-    noisy, spend = _release(
-        raw, kde_sensitivity(num_features, bound), epsilon, label, f"blocks={blocks}"
+    noisy, event = _release(
+        raw, kde_sensitivity(num_features, bound, norm), planned, label, f"blocks={blocks}"
     )
     del raw  # raw sums never outlive the structure's construction
     return DPKDE(
-        label=label, blocks=blocks, num_features=num_features, noisy_sum=noisy, spend=spend
+        label=label, blocks=blocks, num_features=num_features, noisy_sum=noisy, event=event
     )
 
 
@@ -253,20 +270,23 @@ def build_class_ensemble(
     mode: str,
     ensemble: str,
     length: int,
-    epsilon: float,
+    planned: PrivacyEvent,
     num_features: int,
     max_phrases: int = 32,
     bound: float = MAX_BOUND,
 ) -> list[DPKDE]:
-    """The structures one class needs: one bag, or one per ensemble block count."""
-    epsilon = check_epsilon(epsilon, field="epsilon_kde")
+    """The structures one class needs: one bag, or one per ensemble block count.
+
+    ``planned`` is one structure's release: the plan already divided the class's budget
+    among the ensemble (its ``count``)."""
     if mode == "independent":
         block_counts = [0]
     elif mode == "iterative":
         block_counts = ensemble_block_counts(ensemble, length)
     else:
         raise ConfigError(f"must be one of {MODES}", field="mode")
-    share = epsilon / len(block_counts)
+    if planned.count != len(block_counts):
+        raise ConfigError("the plan does not match the ensemble", field="ensemble")
     return [
         build_structure(
             doc_phrases,
@@ -275,7 +295,7 @@ def build_class_ensemble(
             label=label,
             blocks=b,
             num_features=num_features,
-            epsilon=share,
+            planned=planned,
             max_phrases=max_phrases,
             bound=bound,
         )
@@ -315,8 +335,15 @@ class ExactKernel:
             )
         self.embeddings = embeddings.to(torch.float64)
         self.bandwidth = float(bandwidth)
-        # L1 sensitivity of K w: the largest column sum (K is symmetric: row sums).
-        self.sensitivity = max(float(block.sum(dim=1).max()) for block in self._blocks())
+        # Sensitivity of K w (w ≥ 0 summing to 1 per unit, so K w_j is a convex combination
+        # of columns): L1, the largest column sum; L2, the largest column norm (K is
+        # symmetric: rows). Both public: functions of Ṽ and the public embeddings.
+        l1, l2 = 0.0, 0.0
+        for block in self._blocks():
+            l1 = max(l1, float(block.sum(dim=1).max()))
+            l2 = max(l2, float(block.pow(2).sum(dim=1).sqrt().max()))
+        self.sensitivities = {"l1": l1, "l2": l2}
+        self.sensitivity = l1
 
     @property
     def size(self) -> int:
@@ -353,12 +380,12 @@ class ExactKDE:
 
     label: str
     noisy_density: NDArray[np.float64]
-    spend: MechanismSpend
+    event: PrivacyEvent
 
     @property
     def noise_std(self) -> float:
-        """Standard deviation of the Laplace noise on one score: ``√2 · b``."""
-        return math.sqrt(2.0) * self.spend.scale
+        """Standard deviation of the noise on one score (Laplace ``√2·b``, Gaussian σ)."""
+        return noise_std(self.event)
 
 
 def build_exact_structure(
@@ -366,12 +393,12 @@ def build_exact_structure(
     kernel: ExactKernel,
     *,
     label: str,
-    epsilon: float,
+    planned: PrivacyEvent,
     max_phrases: int,
 ) -> ExactKDE:
     """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise."""
-    epsilon = check_epsilon(epsilon, field="epsilon_kde")
     raw = kernel.density(phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases))
-    noisy, spend = _release(raw, kernel.sensitivity, epsilon, label, "exact")
+    sensitivity = kernel.sensitivities[planned.norm]
+    noisy, event = _release(raw, sensitivity, planned, label, "exact")
     del raw  # raw densities never outlive the structure's construction
-    return ExactKDE(label=label, noisy_density=noisy, spend=spend)
+    return ExactKDE(label=label, noisy_density=noisy, event=event)

@@ -1,10 +1,10 @@
-"""Laplace noise from OpenDP, and the ε each release costs.
+"""DP-KPS's releases: a planned event's noise applied to an aggregate, the event recorded.
 
-All privacy-protecting noise in keyseed comes from here, and here from OpenDP: the
-discrete Laplace mechanism for integer counts (exact, floating-point safe) and OpenDP's
-Laplace mechanism for real vectors. The ε recorded for a release is what OpenDP's own
-privacy map returns for the sensitivity the caller declares, so the accounting is
-computed by the mechanism that drew the noise, not by a formula next to it.
+Every release of a run was planned before the private read (:mod:`workers.dpkps.plan`);
+here an aggregate gets the planned noise per unit of sensitivity times the sensitivity it
+really has, from the shared OpenDP samplers (:mod:`workers.privacy.noise`), and the
+realised :class:`~workers.privacy.events.PrivacyEvent` is returned beside it. For pure
+mechanisms the ε recorded is OpenDP's own privacy map at that sensitivity and scale.
 
 Noise is never seeded: a DP release must not be reproducible by whoever knows a seed.
 """
@@ -12,105 +12,99 @@ Noise is never seeded: a DP release must not be reproducible by whoever knows a 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
-import opendp.prelude as dp
 from numpy.typing import NDArray
 
-from workers.dpkps.accounting import MechanismSpend
-from workers.dpkps.config import check_epsilon
 from workers.dpkps.errors import ConfigError
+from workers.privacy import noise as samplers
+from workers.privacy.events import PrivacyEvent
 
-dp.enable_features("contrib")
-
-# The raw sums a float mechanism protects are computed in float64. Their rounding error
-# is far below this relative margin, which is added to the declared sensitivity so the
-# guarantee holds for the computed value and not only for the exact one.
-FLOAT_SENSITIVITY_MARGIN = 1e-9
-
-
-def _calibrated(make: Any, d_in: float | int, epsilon: float) -> tuple[Any, float]:
-    """A measurement with the smallest scale ≥ d_in/ε whose OpenDP map is ≤ ε."""
-    scale = float(d_in) / epsilon
-    for attempt in range(48):
-        meas = make(scale)
-        if float(meas.map(d_in)) <= epsilon:
-            return meas, scale
-        scale *= 1.0 + 1e-15 * 2.0**attempt  # OpenDP rounds its map up; nudge the scale
-    raise ConfigError("could not calibrate the noise scale", field="epsilon")
+# The raw sums a float mechanism protects are computed in float64, and OpenDP rounds real
+# vectors to the lattice 2^LATTICE_K, which adds up to √n·2^LATTICE_K to an L2
+# sensitivity. This relative margin, added to the declared sensitivity, covers both for
+# any sensitivity ≥ 1e-3 and n ≤ 10⁶, so the guarantee holds for the computed value.
+FLOAT_SENSITIVITY_MARGIN = 1e-6
 
 
-def discrete_laplace_counts(
-    counts: NDArray[np.int64],
-    *,
-    sensitivity: int,
-    epsilon: float,
-    mechanism: str,
-    name: str,
-    partition: str | None = None,
-) -> tuple[NDArray[np.int64], MechanismSpend]:
-    """Integer counts plus discrete Laplace noise of scale ``sensitivity / ε``.
-
-    ``sensitivity`` is the L1 distance between the count vectors of two corpora that
-    differ by one document; it is the caller's contribution bound.
-    """
-    epsilon = check_epsilon(epsilon, field="epsilon")
-    if sensitivity < 1:
-        raise ConfigError("sensitivity must be a positive integer", field="sensitivity")
-    space = dp.vector_domain(dp.atom_domain(T=int)), dp.l1_distance(T=int)
-
-    def make(scale: float) -> Any:
-        return dp.m.make_laplace(*space, scale=scale)
-
-    meas, scale = _calibrated(make, int(sensitivity), epsilon)
-    values = [int(v) for v in np.asarray(counts, dtype=np.int64)]
-    noisy = np.asarray(meas(values), dtype=np.int64)
-    spend = MechanismSpend(
-        mechanism=mechanism,
-        name=name,
-        epsilon=float(meas.map(int(sensitivity))),
-        sensitivity=float(sensitivity),
-        scale=scale,
-        noise="discrete_laplace",
-        partition=partition,
-        dimension=len(values),
-    )
-    return noisy, spend
+def noise_std(event: PrivacyEvent) -> float:
+    """Standard deviation of the noise on one coordinate of a release."""
+    if event.noise in ("laplace", "discrete_laplace"):
+        return math.sqrt(2.0) * event.scale
+    return event.scale
 
 
-def laplace_vector(
-    values: NDArray[np.float64],
-    *,
-    sensitivity: float,
-    epsilon: float,
-    mechanism: str,
-    name: str,
-    partition: str | None = None,
-) -> tuple[NDArray[np.float64], MechanismSpend]:
-    """A real vector plus Laplace noise of scale ``sensitivity / ε`` on every entry."""
-    epsilon = check_epsilon(epsilon, field="epsilon")
+def _check_sensitivity(sensitivity: float) -> float:
     if not (math.isfinite(sensitivity) and sensitivity > 0):
         raise ConfigError("sensitivity must be finite and > 0", field="sensitivity")
-    data = np.asarray(values, dtype=np.float64)
-    if not np.all(np.isfinite(data)):
-        raise ConfigError("the aggregate to privatise holds a non-finite value", field="values")
-    d_in = float(sensitivity) * (1.0 + FLOAT_SENSITIVITY_MARGIN)
-    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
+    return float(sensitivity)
 
-    def make(scale: float) -> Any:
-        return dp.m.make_laplace(*space, scale=scale)
 
-    meas, scale = _calibrated(make, d_in, epsilon)
-    noisy = np.asarray(meas(data.tolist()), dtype=np.float64)
-    spend = MechanismSpend(
-        mechanism=mechanism,
-        name=name,
-        epsilon=float(meas.map(d_in)),
-        sensitivity=float(sensitivity),
+def _event(
+    planned: PrivacyEvent, *, scale: float, sensitivity: float, partition: str | None, name: str
+) -> PrivacyEvent:
+    """What OpenDP's map certifies for the release just drawn (``release_event``)."""
+    return samplers.release_event(
+        mechanism=planned.mechanism,
+        noise=planned.noise,
         scale=scale,
-        noise="laplace",
+        sensitivity=sensitivity,
+        dimension=planned.dimension,
         partition=partition,
-        dimension=int(data.size),
+        name=name,
     )
-    return noisy, spend
+
+
+def release_counts(
+    counts: NDArray[np.int64],
+    planned: PrivacyEvent,
+    *,
+    sensitivity: float,
+    name: str,
+    partition: str | None = None,
+) -> tuple[NDArray[np.int64], PrivacyEvent]:
+    """Integer counts plus the planned integer noise (discrete Laplace or Gaussian).
+
+    ``sensitivity``: L1 (an integer) for discrete Laplace, L2 (√ of the number of counts
+    one unit moves by 1) for the discrete Gaussian.
+    """
+    if planned.noise not in ("discrete_laplace", "discrete_gaussian"):
+        raise ConfigError(f"{planned.noise} is not integer noise", field="noise")
+    sensitivity = _check_sensitivity(sensitivity)
+    scale = sensitivity * (planned.scale / planned.sensitivity)
+    values = np.asarray(counts, dtype=np.int64)
+    if planned.noise == "discrete_laplace":
+        noisy = samplers.discrete_laplace_noise(values, scale=scale)
+    else:
+        noisy = samplers.discrete_gaussian_noise(values, scale=scale)
+    event = _event(planned, scale=scale, sensitivity=sensitivity, partition=partition, name=name)
+    return noisy, event
+
+
+def release_vector(
+    values: NDArray[np.float64],
+    planned: PrivacyEvent,
+    *,
+    sensitivity: float,
+    name: str,
+    partition: str | None = None,
+) -> tuple[NDArray[np.float64], PrivacyEvent]:
+    """A real vector plus the planned noise (Laplace or Gaussian) on every entry.
+
+    Laplace: the scale covers OpenDP's lattice rounding (n·2^LATTICE_K in L1) so that the
+    ε its map certifies is the planned one. Gaussian: the declared sensitivity carries the
+    margin above, so the certified one is the declared one.
+    """
+    if planned.noise not in ("laplace", "gaussian"):
+        raise ConfigError(f"{planned.noise} is not real-valued noise", field="noise")
+    data = np.asarray(values, dtype=np.float64)
+    declared = _check_sensitivity(sensitivity) * (1.0 + FLOAT_SENSITIVITY_MARGIN)
+    ratio = planned.scale / planned.sensitivity
+    if planned.noise == "laplace":
+        scale = (declared + data.size * 2.0**samplers.LATTICE_K) * ratio
+        noisy = samplers.laplace_noise(data, scale=scale)
+    else:
+        scale = declared * ratio
+        noisy = samplers.gaussian_noise(data, scale=scale)
+    event = _event(planned, scale=scale, sensitivity=declared, partition=partition, name=name)
+    return noisy, event

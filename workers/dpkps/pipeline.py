@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.dpkps.accounting import MechanismSpend, PrivacyReport
+from workers.dpkps.accounting import PrivacyReport
 from workers.dpkps.config import GenerationConfig
 from workers.dpkps.embeddings import Embedder, EmbeddingCache, select_device
 from workers.dpkps.errors import InputDataError
 from workers.dpkps.extraction import KeyphraseExtractor
 from workers.dpkps.features import RandomFourierFeatures
 from workers.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
+from workers.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
 from workers.dpkps.private_vocab import select_private_vocabulary
 from workers.dpkps.proportions import allocate, noisy_class_counts
 from workers.dpkps.sampling import (
@@ -44,6 +45,8 @@ from workers.dpkps.sampling import (
     sample_iterative,
 )
 from workers.dpkps.vocabulary import Vocabulary
+from workers.privacy.events import PrivacyEvent
+from workers.privacy.units import pool
 
 STAGES = ("extract", "private_vocabulary", "embed", "dp_kde", "sequences")
 ProgressFn = Callable[[str, float], None]
@@ -63,6 +66,8 @@ class OwnerDiagnostics:
     documents_without_match: int
     documents_per_class: dict[str, int]
     documents_without_private_phrase: int
+    units: int
+    documents_set_aside: int  # a unit's documents outside its one class (unit column only)
 
 
 @dataclass
@@ -74,17 +79,27 @@ class GenerationResult:
     vocabulary: dict[str, Any]
     embedding_model: str
     owner_diagnostics: OwnerDiagnostics = field(repr=False)
+    unit: str = "row"
 
     def manifest(self) -> dict[str, Any]:
         """Everything public about the run: method, parameters, models, spend."""
         return {
-            "method": "DP-KPS (Nagesh et al., 2024) with DP-KDE by random Fourier features",
+            "method": method_description(self.config),
             "parameters": self.config.to_dict(),
             "vocabulary": self.vocabulary,
             "embedding_model": self.embedding_model,
-            "privacy": self.report.to_dict(),
+            "privacy": {**self.report.to_dict(), "unit": self.unit},
             "sequences": len(self.sequences),
         }
+
+
+def method_description(config: GenerationConfig) -> str:
+    """What ran, derived from the configuration (the audit trail names the real kernel)."""
+    if config.density_method == "exact":
+        kde = "the exact Gaussian kernel density on the private vocabulary"
+    else:
+        kde = f"random Fourier features ({config.mode} sequences)"
+    return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
 
 
 def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Sequence[str]) -> None:
@@ -121,42 +136,51 @@ def generate_sequences(
     embedder: Embedder,
     cache: EmbeddingCache | None = None,
     progress: ProgressFn | None = None,
+    units: Sequence[str] | None = None,
+    unit_name: str | None = None,
+    planned: Plan | None = None,
 ) -> GenerationResult:
-    """Run steps 1-6 of DP-KPS on a labelled private corpus."""
+    """Run steps 1-6 of DP-KPS on a labelled private corpus.
+
+    ``units`` (one id per document, e.g. a patient) makes the privacy unit the pooled
+    documents of one id (:func:`workers.privacy.units.pool`); without it a unit is one
+    document. ``planned`` is the plan the ledger reserved (computed here if None).
+    """
     config.validate()
     report_progress = progress or _noop
     label_set = list(label_set)
     check_corpus(documents, labels, label_set)
     config.check_vocabulary(vocabulary.name, len(vocabulary))
     device = select_device(config.device)
+    the_plan = planned or plan(config, label_set, len(vocabulary))
+
+    def planned_event(mechanism: str) -> PrivacyEvent:
+        return next(e for e in the_plan.events if e.mechanism == mechanism)
 
     # 1. keyphrase extraction against the public vocabulary
     extractor = KeyphraseExtractor(vocabulary)
-    matches: list[list[int]] = []
-    step = max(1, len(documents) // 50)
-    for i, doc in enumerate(documents):
-        matches.append(extractor.extract(doc, limit=config.max_matches_per_document))
-        if i % step == 0:
-            report_progress("extract", i / len(documents))
+    # From here on the run reads private documents: nothing below branches on them (no
+    # error, no early exit, no progress that counts documents); every mechanism stays DP
+    # on an all-zero histogram. Raw facts go to ``owner_diagnostics`` only.
+    pooled = pool(labels, units, label_set=label_set)
+    doc_matches = [extractor.extract(d, limit=config.max_matches_per_document) for d in documents]
+    without_match = sum(1 for m in doc_matches if not m)
+    # one list of matches per unit: its documents' matches in input order
+    matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
+    del doc_matches
     report_progress("extract", 1.0)
-    without_match = sum(1 for m in matches if not m)
-    if without_match == len(documents):
-        raise InputDataError(
-            f"no document contains a phrase of vocabulary {vocabulary.name!r}",
-            field="vocabulary",
-        )
 
     # 2. private vocabulary: Laplace histogram over every public phrase, top N
     private = select_private_vocabulary(
         matches,
         vocabulary_size=len(vocabulary),
         size=config.vocabulary_size,
-        epsilon=config.epsilon_vocab,
+        planned=planned_event(VOCABULARY),
         max_per_document=config.max_matches_per_document,
     )
     del matches
     phrases = [vocabulary.phrases[i] for i in private.indices]
-    spends: list[MechanismSpend] = [private.spend]
+    events: list[PrivacyEvent] = [private.event]
     report_progress("private_vocabulary", 1.0)
 
     # 3. embeddings of Ṽ (public phrases, public model), cached per (vocabulary, model)
@@ -172,18 +196,24 @@ def generate_sequences(
     embeddings = torch.as_tensor(vectors, dtype=torch.float32, device=device)
     report_progress("embed", 1.0)
 
-    # Each document's distinct keyphrases over Ṽ, in document order.
+    # Each unit's distinct keyphrases over Ṽ, in document order (one contribution per unit).
     private_extractor = KeyphraseExtractor(Vocabulary.from_phrases("private", phrases))
     keep = max(config.sequence_length, config.max_phrases_per_document)
-    doc_phrases = [list(dict.fromkeys(private_extractor.extract(d)))[:keep] for d in documents]
+    doc_phrases = [
+        list(
+            dict.fromkeys(i for d in u.documents for i in private_extractor.extract(documents[d]))
+        )[:keep]
+        for u in pooled
+    ]
+    unit_labels = [u.label for u in pooled]
 
-    # 5. sequences per class: fixed, or split by noisy class counts
-    if config.epsilon_count is not None:
+    # 5. sequences per class: fixed, or split by noisy class counts (one count per unit)
+    if config.uses_class_counts:
         assert config.total is not None
-        noisy, count_spend = noisy_class_counts(
-            labels, label_set=label_set, epsilon=config.epsilon_count
+        noisy, count_event = noisy_class_counts(
+            unit_labels, label_set=label_set, planned=planned_event(CLASS_COUNTS)
         )
-        spends.append(count_spend)
+        events.append(count_event)
         wanted = allocate(config.total, noisy)
     else:
         assert config.per_class is not None
@@ -206,7 +236,7 @@ def generate_sequences(
         )
     generator = torch.Generator().manual_seed(config.seed + 1)
     by_class: dict[str, list[list[int]]] = {label: [] for label in label_set}
-    for label, phrases_of_doc in zip(labels, doc_phrases, strict=True):
+    for label, phrases_of_doc in zip(unit_labels, doc_phrases, strict=True):
         by_class[label].append(phrases_of_doc)
     sequences: list[SyntheticSequence] = []
 
@@ -222,10 +252,10 @@ def generate_sequences(
                 by_class[label],
                 kernel,
                 label=label,
-                epsilon=config.epsilon_kde,
+                planned=planned_event(KDE),
                 max_phrases=config.max_phrases_per_document,
             )
-            spends.append(exact.spend)
+            events.append(exact.event)
             bag_scores.append(floored_density(exact, noise_floor=config.noise_floor))
             report_progress("dp_kde", (n + 1) / len(label_set))
             continue
@@ -238,12 +268,12 @@ def generate_sequences(
             mode=config.mode,
             ensemble=config.ensemble,
             length=config.sequence_length,
-            epsilon=config.epsilon_kde,
+            planned=planned_event(KDE),
             num_features=config.num_features,
             max_phrases=config.max_phrases_per_document,
             bound=config.contribution_bound,
         )
-        spends.extend(k.spend for k in structures)
+        events.extend(k.event for k in structures)
         report_progress("dp_kde", (n + 1) / len(label_set))
         if config.mode == "independent":
             bag_scores.append(
@@ -290,11 +320,13 @@ def generate_sequences(
         documents_without_match=without_match,
         documents_per_class={label: len(by_class[label]) for label in label_set},
         documents_without_private_phrase=sum(1 for p in doc_phrases if not p),
+        units=len(pooled),
+        documents_set_aside=len(documents) - sum(len(u.documents) for u in pooled),
     )
-    del by_class, doc_phrases
+    del by_class, doc_phrases, pooled, unit_labels
     return GenerationResult(
         sequences=sequences,
-        report=PrivacyReport(tuple(spends)),
+        report=PrivacyReport(tuple(events), the_plan),
         private_vocabulary=phrases,
         config=config,
         vocabulary={
@@ -304,6 +336,7 @@ def generate_sequences(
         },
         embedding_model=embedder.name,
         owner_diagnostics=diagnostics,
+        unit="row" if units is None else f"unit column {unit_name or 'unit'!r}",
     )
 
 

