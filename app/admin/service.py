@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
@@ -61,9 +62,9 @@ class BudgetView:
 
     figures: ledger.Budget
 
-    def _share(self, value: float) -> float:
-        cap = self.figures.epsilon_cap
-        return min(max(value / cap, 0.0), 1.0) if cap > 0 else 0.0
+    def _share(self, value: Decimal) -> float:
+        cap = float(self.figures.epsilon_cap)
+        return min(max(float(value) / cap, 0.0), 1.0) if cap > 0 else 0.0
 
     @property
     def spent_share(self) -> float:
@@ -83,7 +84,7 @@ class BudgetView:
 
     @property
     def near_cap(self) -> bool:
-        return self.figures.remaining < NEAR_CAP_SHARE * self.figures.epsilon_cap
+        return float(self.figures.remaining) < NEAR_CAP_SHARE * float(self.figures.epsilon_cap)
 
     @property
     def warning(self) -> str | None:
@@ -184,7 +185,7 @@ class LedgerJob:
     """One job as the ledger sees it: its mechanisms and ε, and where that ε stands."""
 
     job_id: uuid.UUID
-    epsilon: float
+    epsilon: Decimal
     by_mechanism: Mapping[str, Any]
     budget_state: str
     submitted_by: str
@@ -207,28 +208,20 @@ class LedgerJob:
 
 @dataclass(frozen=True)
 class EventRow:
-    """One release of a job: as charged (planned) and as the engine reported it."""
+    """One release of a job, as charged (planned, on its ledger entries) or as made (in
+    the engine's report)."""
 
     job_id: uuid.UUID
-    planned: Mapping[str, Any] | None
-    reported: Mapping[str, Any] | None
-
-    @property
-    def name(self) -> str:
-        return str((self.planned or self.reported or {}).get("name", ""))
-
-    def field(self, which: str, name: str) -> Any:
-        event = self.planned if which == "planned" else self.reported
-        return None if event is None else event.get(name)
+    source: str  # "charged" | "made"
+    event: Mapping[str, Any]
 
 
 def event_rows(jobs: Sequence[LedgerJob]) -> list[EventRow]:
     rows: list[EventRow] = []
     for job in jobs:
-        reported = {e["name"]: e for e in (job.report.events if job.report else [])}
-        for planned in job.events:
-            rows.append(EventRow(job.job_id, planned, reported.pop(planned["name"], None)))
-        rows += [EventRow(job.job_id, None, extra) for extra in reported.values()]
+        rows += [EventRow(job.job_id, "charged", e) for e in job.events]
+        if job.report is not None:
+            rows += [EventRow(job.job_id, "made", e) for e in job.report.events]
     return rows
 
 
@@ -329,7 +322,7 @@ def dataset_page(session: Session, principal: Principal, dataset_id: uuid.UUID) 
         entries=entries,
         ledger_jobs=ledger_jobs,
         events=event_rows(ledger_jobs),
-        chart=cumulative_chart(dataset.epsilon_cap, dataset.delta_cap, entries),
+        chart=cumulative_chart(ledger.cap_of(dataset), entries),
         jobs=job_list,
         releases=[
             ReleaseRow(

@@ -159,7 +159,9 @@ def change_cap(
     principal: Annotated[Principal, allowed(Action.DATASET_SET_CAP)],
 ) -> DatasetOut:
     """Set the dataset's ε cap (admin only; the reason goes to the audit trail)."""
-    dataset = service.set_cap(session, principal, dataset_id, body.epsilon_cap, body.reason)
+    dataset = service.set_cap(
+        session, principal, dataset_id, body.epsilon_cap, body.reason, body.delta_cap
+    )
     return service.to_out(session, dataset, principal)
 
 

@@ -24,13 +24,13 @@ from app.identity.policy import Actor, Principal
 from app.jobs import recovery, repository
 from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
 from app.ledger import audit
-from app.ledger import events as ledger_events
 from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from app.worker import RUN_SEQUENCES
 from workers.dpkps.config import GenerationConfig
+from workers.dpkps.plan import plan
 from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -125,6 +125,7 @@ def submit(
         "size": vocabulary.size,
         "fingerprint": vocabulary.fingerprint,
     }
+    planned = plan(config, list(dataset.labels), vocabulary.size)
     task_id = str(uuid.uuid4())
     job = Job(
         id=uuid.uuid4(),
@@ -133,13 +134,12 @@ def submit(
         submitted_by=principal.actor.ref,
         spec=stored_spec,
         state="queued",
-        epsilon=ledger.total(by_mechanism.values()),
+        epsilon=float(planned.epsilon),
         epsilon_by_mechanism=by_mechanism,
         task_ids=[task_id],
         request_id=current_request_id(),
     )
-    planned = ledger_events.planned(config, labels=dataset.labels, vocabulary_size=vocabulary.size)
-    ledger.reserve(session, job, principal.actor, planned)
+    ledger.reserve(session, job, principal.actor, planned.events)
     audit.record(
         session,
         "job.submitted",

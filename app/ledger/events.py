@@ -1,165 +1,72 @@
-"""Per-release privacy events on the ledger (issue 14, item 6).
+"""Per-release privacy events on the ledger (issue 14, item 6; issue 15, items 3 and 6).
 
-Every ledger entry lists the noisy releases it stands for, one event each: the mechanism,
-its name within the job, the noise and its scale, the sensitivity (and its norm) the
-noise was calibrated for, the number of noised coordinates, the partition (a class of
-the declared label set, or ``None`` for the whole dataset) and its ε, written as a
-decimal string so it reads back exactly. The shape is the one the shared accountant
-composes (``workers/privacy``).
+Every ledger entry lists the noisy releases it stands for as the shared accountant's
+:class:`~workers.privacy.events.PrivacyEvent` (mechanism, noise and its scale,
+sensitivity and its norm, dimension, partition, count, and the ε of a pure release, as
+an exact decimal string):
 
-* A reservation lists the **planned** events, derived from the job's configuration
-  before anything private is read; the commit lists the same events, now charged, and a
-  release of the reservation the events it frees. One figure is not known in advance:
-  the sensitivity of the exact kernel density, the largest column sum of the kernel over
-  the private vocabulary Ṽ, which is itself a DP release; the plan leaves it (and the
-  scale) empty, and the ε charged does not depend on it.
-* Once the engine has run its mechanisms, a ``report`` entry lists the **realised**
-  events as the engine recorded them (OpenDP's own ε for the scale it drew with).
+* a reservation lists the **planned** releases (:func:`workers.dpkps.plan.plan`, from
+  the job's configuration and public facts, before anything private is read); the
+  commit lists the same releases, now charged, and a release of the reservation the
+  releases it frees. A planned exact-kernel density has sensitivity 1: its noise per
+  unit of sensitivity is what the accountant reads, and the kernel's real sensitivity
+  exists only once the private vocabulary is released;
+* once the engine has run them, a report (``ledger_reports``) lists the **realised**
+  releases as the engine recorded them (what OpenDP's map certifies for the scale it
+  drew with).
 
 So an auditor can reconcile every job from the ledger alone, released or not:
-:func:`reconcile` names every planned release the engine did not report, every
-reported one that was not planned, and every one that cost more than was charged.
-
-All of it is public: events are functions of the job's parameters, the declared labels
-and the public vocabulary (the exact kernel's sensitivity of the released Ṽ).
+:func:`reconcile` names every mechanism and partition whose releases differ from the
+plan. All of it is public: events are functions of the job's parameters, the declared
+labels, the public vocabulary, and DP releases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
-from app.ledger import amounts
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.kde import ensemble_block_counts, kde_sensitivity
-
-Event = dict[str, Any]
-_NORM = {"laplace": "l1", "discrete_laplace": "l1"}
+from workers.dpkps.plan import matches
+from workers.privacy.events import PrivacyEvent
 
 
-def event(
-    *,
-    mechanism: str,
-    name: str,
-    noise: str,
-    epsilon: float | Decimal,
-    sensitivity: float | None,
-    dimension: int,
-    partition: str | None = None,
-    scale: float | None = None,
-) -> Event:
-    """One event in its stored form; a planned scale is ``sensitivity / ε``."""
-    exact = amounts.exact(epsilon)
-    if scale is None and sensitivity is not None:
-        scale = float(sensitivity) / float(exact)
-    return {
-        "mechanism": mechanism,
-        "name": name,
-        "noise": noise,
-        "scale": scale,
-        "sensitivity": None if sensitivity is None else float(sensitivity),
-        "norm": _NORM.get(noise, "l1"),
-        "dimension": int(dimension),
-        "partition": partition,
-        "count": 1,
-        "epsilon": str(exact),
-    }
+def reported(privacy: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The events of the engine's privacy report (``PrivacyReport.to_dict()``), checked."""
+    return [PrivacyEvent.from_dict(e).to_dict() for e in (privacy or {}).get("events", ())]
 
 
-def planned(
-    config: GenerationConfig, *, labels: Sequence[str], vocabulary_size: int
-) -> list[Event]:
-    """The releases a DP-KPS run of ``config`` makes (``pipeline.generate_sequences``):
-    the vocabulary histogram over the whole public vocabulary, the class counts if asked,
-    and per declared label the DP-KDE structures (one bag or exact density in the
-    independent mode, one per block count of the ensemble in the iterative mode, sharing
-    ε_kde evenly as the engine does, in floating point), which compose in parallel across
-    labels."""
-    events = [
-        event(
-            mechanism="vocabulary",
-            name="vocabulary",
-            noise="discrete_laplace",
-            epsilon=config.epsilon_vocab,
-            sensitivity=config.max_matches_per_document,
-            dimension=vocabulary_size,
-        )
-    ]
-    if config.epsilon_count is not None:
-        events.append(
-            event(
-                mechanism="class_counts",
-                name="class_counts",
-                noise="discrete_laplace",
-                epsilon=config.epsilon_count,
-                sensitivity=1,
-                dimension=len(labels),
+def _groups(events: Sequence[PrivacyEvent]) -> dict[tuple[str, str], list[PrivacyEvent]]:
+    groups: dict[tuple[str, str], list[PrivacyEvent]] = {}
+    for event in events:
+        key = (event.mechanism, event.partition or "whole dataset")
+        groups.setdefault(key, []).append(event)
+    return groups
+
+
+def reconcile(planned: Sequence[PrivacyEvent], realised: Sequence[PrivacyEvent]) -> list[str]:
+    """How a job's realised releases differ from those it was charged for (empty: the
+    same releases, at the same noise per unit of sensitivity and ε, as
+    :func:`workers.dpkps.plan.matches` compares them).
+
+    >>> kde = dict(mechanism="kde", noise="laplace", scale=2.0, sensitivity=1.0, norm="l1",
+    ...            dimension=8, epsilon="0.5")
+    >>> plan = [PrivacyEvent(partition="a", count=2, **kde)]
+    >>> reconcile(plan, [PrivacyEvent(partition="a", **kde)] * 2)
+    []
+    >>> reconcile(plan, [PrivacyEvent(partition="a", **kde)])
+    ['kde (a): 2 releases planned, 1 made']
+    """
+    charged, made = _groups(planned), _groups(realised)
+    problems = []
+    for key in sorted(charged.keys() | made.keys()):
+        mechanism, partition = key
+        left, right = charged.get(key, []), made.get(key, [])
+        count_planned = sum(e.count for e in left)
+        count_made = sum(e.count for e in right)
+        if count_planned != count_made:
+            problems.append(
+                f"{mechanism} ({partition}): {count_planned} releases planned, {count_made} made"
             )
-        )
-    for label in labels:
-        if config.density_method == "exact":
-            events.append(
-                event(
-                    mechanism="kde",
-                    name=f"kde[label={label},exact]",
-                    noise="laplace",
-                    epsilon=config.epsilon_kde,
-                    sensitivity=None,  # the kernel's largest column sum over Ṽ
-                    dimension=config.vocabulary_size,
-                    partition=label,
-                )
-            )
-            continue
-        blocks = (
-            [0]
-            if config.mode == "independent"
-            else ensemble_block_counts(config.ensemble, config.sequence_length)
-        )
-        share = float(config.epsilon_kde) / len(blocks)  # the engine's own share
-        events += [
-            event(
-                mechanism="kde",
-                name=f"kde[label={label},blocks={b}]",
-                noise="laplace",
-                epsilon=share,
-                sensitivity=kde_sensitivity(config.num_features, config.contribution_bound),
-                dimension=config.num_features,
-                partition=label,
-            )
-            for b in blocks
-        ]
-    return events
-
-
-def reported(privacy: Mapping[str, Any] | None) -> list[Event]:
-    """The events of the engine's privacy report (``PrivacyReport.to_dict()``)."""
-    return [
-        event(
-            mechanism=spend["mechanism"],
-            name=spend["name"],
-            noise=spend["noise"],
-            epsilon=spend["epsilon"],
-            sensitivity=spend["sensitivity"],
-            dimension=spend["dimension"],
-            partition=spend["partition"],
-            scale=spend["scale"],
-        )
-        for spend in (privacy or {}).get("mechanisms", ())
-    ]
-
-
-def reconcile(planned: Sequence[Event], realised: Sequence[Event]) -> list[str]:
-    """Differences between what a job was charged for and what its engine reported
-    (empty: every planned release ran, nothing else did, none cost more)."""
-    plan = {e["name"]: e for e in planned}
-    ran = {e["name"]: e for e in realised}
-    problems = [f"{name}: planned, not reported" for name in plan if name not in ran]
-    problems += [f"{name}: reported, not planned" for name in ran if name not in plan]
-    for name in plan.keys() & ran.keys():
-        charged, cost = Decimal(plan[name]["epsilon"]), Decimal(ran[name]["epsilon"])
-        if cost > charged:
-            problems.append(f"{name}: cost ε = {cost}, charged ε = {charged}")
-        if plan[name]["partition"] != ran[name]["partition"]:
-            problems.append(f"{name}: partition {ran[name]['partition']!r} differs from the plan")
-    return sorted(problems)
+        elif not matches(left, right):
+            problems.append(f"{mechanism} ({partition}): the noise or ε differs from the plan")
+    return problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -69,7 +70,7 @@ def entries_of_organisation(session: Session, organisation_id: uuid.UUID) -> Seq
     return session.scalars(query).all()
 
 
-def committed_epsilons(session: Session) -> Sequence[float]:
+def committed_epsilons(session: Session) -> Sequence[Decimal]:
     query = select(LedgerEntry.epsilon).where(LedgerEntry.kind == "commit")
     return session.scalars(query).all()
 

@@ -27,8 +27,8 @@ from app.ledger import audit
 from app.models import Download, Job, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
-from workers.dpkps.accounting import ACCOUNTANT
 from workers.dpkps.config import GenerationConfig
+from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 
 METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
 DENSITY_METHODS = {

@@ -659,41 +659,44 @@ def test_the_dataset_page_lists_every_release_as_charged_and_as_made(
         "entries"
     ][1]["events"]
     made = [
-        {**e, "epsilon": float(e["epsilon"]), "sensitivity": 1.5, "scale": 3.0} for e in planned
+        {**e, "sensitivity": 1.5, "scale": 1.5 * e["scale"] / e["sensitivity"]} for e in planned
     ]
     with db.transaction() as session:
         runner.start_sequences(session, uuid.UUID(matched))
     with db.transaction() as session:
         job = session.get(Job, uuid.UUID(matched))
         assert job is not None
-        ledger.record_report(session, job, {"mechanisms": made}, runner.WORKER)
+        ledger.record_report(session, job, {"events": made}, runner.WORKER)
     factories.run_job(db, matched)  # the engine's report above stands: one per job
     factories.run_job(db, differing)  # a report that names no release at all
     page = admin.get(f"/admin/datasets/{dataset_id}").text
     jobs = _fields(page, "data-ledger-job")
     assert jobs[waiting]["reconciliation"] == "no report yet"
     assert jobs[matched]["reconciliation"] == "matches the engine’s report"
-    assert jobs[differing]["reconciliation"].startswith("differs: kde[label=cardio,exact]: planned")
-    rows = re.findall(r'<tr data-event-job="([^"]+)" data-event="([^"]+)">(.*?)</tr>', page, re.S)
-    assert sorted((job, name) for job, name, _ in rows) == sorted(
-        (job, name)
-        for job in (waiting, matched, differing)
-        for name in ("vocabulary", "kde[label=cardio,exact]", "kde[label=ortho,exact]")
+    assert jobs[differing]["reconciliation"].startswith(
+        "differs: kde (cardio): 1 releases planned, 0 made"
     )
-    cells = {
-        (job, name): dict(re.findall(r'data-field="([a-z_]+)"[^>]*>([^<]*)<', body))
-        for job, name, body in rows
-    }
-    kde = cells[matched, "kde[label=ortho,exact]"]
-    assert kde == {
-        "name": "kde[label=ortho,exact]",
+    rows = re.findall(
+        r'<tr data-event-job="([^"]+)" data-event-source="([a-z]+)">(.*?)</tr>', page, re.S
+    )
+    assert sorted((job, source) for job, source, _ in rows) == sorted(
+        [(job, "charged") for job in (waiting, matched, differing) for _ in range(3)]
+        + [(matched, "made")] * 3
+    )
+    cells = [
+        dict(re.findall(r'data-field="([a-z_]+)"[^>]*>([^<]*)<', body))
+        for job, source, body in rows
+        if (job, source) == (matched, "made")
+    ]
+    ortho = next(c for c in cells if c["partition"] == "ortho")
+    assert ortho == {
+        "source": "made",
+        "mechanism": "kde",
         "partition": "ortho",
         "noise": "laplace",
-        "sensitivity": "1.5",
-        "planned_scale": "—",
-        "reported_scale": "3",
-        "charged": "1.0",
-        "made": "1.0",
+        "sensitivity": "1.5 (l1)",
+        "scale": "1.5",
+        "dimension": ortho["dimension"],
+        "count": "1",
+        "epsilon": "1.0",
     }
-    assert cells[waiting, "vocabulary"]["planned_scale"] == "20"  # S / ε = 10 / 0.5
-    assert cells[differing, "vocabulary"]["made"] == "—"

@@ -28,11 +28,15 @@ from app.models import Dataset, Organisation
 from app.releases import service as releases
 from tests.service import factories
 from tests.service.test_migrations import scratch_postgres  # noqa: F401 (a fixture)
+from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
 
 
 def _hospital(db: Database, epsilon: str = "10", name: str = "Small Hospital") -> factories.Caller:
     """An owner organisation with a budget of ε = ``epsilon`` (δ = 0) and its key."""
-    organisation = factories.organisation(db, name, "owner", epsilon_budget=Decimal(epsilon))
+    organisation = factories.organisation(
+        db, name, "owner", epsilon_budget=Decimal(epsilon), delta_budget=Decimal(0)
+    )
     return factories.api_key(db, "owner", organisation)
 
 
@@ -109,7 +113,9 @@ def test_dataset_caps_are_carved_out_of_the_organisation_budget(
 def test_caps_that_add_up_exactly_fit_and_delta_is_carved_as_well(
     client: TestClient, db: Database
 ) -> None:
-    organisation = factories.organisation(db, "Delta Hospital", "owner", epsilon_budget=Decimal(1))
+    organisation = factories.organisation(
+        db, "Delta Hospital", "owner", epsilon_budget=Decimal(1), delta_budget=Decimal(0)
+    )
     with db.transaction() as session:
         found = session.get(Organisation, organisation)
         assert found is not None
@@ -367,7 +373,7 @@ def _old_rows(connection: sa.Connection) -> None:
                 "state": "queued",
                 "progress": 0.0,
                 "cancel_requested": False,
-                "epsilon": 0.30000000000000004,
+                "epsilon": 0.3,
                 "epsilon_by_mechanism": by_mechanism,
                 "sequences_total": 0,
                 "texts_done": 0,
@@ -387,7 +393,7 @@ def _old_rows(connection: sa.Connection) -> None:
                 "dataset_id": datasets[1],
                 "job_id": job,
                 "kind": "reserve",
-                "epsilon": 0.30000000000000004,
+                "epsilon": 0.3,
                 "delta": 0.0,
                 "epsilon_by_mechanism": by_mechanism,
                 "accountant": "basic composition",
@@ -420,14 +426,24 @@ def test_the_migration_gives_owners_budgets_entries_events_and_keeps_every_row(
                 "Idle": (10_000_000_000_000, 1_000_000_000_000),  # ε = 10, δ = 1e-6
                 "Lab": (0, 0),
             }
-            entry = connection.execute(
-                sa.text("SELECT job_id, dataset_id, kind, events FROM ledger_entries")
-            ).one()
-            events = entry.events if isinstance(entry.events, list) else json.loads(entry.events)
-            assert [(e["mechanism"], e["noise"], e["epsilon"]) for e in events] == [
-                ("vocabulary", "discrete_laplace", "0.1"),
-                ("kde", "laplace", "0.2"),
+            caps = connection.execute(sa.text("SELECT epsilon_cap, delta_cap FROM datasets"))
+            assert sorted(tuple(r) for r in caps) == [  # exact: integers of 1e-12 and 1e-18
+                (100_000_000_000, 2_000_000_000_000),
+                (30_500_000_000_000, 100_000_000_000),
             ]
+            entry = connection.execute(
+                sa.text(
+                    "SELECT job_id, dataset_id, kind, epsilon, delta, events FROM ledger_entries"
+                )
+            ).one()
+            assert (entry.epsilon, entry.delta) == (300_000_000_000, 0)
+            events = entry.events if isinstance(entry.events, list) else json.loads(entry.events)
+            legacy = [PrivacyEvent.from_dict(e) for e in events]  # the accountant's events
+            assert [(e.mechanism, e.noise, e.epsilon, e.partition) for e in legacy] == [
+                ("vocabulary", "discrete_laplace", Decimal("0.1"), None),
+                ("kde", "laplace", Decimal("0.2"), None),
+            ]
+            assert compose(legacy).epsilon(0) == Decimal("0.3")
             with pytest.raises(sa.exc.DBAPIError, match="append-only"), connection.begin_nested():
                 connection.execute(sa.text("UPDATE ledger_entries SET actor = 'x'"))
             _insert(
@@ -438,8 +454,8 @@ def test_the_migration_gives_owners_budgets_entries_events_and_keeps_every_row(
                         "dataset_id": entry.dataset_id,
                         "job_id": entry.job_id,
                         "kind": kind,
-                        "epsilon": 0.3,
-                        "delta": 0.0,
+                        "epsilon": 300_000_000_000,
+                        "delta": 0,
                         "epsilon_by_mechanism": {},
                         "events": [],
                         "accountant": "basic composition",
@@ -456,7 +472,8 @@ def test_the_migration_gives_owners_budgets_entries_events_and_keeps_every_row(
                     {
                         "dataset_id": entry.dataset_id,
                         "job_id": entry.job_id,
-                        "epsilon": 0.3,
+                        "epsilon": 300_000_000_000,
+                        "delta": 0,
                         "events": events,
                         "accountant": "basic composition",
                         "actor": "system:worker",
@@ -471,8 +488,12 @@ def test_the_migration_gives_owners_budgets_entries_events_and_keeps_every_row(
             names = connection.execute(sa.text("SELECT name FROM organisations")).scalars()
             caps = connection.execute(sa.text("SELECT epsilon_cap FROM datasets")).scalars()
             assert sorted(names) == ["Busy", "Idle", "Lab"] and sorted(caps) == [0.1, 30.5]
-            kinds = connection.execute(sa.text("SELECT kind FROM ledger_entries ORDER BY id"))
-            assert kinds.scalars().all() == ["reserve", "commit"]
+            kinds = connection.execute(
+                sa.text("SELECT kind, epsilon, delta FROM ledger_entries ORDER BY id")
+            )
+            assert [tuple(r) for r in kinds] == [("reserve", 0.3, 0.0), ("commit", 0.3, 0.0)]
+            floats = connection.execute(sa.text("SELECT delta_cap FROM datasets")).scalars()
+            assert sorted(floats) == [1e-7, 2e-6]
             inspector = sa.inspect(connection)
             assert "ledger_reports" not in inspector.get_table_names()
             assert "epsilon_budget" not in {
