@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
 
-from app.ledger.amounts import DELTA_PLACES, EPSILON_PLACES
+from app.ledger.amounts import DELTA_PLACES, EPSILON_PLACES, exact
 
 # An autoincrementing 64-bit key on Postgres; SQLite wants INTEGER for its rowid alias.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -71,8 +71,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 class FixedPoint(TypeDecorator[Decimal]):
     """An exact decimal stored as a 64-bit integer count of ``10**-places`` (a privacy
-    amount: see :mod:`app.ledger.amounts`). Only exact values are accepted: a float, or a
-    decimal finer than the unit, is refused rather than rounded here."""
+    amount: see :mod:`app.ledger.amounts`). A float is read through its shortest repr
+    (0.1 is one tenth); a value finer than the unit is refused rather than rounded here
+    (the ledger rounds, in the safe direction)."""
 
     impl = BigInteger
     cache_ok = True
@@ -81,12 +82,12 @@ class FixedPoint(TypeDecorator[Decimal]):
         super().__init__()
         self.places = places
 
-    def process_bind_param(self, value: Decimal | int | None, dialect: Dialect) -> int | None:
+    def process_bind_param(
+        self, value: Decimal | int | float | None, dialect: Dialect
+    ) -> int | None:
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (Decimal, int)):
-            raise TypeError(f"an exact amount is a Decimal or an int, not {type(value).__name__}")
-        units = Decimal(value).scaleb(self.places)
+        units = exact(value).scaleb(self.places)
         if units != units.to_integral_value():
             raise ValueError(f"{value} is finer than the stored unit 1e-{self.places}")
         return int(units)
@@ -225,8 +226,9 @@ class Dataset(Base):
     label_column: Mapped[str] = mapped_column(String(200))
     labels: Mapped[list[str]]  # declared by the uploader: public schema
     unit_column: Mapped[str | None] = mapped_column(String(200))  # privacy unit (a patient)
-    epsilon_cap: Mapped[float] = mapped_column(Float)
-    delta_cap: Mapped[float] = mapped_column(Float, default=0.0)
+    # The cap (ε, δ), exact; carved out of the organisation's budget.
+    epsilon_cap: Mapped[Decimal] = mapped_column(EpsilonAmount)
+    delta_cap: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
     documents: Mapped[int] = mapped_column(default=0)
     skipped_empty: Mapped[int] = mapped_column(default=0)
     skipped_duplicate: Mapped[int] = mapped_column(default=0)
@@ -353,9 +355,32 @@ class LedgerEntry(Base):
     dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"))
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"))
     kind: Mapped[str] = mapped_column(String(16))
-    epsilon: Mapped[float] = mapped_column(Float)
-    delta: Mapped[float] = mapped_column(Float, default=0.0)
+    # The job's releases composed at the dataset's δ cap (δ = 0 when all are pure ε-DP),
+    # exact, by ``accountant``.
+    epsilon: Mapped[Decimal] = mapped_column(EpsilonAmount)
+    delta: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
     epsilon_by_mechanism: Mapped[dict[str, Any]]
+    # Every release the entry stands for, as planned (app.ledger.events).
+    events: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    accountant: Mapped[str] = mapped_column(String(200))
+    actor: Mapped[str] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LedgerReport(Base):
+    """The releases a job's engine reports it made, as it recorded them (one per job,
+    once the mechanisms have run). Append-only like the ledger, and beside it: a report
+    moves no budget, it lets an auditor reconcile the job's entries (app.ledger.events)."""
+
+    __tablename__ = "ledger_reports"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    # The realised releases composed like the job's entries (at their δ), exact.
+    epsilon: Mapped[Decimal] = mapped_column(EpsilonAmount)
+    delta: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
+    events: Mapped[list[Any]] = mapped_column(JSON)
     accountant: Mapped[str] = mapped_column(String(200))
     actor: Mapped[str] = mapped_column(String(80))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

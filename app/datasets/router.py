@@ -159,7 +159,9 @@ def change_cap(
     principal: Annotated[Principal, allowed(Action.DATASET_SET_CAP)],
 ) -> DatasetOut:
     """Set the dataset's ε cap (admin only; the reason goes to the audit trail)."""
-    dataset = service.set_cap(session, principal, dataset_id, body.epsilon_cap, body.reason)
+    dataset = service.set_cap(
+        session, principal, dataset_id, body.epsilon_cap, body.reason, body.delta_cap
+    )
     return service.to_out(session, dataset, principal)
 
 
@@ -175,4 +177,5 @@ def get_ledger(
         dataset_id=dataset.id,
         budget=service.budget_out(figures),
         entries=[LedgerEntryOut.model_validate(e) for e in entries],
+        reports=ledger.reports_out(session, dataset, entries),
     )

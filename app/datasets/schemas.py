@@ -25,12 +25,16 @@ Epsilon = Annotated[float, Field(gt=0, le=MAX_EPSILON), BeforeValidator(not_a_bo
 
 
 class BudgetOut(BaseModel):
+    """Every ε is the accountant's composition at the cap's δ."""
+
     epsilon_cap: float
     delta_cap: float
-    spent: float
-    reserved: float
+    spent: float = Field(description="ε of the committed jobs' releases, composed")
+    reserved: float = Field(
+        description="ε of the committed and reserved jobs' releases composed, minus spent"
+    )
     remaining: float
-    accountant: str
+    accountant: str = Field(description="What composed the figures")
 
 
 _RAW = "A raw count of the upload (not DP): the owning organisation's keys only, else null"
@@ -63,6 +67,7 @@ class CapChange(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     epsilon_cap: Epsilon
+    delta_cap: Annotated[float | None, Field(ge=0, lt=1), BeforeValidator(not_a_boolean)] = None
     reason: str = Field(min_length=3, max_length=1000, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]+$")
 
 
@@ -72,15 +77,41 @@ class LedgerEntryOut(BaseModel):
     id: int
     job_id: uuid.UUID
     kind: str
-    epsilon: float
+    epsilon: float = Field(description="The job's releases composed at delta")
     delta: float
     epsilon_by_mechanism: dict[str, Any]
+    events: list[dict[str, Any]] = Field(
+        description="Every release the entry stands for: mechanism, noise and its scale, "
+        "sensitivity and its norm, dimension, partition, count and the ε of each"
+    )
+    accountant: str = Field(description="What composed epsilon")
+    actor: str
+    created_at: datetime
+
+
+class LedgerReportOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    job_id: uuid.UUID
+    epsilon: float
+    delta: float
+    events: list[dict[str, Any]]
     accountant: str
     actor: str
     created_at: datetime
+    differences: list[str] = Field(
+        default_factory=list,
+        description="Releases charged but not reported, reported but not charged, or "
+        "costing more than charged (empty: the report matches the ledger)",
+    )
 
 
 class LedgerOut(BaseModel):
     dataset_id: uuid.UUID
     budget: BudgetOut
     entries: list[LedgerEntryOut]
+    reports: list[LedgerReportOut] = Field(
+        description="Per job, the releases its engine made as it recorded them, and how "
+        "they differ from those the job was charged for"
+    )

@@ -18,7 +18,7 @@ from app.crypto import DocumentCipher
 from app.datasets import repository
 from app.datasets.schemas import RAW_COUNTS, BudgetOut, DatasetOut
 from app.datasets.upload import UploadReport, UploadSpec, check_content, read_documents
-from app.errors import Conflict, Unprocessable
+from app.errors import Unprocessable
 from app.identity import policy
 from app.identity.policy import Principal
 from app.jobs import service as jobs
@@ -60,8 +60,8 @@ def create_dataset(
             label_column=spec.label_column,
             labels=list(spec.labels),
             unit_column=spec.unit_column,
-            epsilon_cap=float(cap.epsilon),
-            delta_cap=float(cap.delta),
+            epsilon_cap=cap.epsilon,
+            delta_cap=cap.delta,
             upload_bytes=size,
             created_by=principal.actor.ref,
         ),
@@ -109,7 +109,8 @@ def create_dataset(
         organisation_id=dataset.organisation_id,
         target=("dataset", dataset.id),  # no count of rows or bytes: raw facts (docs/privacy.md)
         name=dataset.name,
-        epsilon_cap=dataset.epsilon_cap,
+        epsilon_cap=float(dataset.epsilon_cap),
+        delta_cap=float(dataset.delta_cap),
         unit_column=dataset.unit_column,
     )
     return dataset
@@ -148,44 +149,42 @@ def delete_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID
 
 
 def set_cap(
-    session: Session, principal: Principal, dataset_id: uuid.UUID, epsilon_cap: float, reason: str
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    epsilon_cap: float,
+    reason: str,
+    delta_cap: float | None = None,
 ) -> Dataset:
+    """Set the cap (ε, and δ when given) within the organisation's budget and above what
+    the dataset has spent and reserved (:func:`app.ledger.service.set_cap`)."""
     found = get_dataset(session, principal, dataset_id)
-    # Raised beyond the organisation's budget? (An admin raises that first, with a reason.)
-    ledger.check_cap_change(session, found, ledger.Amount.granted(epsilon_cap, found.delta_cap))
-    dataset = repository.get(session, dataset_id, for_update=True)
+    delta = found.delta_cap if delta_cap is None else delta_cap
+    previous = ledger.set_cap(session, found, ledger.Amount.granted(epsilon_cap, delta))
+    dataset = repository.get(session, dataset_id)
     assert dataset is not None
-    figures = ledger.budget(session, dataset)
-    committed = ledger.as_decimal(figures.spent) + ledger.as_decimal(figures.reserved)
-    if ledger.as_decimal(epsilon_cap) < committed:
-        raise Conflict(
-            f"the dataset has ε = {float(committed):g} spent or reserved; the cap cannot "
-            "go below it",
-            spent=figures.spent,
-            reserved=figures.reserved,
-        )
-    previous = dataset.epsilon_cap
-    dataset.epsilon_cap = epsilon_cap
+    changed_delta = {"previous_delta": float(previous.delta), "delta_cap": float(delta)}
     audit.record(
         session,
         "dataset.cap_changed",
         principal.actor,
         organisation_id=dataset.organisation_id,
         target=("dataset", dataset.id),
-        previous=previous,
-        epsilon_cap=epsilon_cap,
+        previous=float(previous.epsilon),
+        epsilon_cap=float(dataset.epsilon_cap),
         reason=reason,
+        **(changed_delta if previous.delta != dataset.delta_cap else {}),
     )
     return dataset
 
 
 def budget_out(figures: ledger.Budget) -> BudgetOut:
     return BudgetOut(
-        epsilon_cap=figures.epsilon_cap,
-        delta_cap=figures.delta_cap,
-        spent=figures.spent,
-        reserved=figures.reserved,
-        remaining=figures.remaining,
+        epsilon_cap=float(figures.epsilon_cap),
+        delta_cap=float(figures.delta_cap),
+        spent=float(figures.spent),
+        reserved=float(figures.reserved),
+        remaining=float(figures.remaining),
         accountant=figures.accountant,
     )
 

@@ -218,6 +218,7 @@ def save_sequences(
     job.texts_done = len(rows) if texts_from_keyphrases else 0
     job.private_vocabulary = list(private_vocabulary)
     job.manifest = manifest
+    ledger.record_report(session, job, manifest.get("privacy"), WORKER)
     job.stage, job.progress = "prompts", 0.0
     if job.spec.get("llm") != "none":
         recovery.dispatch(session, job)  # frees the lease for the prompting task

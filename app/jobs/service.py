@@ -168,7 +168,7 @@ def submit(
         task_ids=[task_id],
         request_id=current_request_id(),
     )
-    ledger.reserve(session, job, principal.actor)
+    ledger.reserve(session, job, principal.actor, the_plan.events)
     audit.record(
         session,
         "job.submitted",

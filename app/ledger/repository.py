@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.models import AuditEvent, Dataset, LedgerEntry, Organisation
+from app.models import AuditEvent, Dataset, LedgerEntry, LedgerReport, Organisation
 
 
 def add_entry(session: Session, entry: LedgerEntry) -> LedgerEntry:
@@ -26,6 +27,21 @@ def entries_of_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[Ledg
 def entries_of_job(session: Session, job_id: uuid.UUID) -> dict[str, LedgerEntry]:
     query = select(LedgerEntry).where(LedgerEntry.job_id == job_id)
     return {entry.kind: entry for entry in session.scalars(query)}
+
+
+def add_report(session: Session, report: LedgerReport) -> LedgerReport:
+    session.add(report)
+    session.flush()
+    return report
+
+
+def report_of_job(session: Session, job_id: uuid.UUID) -> LedgerReport | None:
+    return session.scalar(select(LedgerReport).where(LedgerReport.job_id == job_id))
+
+
+def reports_of_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[LedgerReport]:
+    query = select(LedgerReport).where(LedgerReport.dataset_id == dataset_id)
+    return session.scalars(query.order_by(LedgerReport.id)).all()
 
 
 def organisation(
@@ -54,7 +70,7 @@ def entries_of_organisation(session: Session, organisation_id: uuid.UUID) -> Seq
     return session.scalars(query).all()
 
 
-def committed_epsilons(session: Session) -> Sequence[float]:
+def committed_epsilons(session: Session) -> Sequence[Decimal]:
     query = select(LedgerEntry.epsilon).where(LedgerEntry.kind == "commit")
     return session.scalars(query).all()
 

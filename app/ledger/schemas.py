@@ -46,9 +46,12 @@ class OrganisationBudgetOut(BaseModel):
     )
     remaining: AmountOut = Field(description="What new or raised dataset caps may take")
     datasets: int
-    spent: float = Field(description="ε spent over every dataset of the organisation")
-    reserved: float
-    accountant: str
+    spent: float | None = Field(
+        description="ε of every committed release of the organisation's datasets, composed "
+        "sequentially at the budget's δ (null: no finite ε at that δ)"
+    )
+    reserved: float | None
+    accountant: str = Field(description="What composed spent and reserved")
 
 
 class BudgetChange(BaseModel):

@@ -1,4 +1,4 @@
-"""The privacy-budget ledger (service.md, "Budget ledger").
+"""The privacy-budget ledger (service.md, "Budget ledger"; issue 15, item 3).
 
 Each job leaves at most one entry of each kind:
 
@@ -7,11 +7,23 @@ Each job leaves at most one entry of each kind:
   spent from then on, whatever becomes of the job;
 * ``release``: written when a job ends before any private read; its reservation is free.
 
-Figures follow from the entries alone: ``spent = Σ commit``, ``reserved = Σ reserve −
-Σ commit − Σ release``, ``remaining = cap − spent − reserved``. Composition across jobs
-is basic (sums). Sums are taken over decimals of the stored floats' shortest ``repr``,
-so ten jobs of ε = 0.1 fit a cap of 1 exactly. Every change to the figures happens with
-the dataset row locked (``SELECT … FOR UPDATE``; SQLite transactions are IMMEDIATE).
+Each entry lists the releases the job is charged for (its planned
+:class:`~workers.privacy.events.PrivacyEvent` list, :mod:`app.ledger.events`); once the
+engine has run them, a report beside the ledger lists them as it made them, so that an
+auditor can reconcile every job from the ledger alone.
+
+The figures compose, they do not add: a dataset's cap is (ε, δ), and its ``spent`` is
+the shared accountant's ε at the cap's δ over the releases of its committed jobs; its
+``spent + reserved`` the same over the committed and reserved jobs (one composition: the
+per-class releases of every job compose in parallel across classes,
+:func:`workers.privacy.accountant.compose_jobs`), and ``remaining`` is the cap's ε minus
+that. A job is reserved only if the composition of everything committed, reserved and
+its own releases stays within the cap; each figure names the accountant that made it
+(``exact-sum`` for pure-ε releases, whose composition is their exact sum; a PLD once a
+Gaussian release is in). Amounts are exact decimals of fixed units
+(:mod:`app.ledger.amounts`): ten jobs of ε = 0.1 fit a cap of 1 exactly. Every change to
+the figures happens with the dataset row locked (``SELECT … FOR UPDATE``; SQLite
+transactions are IMMEDIATE).
 
 Organisation budgets (issue 14, item 9): an owner organisation holds a budget (ε, δ) set
 by admins, and its datasets' caps are carved out of it. What a dataset carves is its cap
@@ -20,182 +32,36 @@ returns to the organisation; nothing it spent ever does). So re-uploading a corp
 yields a fresh budget: the new dataset's cap comes out of what the organisation has
 left. Caps compose basically into the organisation's figure (an (ε₁, δ₁) and an (ε₂, δ₂)
 guarantee make an (ε₁ + ε₂, δ₁ + δ₂) one, whoever's the patients), so with every
-dataset within its cap the organisation stays within its budget. Every change to what
-is carved (an upload, a cap change, a budget change) locks the organisation row first.
+dataset within its cap the organisation stays within its budget; its ``spent`` is the
+accountant's composition of every release of all its datasets, sequentially (one
+patient may be in several of them). Every change to what is carved (an upload, a cap
+change, a budget change) locks the organisation row first.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.datasets import repository as datasets_repo
+from app.datasets.schemas import LedgerReportOut
 from app.errors import BudgetExceeded, Conflict, NotFound
 from app.identity.policy import Actor
 from app.jobs import repository as jobs_repo
 from app.ledger import amounts, audit, repository
+from app.ledger import events as ledger_events
 from app.ledger.schemas import AmountOut, OrganisationBudgetOut
-from app.models import Dataset, Job, LedgerEntry, Organisation
-from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
+from app.models import Dataset, Job, LedgerEntry, LedgerReport, Organisation
+from workers.privacy.accountant import EXACT_SUM, Guarantee, compose, compose_datasets
+from workers.privacy.events import PrivacyEvent
 
-
-def as_decimal(value: float) -> Decimal:
-    return Decimal(repr(float(value)))
-
-
-def total(values: Iterable[float]) -> float:
-    return float(sum((as_decimal(v) for v in values), Decimal(0)))
-
-
-@dataclass(frozen=True)
-class Budget:
-    epsilon_cap: float
-    spent: float
-    reserved: float
-    remaining: float
-    delta_cap: float
-    accountant: str = ACCOUNTANT
-
-
-def _figures(cap: float, delta_cap: float, sums: Mapping[str, Decimal]) -> Budget:
-    spent = sums["commit"]
-    reserved = sums["reserve"] - sums["commit"] - sums["release"]
-    remaining = as_decimal(cap) - spent - reserved
-    return Budget(
-        float(as_decimal(cap)), float(spent), float(reserved), float(remaining), delta_cap
-    )
-
-
-def _no_sums() -> dict[str, Decimal]:
-    return {kind: Decimal(0) for kind in ("reserve", "commit", "release")}
-
-
-def running_budgets(
-    cap: float, delta_cap: float, entries: Iterable[LedgerEntry]
-) -> Iterator[Budget]:
-    """The figures after each entry in turn, against today's cap (the last are
-    :func:`budget_from`'s): the history of a dataset's spend, e.g. for a chart."""
-    sums = _no_sums()
-    for entry in entries:
-        sums[entry.kind] += as_decimal(entry.epsilon)
-        yield _figures(cap, delta_cap, sums)
-
-
-def budget_from(cap: float, delta_cap: float, entries: Iterable[LedgerEntry]) -> Budget:
-    last = deque(running_budgets(cap, delta_cap, entries), maxlen=1)
-    return last[0] if last else _figures(cap, delta_cap, _no_sums())
-
-
-def ledger_of(session: Session, dataset: Dataset) -> tuple[Budget, Sequence[LedgerEntry]]:
-    """The dataset's budget figures and the entries they follow from, oldest first."""
-    entries = repository.entries_of_dataset(session, dataset.id)
-    return budget_from(dataset.epsilon_cap, dataset.delta_cap, entries), entries
-
-
-def budget(session: Session, dataset: Dataset) -> Budget:
-    """The single source of every budget figure the API and the dashboard show."""
-    return ledger_of(session, dataset)[0]
-
-
-def _entry(job: Job, kind: str, actor: Actor) -> LedgerEntry:
-    return LedgerEntry(
-        dataset_id=job.dataset_id,
-        job_id=job.id,
-        kind=kind,
-        epsilon=job.epsilon,
-        delta=0.0,
-        epsilon_by_mechanism=dict(job.epsilon_by_mechanism),
-        accountant=ACCOUNTANT,
-        actor=actor.ref,
-    )
-
-
-def _locked_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
-    dataset = datasets_repo.get(session, dataset_id, for_update=True)
-    if dataset is None:
-        raise NotFound("no such dataset")
-    return dataset
-
-
-def reserve(session: Session, job: Job, actor: Actor) -> LedgerEntry:
-    """Add ``job`` and reserve its whole ε, or raise :class:`BudgetExceeded`."""
-    dataset = _locked_dataset(session, job.dataset_id)
-    if dataset.deleted_at is not None:
-        raise Conflict("the dataset was deleted; it takes no new job")
-    figures = budget(session, dataset)
-    if as_decimal(job.epsilon) > as_decimal(figures.remaining):
-        raise BudgetExceeded(
-            f"the job asks for ε = {job.epsilon:g} but the dataset has ε = "
-            f"{max(figures.remaining, 0.0):g} left (cap {figures.epsilon_cap:g}, spent "
-            f"{figures.spent:g}, reserved {figures.reserved:g})",
-            requested=job.epsilon,
-            requested_by_mechanism=dict(job.epsilon_by_mechanism),
-            remaining=max(figures.remaining, 0.0),
-            epsilon_cap=figures.epsilon_cap,
-            spent=figures.spent,
-            reserved=figures.reserved,
-        )
-    jobs_repo.add(session, job)
-    return repository.add_entry(session, _entry(job, "reserve", actor))
-
-
-def _job_entries(session: Session, job_id: uuid.UUID) -> tuple[Job, Mapping[str, LedgerEntry]]:
-    job = jobs_repo.get(session, job_id)
-    if job is None:
-        raise NotFound("no such job")
-    _locked_dataset(session, job.dataset_id)
-    return job, repository.entries_of_job(session, job_id)
-
-
-def commit_spend(session: Session, job_id: uuid.UUID, actor: Actor) -> LedgerEntry:
-    """Turn the job's reservation into spent budget; idempotent (charged exactly once).
-
-    Call it before the first read of the private documents. Raises :class:`Conflict`
-    when the reservation was released (the job was cancelled before any read): the
-    caller must then not read the documents.
-    """
-    job, entries = _job_entries(session, job_id)
-    if "commit" in entries:
-        return entries["commit"]
-    if "release" in entries or "reserve" not in entries:
-        raise Conflict("the job holds no reservation to spend")
-    return repository.add_entry(session, _entry(job, "commit", actor))
-
-
-def release_reservation(session: Session, job_id: uuid.UUID, actor: Actor) -> LedgerEntry:
-    """Free the reservation of a job that never read private data; idempotent."""
-    job, entries = _job_entries(session, job_id)
-    if "release" in entries:
-        return entries["release"]
-    if "commit" in entries:
-        raise Conflict("the job has read the private documents: its budget stays spent")
-    return repository.add_entry(session, _entry(job, "release", actor))
-
-
-def budget_state(kinds: Collection[str]) -> str:
-    """``reserved``, ``committed`` or ``released``: where a job's ε stands, given the kinds
-    of its ledger entries."""
-    if "commit" in kinds:
-        return "committed"
-    return "released" if "release" in kinds else "reserved"
-
-
-def job_budget_state(session: Session, job_id: uuid.UUID) -> str:
-    """``reserved``, ``committed`` or ``released``: where the job's ε stands."""
-    return budget_state(repository.entries_of_job(session, job_id).keys())
-
-
-def epsilon_spent_total(session: Session) -> float:
-    return total(repository.committed_epsilons(session))
-
-
-# -- organisation budgets ---------------------------------------------------------------
+INFINITY = Decimal("Infinity")
 
 
 @dataclass(frozen=True)
@@ -223,11 +89,337 @@ class Amount:
     def within(self, other: Amount) -> bool:
         return self.epsilon <= other.epsilon and self.delta <= other.delta
 
+    def at_least_zero(self) -> Amount:
+        return Amount(max(self.epsilon, Decimal(0)), max(self.delta, Decimal(0)))
+
     def shown(self) -> dict[str, float]:
         return {"epsilon": amounts.shown(self.epsilon), "delta": amounts.shown(self.delta)}
 
     def text(self) -> str:
         return f"ε = {amounts.shown(self.epsilon):g}, δ = {amounts.shown(self.delta):g}"
+
+
+def cap_of(dataset: Dataset) -> Amount:
+    return Amount(dataset.epsilon_cap, dataset.delta_cap)
+
+
+# -- composition ---------------------------------------------------------------------
+
+
+def events_of(entry: LedgerEntry | LedgerReport) -> list[PrivacyEvent]:
+    return [PrivacyEvent.from_dict(e) for e in entry.events]
+
+
+@dataclass(frozen=True)
+class Composed:
+    """What a set of releases costs at one δ: ε (exact, rounded up to the stored unit;
+    infinite when no finite ε holds, as for Gaussian releases at δ = 0), the δ it is
+    stated at (0 when every release is pure ε-DP), and the accountant that said so."""
+
+    epsilon: Decimal
+    delta: Decimal
+    accountant: str
+
+    def text(self) -> str:
+        eps = "∞" if self.epsilon.is_infinite() else f"{amounts.shown(self.epsilon):g}"
+        return f"ε = {eps} at δ = {amounts.shown(self.delta):g}"
+
+
+def _figure(guarantee: Guarantee, delta: Decimal) -> Composed:
+    if not guarantee.events:
+        return Composed(Decimal(0), Decimal(0), EXACT_SUM)
+    epsilon = guarantee.epsilon(delta)
+    exact = epsilon if epsilon.is_infinite() else amounts.epsilon(epsilon, charge=True)
+    pure = all(e.is_pure for e in guarantee.events)
+    return Composed(exact, Decimal(0) if pure else delta, guarantee.name)
+
+
+def composed(events: Iterable[PrivacyEvent], delta: Decimal) -> Composed:
+    """The accountant's figure for ``events`` at ``delta`` (every figure of the ledger)."""
+    return _figure(compose(events), delta)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A dataset's figures, all ε at the cap's δ (``delta_cap``)."""
+
+    epsilon_cap: Decimal
+    delta_cap: Decimal
+    spent: Decimal  # the committed jobs' releases, composed
+    reserved: Decimal  # the committed and reserved jobs' releases, composed, minus spent
+    remaining: Decimal  # the cap minus spent and reserved (negative: a cap lowered below)
+    accountant: str
+
+
+def _by_job(entries: Iterable[LedgerEntry]) -> dict[uuid.UUID, dict[str, LedgerEntry]]:
+    jobs: dict[uuid.UUID, dict[str, LedgerEntry]] = {}
+    for entry in entries:
+        jobs.setdefault(entry.job_id, {})[entry.kind] = entry
+    return jobs
+
+
+def _held(jobs: Mapping[uuid.UUID, Mapping[str, LedgerEntry]]) -> list[PrivacyEvent]:
+    """The releases of every job whose ε is reserved or spent (not released)."""
+    return [
+        event
+        for kinds in jobs.values()
+        if "release" not in kinds and "reserve" in kinds
+        for event in events_of(kinds["reserve"])
+    ]
+
+
+def _spent(jobs: Mapping[uuid.UUID, Mapping[str, LedgerEntry]]) -> list[PrivacyEvent]:
+    return [e for kinds in jobs.values() if "commit" in kinds for e in events_of(kinds["commit"])]
+
+
+def _figures(cap: Amount, jobs: Mapping[uuid.UUID, Mapping[str, LedgerEntry]]) -> Budget:
+    spent = composed(_spent(jobs), cap.delta)
+    held = composed(_held(jobs), cap.delta)
+    return Budget(
+        epsilon_cap=cap.epsilon,
+        delta_cap=cap.delta,
+        spent=spent.epsilon,
+        reserved=held.epsilon - spent.epsilon,
+        remaining=cap.epsilon - held.epsilon,
+        accountant=held.accountant,
+    )
+
+
+def running_budgets(cap: Amount, entries: Iterable[LedgerEntry]) -> Iterator[Budget]:
+    """The figures after each entry in turn, against today's cap (the last are
+    :func:`budget_from`'s): the history of a dataset's spend, e.g. for a chart."""
+    jobs: dict[uuid.UUID, dict[str, LedgerEntry]] = {}
+    for entry in entries:
+        jobs.setdefault(entry.job_id, {})[entry.kind] = entry
+        yield _figures(cap, jobs)
+
+
+def budget_from(cap: Amount, entries: Iterable[LedgerEntry]) -> Budget:
+    return _figures(cap, _by_job(entries))
+
+
+def ledger_of(session: Session, dataset: Dataset) -> tuple[Budget, Sequence[LedgerEntry]]:
+    """The dataset's budget figures and the entries they follow from, oldest first."""
+    entries = repository.entries_of_dataset(session, dataset.id)
+    return budget_from(cap_of(dataset), entries), entries
+
+
+def budget(session: Session, dataset: Dataset) -> Budget:
+    """The single source of every budget figure the API and the dashboard show."""
+    return ledger_of(session, dataset)[0]
+
+
+def _entry(
+    job: Job, kind: str, actor: Actor, events: Sequence[dict[str, Any]], cost: Composed
+) -> LedgerEntry:
+    return LedgerEntry(
+        dataset_id=job.dataset_id,
+        job_id=job.id,
+        kind=kind,
+        epsilon=cost.epsilon,
+        delta=cost.delta,
+        epsilon_by_mechanism=dict(job.epsilon_by_mechanism),
+        events=[dict(e) for e in events],
+        accountant=cost.accountant,
+        actor=actor.ref,
+    )
+
+
+def _again(reservation: LedgerEntry, job: Job, kind: str, actor: Actor) -> LedgerEntry:
+    """A commit or a release of ``reservation``: the same releases and figures."""
+    cost = Composed(reservation.epsilon, reservation.delta, reservation.accountant)
+    return _entry(job, kind, actor, reservation.events, cost)
+
+
+def _locked_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
+    dataset = datasets_repo.get(session, dataset_id, for_update=True)
+    if dataset is None:
+        raise NotFound("no such dataset")
+    return dataset
+
+
+def reserve(
+    session: Session, job: Job, actor: Actor, events: Sequence[PrivacyEvent]
+) -> LedgerEntry:
+    """Add ``job`` and reserve its releases (``events``, planned before any private
+    read), or raise :class:`BudgetExceeded`: the accountant's ε at the cap's δ over
+    every committed, reserved and new release must stay within the cap's ε."""
+    dataset = _locked_dataset(session, job.dataset_id)
+    if dataset.deleted_at is not None:
+        raise Conflict("the dataset was deleted; it takes no new job")
+    cap = cap_of(dataset)
+    jobs = _by_job(repository.entries_of_dataset(session, dataset.id))
+    held = _held(jobs)
+    asked = composed(events, cap.delta)
+    after = composed([*held, *events], cap.delta)
+    if after.epsilon > cap.epsilon:
+        raise _refuse_job(asked, after, _figures(cap, jobs), events)
+    jobs_repo.add(session, job)
+    return repository.add_entry(
+        session, _entry(job, "reserve", actor, [e.to_dict() for e in events], asked)
+    )
+
+
+def _refuse_job(
+    asked: Composed, after: Composed, figures: Budget, events: Sequence[PrivacyEvent]
+) -> BudgetExceeded:
+    cap = Amount(figures.epsilon_cap, figures.delta_cap)
+    left = max(figures.remaining, Decimal(0))
+    at = f"δ = {amounts.shown(cap.delta):g}"
+    if asked.epsilon.is_infinite():
+        why = f"the job's Gaussian releases have no finite ε at the dataset's {at}"
+    else:
+        why = (
+            f"the job asks for {asked.text()} ({asked.accountant}) but the dataset has "
+            f"ε = {amounts.shown(left):g} left at {at}"
+        )
+    return BudgetExceeded(
+        f"{why} (cap {cap.text()}; spent ε = {amounts.shown(figures.spent):g}, reserved "
+        f"ε = {amounts.shown(figures.reserved):g}; with this job: {after.text()})",
+        requested={"epsilon": _shown(asked.epsilon), "delta": amounts.shown(cap.delta)},
+        remaining={"epsilon": amounts.shown(left), "delta": amounts.shown(cap.delta)},
+        cap=cap.shown(),
+        spent=amounts.shown(figures.spent),
+        reserved=amounts.shown(figures.reserved),
+        composed={"epsilon": _shown(after.epsilon), "delta": amounts.shown(cap.delta)},
+        accountant=after.accountant,
+        events=[e.to_dict() for e in events],
+    )
+
+
+def _shown(epsilon: Decimal) -> float | None:
+    """ε as a JSON number; None for an infinite one (JSON has no infinity)."""
+    return None if epsilon.is_infinite() else amounts.shown(epsilon)
+
+
+def _job_entries(session: Session, job_id: uuid.UUID) -> tuple[Job, Mapping[str, LedgerEntry]]:
+    job = jobs_repo.get(session, job_id)
+    if job is None:
+        raise NotFound("no such job")
+    _locked_dataset(session, job.dataset_id)
+    return job, repository.entries_of_job(session, job_id)
+
+
+def commit_spend(session: Session, job_id: uuid.UUID, actor: Actor) -> LedgerEntry:
+    """Turn the job's reservation into spent budget; idempotent (charged exactly once).
+
+    Call it before the first read of the private documents. Raises :class:`Conflict`
+    when the reservation was released (the job was cancelled before any read): the
+    caller must then not read the documents.
+    """
+    job, entries = _job_entries(session, job_id)
+    if "commit" in entries:
+        return entries["commit"]
+    if "release" in entries or "reserve" not in entries:
+        raise Conflict("the job holds no reservation to spend")
+    return repository.add_entry(session, _again(entries["reserve"], job, "commit", actor))
+
+
+def release_reservation(session: Session, job_id: uuid.UUID, actor: Actor) -> LedgerEntry:
+    """Free the reservation of a job that never read private data; idempotent."""
+    job, entries = _job_entries(session, job_id)
+    if "release" in entries:
+        return entries["release"]
+    if "commit" in entries:
+        raise Conflict("the job has read the private documents: its budget stays spent")
+    return repository.add_entry(session, _again(entries["reserve"], job, "release", actor))
+
+
+def record_report(
+    session: Session, job: Job, privacy: Mapping[str, Any] | None, actor: Actor
+) -> LedgerReport:
+    """Record the releases the engine reports it made (its manifest's ``privacy`` block)
+    once, after the commit; idempotent. It moves no budget, so it takes no dataset lock:
+    the caller holds the job's row lock. Its figure is the accountant's, at the δ the
+    job's entries are stated at."""
+    existing = repository.report_of_job(session, job.id)
+    if existing is not None:
+        return existing
+    entries = repository.entries_of_job(session, job.id)
+    if budget_state(entries.keys()) != "committed":
+        raise Conflict("the job has spent nothing: it has no releases to report")
+    realised = ledger_events.reported(privacy)
+    cost = composed([PrivacyEvent.from_dict(e) for e in realised], entries["commit"].delta)
+    return repository.add_report(
+        session,
+        LedgerReport(
+            dataset_id=job.dataset_id,
+            job_id=job.id,
+            epsilon=cost.epsilon,
+            delta=cost.delta,
+            events=realised,
+            accountant=cost.accountant,
+            actor=actor.ref,
+        ),
+    )
+
+
+def reports_of(session: Session, dataset: Dataset) -> Sequence[LedgerReport]:
+    return repository.reports_of_dataset(session, dataset.id)
+
+
+def reports_out(
+    session: Session, dataset: Dataset, entries: Sequence[LedgerEntry]
+) -> list[LedgerReportOut]:
+    """The dataset's reports, each with its differences from the job's entries."""
+    jobs = _by_job(entries)
+    out = []
+    for report in reports_of(session, dataset):
+        shown = LedgerReportOut.model_validate(report)
+        shown.differences = reconciliation(jobs.get(report.job_id, {}), report) or []
+        out.append(shown)
+    return out
+
+
+def reconciliation(
+    entries: Mapping[str, LedgerEntry], report: LedgerReport | None
+) -> list[str] | None:
+    """How a job's reported releases differ from those it was charged for (None: no
+    report yet; empty: they match)."""
+    if report is None or "reserve" not in entries:
+        return None
+    return ledger_events.reconcile(events_of(entries["reserve"]), events_of(report))
+
+
+def budget_state(kinds: Collection[str]) -> str:
+    """``reserved``, ``committed`` or ``released``: where a job's ε stands, given the kinds
+    of its ledger entries."""
+    if "commit" in kinds:
+        return "committed"
+    return "released" if "release" in kinds else "reserved"
+
+
+def job_budget_state(session: Session, job_id: uuid.UUID) -> str:
+    """``reserved``, ``committed`` or ``released``: where the job's ε stands."""
+    return budget_state(repository.entries_of_job(session, job_id).keys())
+
+
+def epsilon_spent_total(session: Session) -> float:
+    """The committed jobs' ε, added up over every dataset (basic composition: a bound
+    for a metric, not a dataset's figure)."""
+    return amounts.shown(sum(repository.committed_epsilons(session), Decimal(0)))
+
+
+def set_cap(session: Session, found: Dataset, cap: Amount) -> Amount:
+    """Set a dataset's cap (ε, δ), returning the previous one. It must fit in the
+    organisation's budget beside the other datasets' caps (:class:`BudgetExceeded`
+    otherwise: an admin raises the budget first) and hold what the dataset has spent
+    and reserved, composed at the new δ (:class:`Conflict` otherwise)."""
+    check_cap_change(session, found, cap)
+    dataset = _locked_dataset(session, found.id)
+    held = composed(_held(_by_job(repository.entries_of_dataset(session, dataset.id))), cap.delta)
+    if held.epsilon > cap.epsilon:
+        raise Conflict(
+            f"the dataset has {held.text()} spent or reserved ({held.accountant}); the cap "
+            "cannot go below it",
+            held={"epsilon": _shown(held.epsilon), "delta": amounts.shown(held.delta)},
+        )
+    previous = cap_of(dataset)
+    dataset.epsilon_cap, dataset.delta_cap = cap.epsilon, cap.delta
+    return previous
+
+
+# -- organisation budgets ---------------------------------------------------------------
 
 
 def initial_budget(settings: Settings, epsilon: float | None, delta: float | None) -> Amount:
@@ -242,10 +434,6 @@ def budget_of(organisation: Organisation) -> Amount:
     return Amount(organisation.epsilon_budget, organisation.delta_budget)
 
 
-def cap_of(dataset: Dataset) -> Amount:
-    return Amount.granted(dataset.epsilon_cap, dataset.delta_cap)
-
-
 @dataclass(frozen=True)
 class OrganisationBudget:
     """An organisation's budget, what its datasets carve out of it, and their spend."""
@@ -255,19 +443,18 @@ class OrganisationBudget:
     allocated: Amount  # carved: live datasets' caps, deleted datasets' spend
     remaining: Amount  # budget − allocated: what new or raised caps may take
     datasets: int
-    spent: float  # composed over the datasets' committed entries
-    reserved: float
-    accountant: str = ACCOUNTANT
+    spent: Decimal  # every committed release of its datasets composed, at the budget's δ
+    reserved: Decimal  # the same with the reserved ones, minus spent
+    accountant: str
 
 
-def _carved(dataset: Dataset, entries: Sequence[LedgerEntry]) -> Amount:
+def _carved(dataset: Dataset, jobs: Mapping[uuid.UUID, Mapping[str, LedgerEntry]]) -> Amount:
     """What one dataset takes out of its organisation's budget: its cap while it lives,
-    its spent and reserved ε once deleted (DP-KPS releases are pure ε-DP: δ = 0)."""
+    what it spent and reserved (composed at its δ cap) once deleted."""
     if dataset.deleted_at is None:
         return cap_of(dataset)
-    figures = budget_from(dataset.epsilon_cap, dataset.delta_cap, entries)
-    used = as_decimal(figures.spent) + as_decimal(figures.reserved)
-    return Amount(amounts.epsilon(used, charge=True), Decimal(0))
+    used = composed(_held(jobs), dataset.delta_cap)
+    return Amount(used.epsilon, used.delta)
 
 
 def organisation_budget(
@@ -278,25 +465,35 @@ def organisation_budget(
     by_dataset: dict[uuid.UUID, list[LedgerEntry]] = {}
     for entry in repository.entries_of_organisation(session, organisation.id):
         by_dataset.setdefault(entry.dataset_id, []).append(entry)
-    allocated, spent, reserved = Amount.zero(), Decimal(0), Decimal(0)
+    allocated = Amount.zero()
+    spent: list[list[PrivacyEvent]] = []
+    held: list[list[PrivacyEvent]] = []
     datasets = repository.datasets_of_organisation(session, organisation.id)
     for dataset in datasets:
-        entries = by_dataset.get(dataset.id, [])
-        figures = budget_from(dataset.epsilon_cap, dataset.delta_cap, entries)
-        spent += as_decimal(figures.spent)
-        reserved += as_decimal(figures.reserved)
+        jobs = _by_job(by_dataset.get(dataset.id, []))
+        spent.append(_spent(jobs))
+        held.append(_held(jobs))
         if dataset.id != excluding:
-            allocated += _carved(dataset, entries)
+            allocated += _carved(dataset, jobs)
     budget = budget_of(organisation)
+    spent_figure = _organisation_figure(spent, budget.delta)
+    held_figure = _organisation_figure(held, budget.delta)
     return OrganisationBudget(
         organisation.id,
         budget,
         allocated,
         budget - allocated,
         len(datasets),
-        float(spent),
-        float(reserved),
+        spent_figure.epsilon,
+        held_figure.epsilon - spent_figure.epsilon,
+        held_figure.accountant,
     )
+
+
+def _organisation_figure(datasets: Sequence[Sequence[PrivacyEvent]], delta: Decimal) -> Composed:
+    """Every release of the organisation's datasets composed sequentially (one patient
+    may be in several datasets), at the organisation budget's δ."""
+    return _figure(compose_datasets(datasets, disjoint=False), delta)
 
 
 def _locked_organisation(session: Session, organisation_id: uuid.UUID) -> Organisation:
@@ -307,14 +504,13 @@ def _locked_organisation(session: Session, organisation_id: uuid.UUID) -> Organi
 
 
 def _refuse_cap(asked: Amount, figures: OrganisationBudget, action: str) -> BudgetExceeded:
-    left = figures.remaining
-    left = Amount(max(left.epsilon, Decimal(0)), max(left.delta, Decimal(0)))
+    left = figures.remaining.at_least_zero()
     return BudgetExceeded(
         f"{action} asks for {asked.text()} but the organisation has {left.text()} left of "
         f"its budget ({figures.budget.text()}; its datasets hold {figures.allocated.text()}); "
         "an admin can raise the organisation's budget",
         requested=asked.shown(),
-        remaining=figures.remaining.shown(),
+        remaining=left.shown(),
         organisation_budget=figures.budget.shown(),
         allocated=figures.allocated.shown(),
     )
@@ -386,7 +582,7 @@ def organisation_budget_out(figures: OrganisationBudget) -> OrganisationBudgetOu
         allocated=AmountOut(**figures.allocated.shown()),
         remaining=AmountOut(**figures.remaining.shown()),
         datasets=figures.datasets,
-        spent=figures.spent,
-        reserved=figures.reserved,
+        spent=_shown(figures.spent),
+        reserved=_shown(figures.reserved),
         accountant=figures.accountant,
     )

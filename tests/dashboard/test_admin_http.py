@@ -20,8 +20,10 @@ import migrations
 from app.admin import sessions
 from app.config import Settings
 from app.db import Database
+from app.jobs import runner
+from app.ledger import service as ledger
 from app.main import create_app
-from app.models import AdminSession, AuditEvent, User
+from app.models import AdminSession, AuditEvent, Job, User
 from tests.dashboard import factories as dash
 from tests.service import factories
 from tests.service.conftest import make_settings
@@ -644,3 +646,57 @@ def test_the_dataset_page_shows_the_organisation_budget_the_cap_is_carved_from(
     assert float(shown["organisation_allocated"]) == api["allocated"]["epsilon"] == 6.5
     assert float(shown["organisation_remaining"]) == api["remaining"]["epsilon"]
     assert "its 2 datasets hold" in page
+
+
+def test_the_dataset_page_lists_every_release_as_charged_and_as_made(
+    admin: TestClient, client: TestClient, world: factories.World, db: Database
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=5)
+    waiting = factories.job(client, world.owner, dataset_id)
+    matched = factories.job(client, world.owner, dataset_id, epsilon_kde=1.0)
+    differing = factories.job(client, world.owner, dataset_id)
+    planned = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.auditor.headers).json()[
+        "entries"
+    ][1]["events"]
+    made = [
+        {**e, "sensitivity": 1.5, "scale": 1.5 * e["scale"] / e["sensitivity"]} for e in planned
+    ]
+    with db.transaction() as session:
+        runner.start_sequences(session, uuid.UUID(matched))
+    with db.transaction() as session:
+        job = session.get(Job, uuid.UUID(matched))
+        assert job is not None
+        ledger.record_report(session, job, {"events": made}, runner.WORKER)
+    factories.run_job(db, matched)  # the engine's report above stands: one per job
+    factories.run_job(db, differing)  # a report that names no release at all
+    page = admin.get(f"/admin/datasets/{dataset_id}").text
+    jobs = _fields(page, "data-ledger-job")
+    assert jobs[waiting]["reconciliation"] == "no report yet"
+    assert jobs[matched]["reconciliation"] == "matches the engine’s report"
+    assert jobs[differing]["reconciliation"].startswith(
+        "differs: kde (cardio): 1 releases planned, 0 made"
+    )
+    rows = re.findall(
+        r'<tr data-event-job="([^"]+)" data-event-source="([a-z]+)">(.*?)</tr>', page, re.S
+    )
+    assert sorted((job, source) for job, source, _ in rows) == sorted(
+        [(job, "charged") for job in (waiting, matched, differing) for _ in range(3)]
+        + [(matched, "made")] * 3
+    )
+    cells = [
+        dict(re.findall(r'data-field="([a-z_]+)"[^>]*>([^<]*)<', body))
+        for job, source, body in rows
+        if (job, source) == (matched, "made")
+    ]
+    ortho = next(c for c in cells if c["partition"] == "ortho")
+    assert ortho == {
+        "source": "made",
+        "mechanism": "kde",
+        "partition": "ortho",
+        "noise": "laplace",
+        "sensitivity": "1.5 (l1)",
+        "scale": "1.5",
+        "dimension": ortho["dimension"],
+        "count": "1",
+        "epsilon": "1.0",
+    }

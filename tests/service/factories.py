@@ -29,7 +29,7 @@ from app.jobs import runner
 SYSTEM = Actor.system("tests")
 # Owner organisations of the tests get room for many datasets (tests of the budget
 # itself set their own).
-OWNER_BUDGET = Decimal(100_000)
+OWNER_BUDGET, OWNER_DELTA = Decimal(100_000), Decimal("0.001")
 LABELS = ("cardio", "ortho")
 ROWS: tuple[tuple[str, str], ...] = (
     ("Chest pain and heart failure with shortness of breath", "cardio"),
@@ -68,11 +68,21 @@ def auth(key: str) -> dict[str, str]:
 
 
 def organisation(
-    db: Database, name: str, kind: str, *, epsilon_budget: Decimal = OWNER_BUDGET
+    db: Database,
+    name: str,
+    kind: str,
+    *,
+    epsilon_budget: Decimal = OWNER_BUDGET,
+    delta_budget: Decimal = OWNER_DELTA,
 ) -> uuid.UUID:
     with db.transaction() as session:
         return identity.create_organisation(
-            session, SYSTEM, name=name, kind=kind, epsilon_budget=epsilon_budget
+            session,
+            SYSTEM,
+            name=name,
+            kind=kind,
+            epsilon_budget=epsilon_budget,
+            delta_budget=delta_budget,
         ).id
 
 

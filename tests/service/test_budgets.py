@@ -4,6 +4,7 @@ fresh budget."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from datetime import UTC, datetime
@@ -27,11 +28,15 @@ from app.models import Dataset, Organisation
 from app.releases import service as releases
 from tests.service import factories
 from tests.service.test_migrations import scratch_postgres  # noqa: F401 (a fixture)
+from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
 
 
 def _hospital(db: Database, epsilon: str = "10", name: str = "Small Hospital") -> factories.Caller:
     """An owner organisation with a budget of ε = ``epsilon`` (δ = 0) and its key."""
-    organisation = factories.organisation(db, name, "owner", epsilon_budget=Decimal(epsilon))
+    organisation = factories.organisation(
+        db, name, "owner", epsilon_budget=Decimal(epsilon), delta_budget=Decimal(0)
+    )
     return factories.api_key(db, "owner", organisation)
 
 
@@ -108,7 +113,9 @@ def test_dataset_caps_are_carved_out_of_the_organisation_budget(
 def test_caps_that_add_up_exactly_fit_and_delta_is_carved_as_well(
     client: TestClient, db: Database
 ) -> None:
-    organisation = factories.organisation(db, "Delta Hospital", "owner", epsilon_budget=Decimal(1))
+    organisation = factories.organisation(
+        db, "Delta Hospital", "owner", epsilon_budget=Decimal(1), delta_budget=Decimal(0)
+    )
     with db.transaction() as session:
         found = session.get(Organisation, organisation)
         assert found is not None
@@ -285,23 +292,21 @@ def _principal(caller: factories.Caller) -> Principal:
 
 # -- the migration ----------------------------------------------------------------------
 
-_ORGANISATIONS = sa.table(
-    "organisations",
-    sa.column("id", sa.Uuid()),
-    sa.column("name", sa.String()),
-    sa.column("kind", sa.String()),
-    sa.column("created_at", sa.DateTime(timezone=True)),
-)
-_DATASETS = sa.table(
-    "datasets",
-    *(sa.column(name, sa.Uuid()) for name in ("id", "organisation_id")),
-    *(sa.column(name, sa.String()) for name in ("name", "format", "label_column", "created_by")),
-    *(sa.column(name, sa.JSON()) for name in ("text_columns", "labels")),
-    *(sa.column(name, sa.Float()) for name in ("epsilon_cap", "delta_cap")),
-    *(sa.column(n, sa.Integer()) for n in ("documents", "skipped_empty", "skipped_duplicate")),
-    sa.column("upload_bytes", sa.BigInteger()),
-    sa.column("created_at", sa.DateTime(timezone=True)),
-)
+
+def _typed(value: object) -> sa.types.TypeEngine[Any]:
+    if isinstance(value, uuid.UUID):
+        return sa.Uuid()
+    if isinstance(value, (dict, list)):
+        return sa.JSON()
+    if isinstance(value, datetime):
+        return sa.DateTime(timezone=True)
+    return sa.types.NullType()
+
+
+def _insert(connection: sa.Connection, name: str, rows: list[dict[str, Any]]) -> None:
+    """Rows written as the old revision's schema had them, without today's models."""
+    table = sa.table(name, *(sa.column(k, _typed(v)) for k, v in rows[0].items()))
+    connection.execute(sa.insert(table), rows)
 
 
 def _before_budgets() -> str:
@@ -312,69 +317,191 @@ def _before_budgets() -> str:
     return previous
 
 
+def _old_rows(connection: sa.Connection) -> None:
+    """Two owners (one with datasets, one without), a client, and a reserved job."""
+    now = datetime.now(UTC)
+    busy, idle, lab = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    _insert(
+        connection,
+        "organisations",
+        [
+            {"id": i, "name": n, "kind": k, "created_at": now}
+            for i, n, k in (
+                (busy, "Busy", "owner"),
+                (idle, "Idle", "owner"),
+                (lab, "Lab", "client"),
+            )
+        ],
+    )
+    datasets = [uuid.uuid4(), uuid.uuid4()]
+    _insert(
+        connection,
+        "datasets",
+        [
+            {
+                "id": dataset_id,
+                "organisation_id": busy,
+                "name": f"notes {cap}",
+                "format": "csv",
+                "label_column": "label",
+                "created_by": "system:test",
+                "text_columns": ["text"],
+                "labels": ["a"],
+                "epsilon_cap": cap,
+                "delta_cap": delta,
+                "documents": 1,
+                "skipped_empty": 0,
+                "skipped_duplicate": 0,
+                "upload_bytes": 10,
+                "created_at": now,
+            }
+            for dataset_id, (cap, delta) in zip(datasets, ((30.5, 1e-7), (0.1, 2e-6)), strict=True)
+        ],
+    )
+    job = uuid.uuid4()
+    by_mechanism = {"vocabulary": 0.1, "kde": 0.2}
+    _insert(
+        connection,
+        "jobs",
+        [
+            {
+                "id": job,
+                "dataset_id": datasets[1],
+                "organisation_id": busy,
+                "submitted_by": "system:test",
+                "spec": {"vocabulary": "medical"},
+                "state": "queued",
+                "progress": 0.0,
+                "cancel_requested": False,
+                "epsilon": 0.3,
+                "epsilon_by_mechanism": by_mechanism,
+                "sequences_total": 0,
+                "texts_done": 0,
+                "texts_failed": 0,
+                "llm_calls": 0,
+                "task_ids": [],
+                "created_at": now,
+                "updated_at": now,
+            }
+        ],
+    )
+    _insert(
+        connection,
+        "ledger_entries",
+        [
+            {
+                "dataset_id": datasets[1],
+                "job_id": job,
+                "kind": "reserve",
+                "epsilon": 0.3,
+                "delta": 0.0,
+                "epsilon_by_mechanism": by_mechanism,
+                "accountant": "basic composition",
+                "actor": "system:test",
+                "created_at": now,
+            }
+        ],
+    )
+
+
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
-def test_the_migration_gives_existing_owners_a_budget_and_keeps_every_row(
+def test_the_migration_gives_owners_budgets_entries_events_and_keeps_every_row(
     backend: str,
     scratch_postgres: str,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
 ) -> None:
     url = scratch_postgres if backend == "postgres" else f"sqlite:///{tmp_path / 'k.sqlite3'}"
     migrations.upgrade(url, _before_budgets())
-    busy, idle, lab = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    now = datetime.now(UTC)
     engine = sa.create_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                sa.insert(_ORGANISATIONS),
-                [
-                    {"id": i, "name": n, "kind": k, "created_at": now}
-                    for i, n, k in (
-                        (busy, "Busy", "owner"),
-                        (idle, "Idle", "owner"),
-                        (lab, "Lab", "client"),
-                    )
-                ],
+            _old_rows(connection)
+        migrations.upgrade(url, "0005")
+        with engine.begin() as connection:
+            budgets = connection.execute(
+                sa.text("SELECT name, epsilon_budget, delta_budget FROM organisations")
             )
-            connection.execute(
-                sa.insert(_DATASETS),
+            assert {name: (e, d) for name, e, d in budgets} == {
+                "Busy": (30_600_000_000_000, 2_100_000_000_000),  # the caps' exact sums
+                "Idle": (10_000_000_000_000, 1_000_000_000_000),  # ε = 10, δ = 1e-6
+                "Lab": (0, 0),
+            }
+            caps = connection.execute(sa.text("SELECT epsilon_cap, delta_cap FROM datasets"))
+            assert sorted(tuple(r) for r in caps) == [  # exact: integers of 1e-12 and 1e-18
+                (100_000_000_000, 2_000_000_000_000),
+                (30_500_000_000_000, 100_000_000_000),
+            ]
+            entry = connection.execute(
+                sa.text(
+                    "SELECT job_id, dataset_id, kind, epsilon, delta, events FROM ledger_entries"
+                )
+            ).one()
+            assert (entry.epsilon, entry.delta) == (300_000_000_000, 0)
+            events = entry.events if isinstance(entry.events, list) else json.loads(entry.events)
+            legacy = [PrivacyEvent.from_dict(e) for e in events]  # the accountant's events
+            assert [(e.mechanism, e.noise, e.epsilon, e.partition) for e in legacy] == [
+                ("vocabulary", "discrete_laplace", Decimal("0.1"), None),
+                ("kde", "laplace", Decimal("0.2"), None),
+            ]
+            assert compose(legacy).epsilon(0) == Decimal("0.3")
+            with pytest.raises(sa.exc.DBAPIError, match="append-only"), connection.begin_nested():
+                connection.execute(sa.text("UPDATE ledger_entries SET actor = 'x'"))
+            _insert(
+                connection,
+                "ledger_entries",
                 [
                     {
-                        "id": uuid.uuid4(),
-                        "organisation_id": busy,
-                        "name": f"notes {cap}",
-                        "format": "csv",
-                        "label_column": "label",
-                        "created_by": "system:test",
-                        "text_columns": ["text"],
-                        "labels": ["a"],
-                        "epsilon_cap": cap,
-                        "delta_cap": delta,
-                        "documents": 1,
-                        "skipped_empty": 0,
-                        "skipped_duplicate": 0,
-                        "upload_bytes": 10,
-                        "created_at": now,
+                        "dataset_id": entry.dataset_id,
+                        "job_id": entry.job_id,
+                        "kind": kind,
+                        "epsilon": 300_000_000_000,
+                        "delta": 0,
+                        "epsilon_by_mechanism": {},
+                        "events": [],
+                        "accountant": "basic composition",
+                        "actor": "system:worker",
+                        "created_at": datetime.now(UTC),
                     }
-                    for cap, delta in ((30.5, 1e-7), (0.1, 2e-6))
+                    for kind in ("commit",)
                 ],
             )
-        migrations.upgrade(url, "0005")
-        query = sa.text("SELECT name, epsilon_budget, delta_budget FROM organisations")
-        with engine.connect() as connection:
-            budgets = {name: (e, d) for name, e, d in connection.execute(query)}
-        assert budgets == {
-            "Busy": (30_600_000_000_000, 2_100_000_000_000),  # the caps' exact sums
-            "Idle": (10_000_000_000_000, 1_000_000_000_000),  # ε = 10, δ = 1e-6
-            "Lab": (0, 0),
-        }
+            _insert(
+                connection,
+                "ledger_reports",
+                [
+                    {
+                        "dataset_id": entry.dataset_id,
+                        "job_id": entry.job_id,
+                        "epsilon": 300_000_000_000,
+                        "delta": 0,
+                        "events": events,
+                        "accountant": "basic composition",
+                        "actor": "system:worker",
+                        "created_at": datetime.now(UTC),
+                    }
+                ],
+            )
+            with pytest.raises(sa.exc.DBAPIError, match="append-only"), connection.begin_nested():
+                connection.execute(sa.text("DELETE FROM ledger_reports"))
         migrations.downgrade(url, _before_budgets())
         with engine.connect() as connection:
             names = connection.execute(sa.text("SELECT name FROM organisations")).scalars()
             caps = connection.execute(sa.text("SELECT epsilon_cap FROM datasets")).scalars()
             assert sorted(names) == ["Busy", "Idle", "Lab"] and sorted(caps) == [0.1, 30.5]
-            columns = {c["name"] for c in sa.inspect(connection).get_columns("organisations")}
-        assert "epsilon_budget" not in columns
+            kinds = connection.execute(
+                sa.text("SELECT kind, epsilon, delta FROM ledger_entries ORDER BY id")
+            )
+            assert [tuple(r) for r in kinds] == [("reserve", 0.3, 0.0), ("commit", 0.3, 0.0)]
+            floats = connection.execute(sa.text("SELECT delta_cap FROM datasets")).scalars()
+            assert sorted(floats) == [1e-7, 2e-6]
+            inspector = sa.inspect(connection)
+            assert "ledger_reports" not in inspector.get_table_names()
+            assert "epsilon_budget" not in {
+                c["name"] for c in inspector.get_columns("organisations")
+            }
+            assert "events" not in {c["name"] for c in inspector.get_columns("ledger_entries")}
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), engine.begin() as c:
+            c.execute(sa.text("DELETE FROM ledger_entries"))
         migrations.upgrade(url)
     finally:
         engine.dispose()
