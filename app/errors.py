@@ -21,7 +21,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.logging import exception_fields
-from workers.dpkps.errors import KeyseedError
+from workers.errors import KeyseedError
 
 PROBLEM_JSON = "application/problem+json"
 log = structlog.get_logger("keyseed.errors")

@@ -28,9 +28,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.fake_llm` from a checkout
 
 from tests.fake_llm import FakeLLM
-from workers.dpkps.prompting import PromptSpec, run_prompts
 from workers.llm.client import LLMEndpoint
 from workers.llm.local import LocalLLMServer
+from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
 LEVELS = (1, 8, 32)
 FAKE_LATENCY = 0.2

@@ -27,14 +27,14 @@ from pydantic import (
 
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
-from workers.dpkps.config import (
+from workers.methods.dpkps.config import (
     DELTA_CEILING,
     EPSILON_CEILING,
     EPSILON_FLOOR,
     LIMITS,
     GenerationConfig,
 )
-from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
+from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
 
 Example = Annotated[
     str,

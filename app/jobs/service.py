@@ -29,10 +29,10 @@ from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from app.worker import RUN_SEQUENCES
-from workers.dpkps.accounting import epsilon_by_mechanism
-from workers.dpkps.config import GenerationConfig, method_description
-from workers.dpkps.plan import Plan, plan
-from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from workers.methods.dpkps.accounting import epsilon_by_mechanism
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.plan import Plan, plan
+from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 

@@ -53,14 +53,14 @@ from app.jobs.schemas import JobSpec
 from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.models import Dataset
 from app.vocabularies import service as vocabularies
-from workers.dpkps import prompting
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.errors import InputDataError, KeyseedError, LLMError
-from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
+from workers.errors import InputDataError, KeyseedError, LLMError
+from workers.methods.dpkps import prompting
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
 
 if TYPE_CHECKING:
-    from workers.dpkps.embeddings import SentenceEmbedder
-    from workers.dpkps.vocabulary import Vocabulary
+    from workers.text.embeddings import SentenceEmbedder
+    from workers.text.vocabulary import Vocabulary
 
 log = structlog.get_logger("keyseed.jobs")
 
@@ -208,14 +208,14 @@ class StageTracker:
 @functools.cache
 def _embedder(model: str, device: str) -> SentenceEmbedder:
     """One embedding model per worker process (loading it takes seconds)."""
-    from workers.dpkps.embeddings import SentenceEmbedder
+    from workers.text.embeddings import SentenceEmbedder
 
     return SentenceEmbedder(model, device=device)
 
 
 @functools.cache
 def _builtin_vocabulary(name: str) -> Vocabulary:
-    from workers.dpkps.vocabulary import load_vocabulary
+    from workers.text.vocabulary import load_vocabulary
 
     return load_vocabulary(name)
 
@@ -321,8 +321,8 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
 
 
 def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTracker) -> str:
-    from workers.dpkps.embeddings import EmbeddingCache
-    from workers.dpkps.pipeline import generate_sequences, shuffled
+    from workers.methods.dpkps.pipeline import generate_sequences, shuffled
+    from workers.text.embeddings import EmbeddingCache
 
     settings, job_id = ctx.settings, started.job_id
     spec = job_spec(started.spec)

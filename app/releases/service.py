@@ -27,7 +27,7 @@ from app.ledger import audit
 from app.models import Download, Job, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
-from workers.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 
 ADJACENCY = "one row of the uploaded file added or removed"
