@@ -118,8 +118,9 @@ def private_documents(
     job = _job(session, job_id)
     if ledger.job_budget_state(session, job.id) != "committed":
         raise Conflict("the job's budget is not committed: it may not read private data")
+    key = cipher.dataset_key(job.dataset_id)
     for document in datasets_repo.iter_documents(session, job.dataset_id):
-        yield cipher.open(
+        yield key.open(
             document.dataset_id,
             document.row,
             document.key_id,
