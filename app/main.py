@@ -1,7 +1,9 @@
 """The FastAPI application: ``create_app(settings)`` wires settings, database, broker,
 document key, error handlers, middleware and the routers of every domain.
 
-Run it with ``uvicorn --factory app.main:create_app``.
+Run it with ``keyseed api`` (:mod:`app.server`: uvicorn with the settings' limits on
+header size, unfinished requests and trusted proxies); a bare ``uvicorn --factory
+app.main:create_app`` has none of them.
 """
 
 from __future__ import annotations
