@@ -239,7 +239,9 @@ class Dataset(Base):
 
 
 class Document(Base):
-    """One private row: ``{"text", "label"}`` sealed with AES-256-GCM.
+    """One private row: ``{"text", "label"}`` sealed with AES-256-GCM under its dataset's
+    own key (``key_id`` names it; the key is in the keyring, never here: see
+    :mod:`app.crypto`), destroyed when the dataset is deleted.
 
     The associated data binds the ciphertext to its dataset and row, so a ciphertext
     copied to another row or dataset does not decrypt.

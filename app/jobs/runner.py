@@ -155,8 +155,9 @@ def private_documents(
     job = _job(session, job_id)
     if ledger.job_budget_state(session, job.id) != "committed":
         raise Conflict("the job's budget is not committed: it may not read private data")
+    key = cipher.dataset_key(job.dataset_id)
     for document in datasets_repo.iter_documents(session, job.dataset_id):
-        text, label = cipher.open(
+        text, label = key.open(
             document.dataset_id,
             document.row,
             document.key_id,
@@ -170,9 +171,7 @@ def private_documents(
             (
                 None
                 if sealed_unit is None
-                else cipher.open_unit(
-                    document.dataset_id, document.row, document.key_id, sealed_unit
-                )
+                else key.open_unit(document.dataset_id, document.row, document.key_id, sealed_unit)
             ),
         )
 

@@ -94,7 +94,7 @@ class WorkerContext:
     @classmethod
     def from_settings(cls, settings: Settings, *, celery: Any = None) -> WorkerContext:
         database = Database.from_settings(settings, celery=celery)
-        return cls(settings, database, DocumentCipher(settings.document_key()))
+        return cls(settings, database, DocumentCipher.from_settings(settings))
 
 
 # ------------------------------------------------------------------ shared helpers

@@ -438,6 +438,7 @@ def scene(
             KEYSEED_LLM_CONCURRENCY=str(LLM_CONCURRENCY),
             KEYSEED_LLM_MAX_RETRIES="0",
             KEYSEED_PROGRESS_INTERVAL="3600",  # a write per stage change, none between
+            KEYSEED_KEYRING_DIR=str(settings.keyring_path),  # the API's: the dataset keys
         )
         here = Scene(TestClient(app), world, db, llm, tap, prefix, env, tmp_path, corpus)
         try:
