@@ -10,6 +10,7 @@ and associated data, as ``nonce || ciphertext``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import uuid
@@ -28,6 +29,13 @@ class DocumentCipher:
             raise ValueError("the document key must be 32 bytes")
         self._aead = AESGCM(key)
         self.key_id = hashlib.sha256(b"keyseed/key-id/v1|" + key).hexdigest()[:16]
+        self._digest_key = hashlib.sha256(b"keyseed/digest-key/v1|" + key).digest()
+
+    def digest(self, purpose: str, value: str) -> str:
+        """A keyed digest (HMAC-SHA-256) of ``value``: equal values match, and a stolen
+        database alone cannot test guesses of them (a password typed as a name, say)."""
+        message = purpose.encode() + b"|" + value.encode("utf-8", "surrogatepass")
+        return hmac.new(self._digest_key, message, hashlib.sha256).hexdigest()
 
     @staticmethod
     def _aad(dataset_id: uuid.UUID, row: int, what: bytes = b"document") -> bytes:

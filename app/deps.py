@@ -1,8 +1,9 @@
 """Request dependencies, defined once: the session, the settings, the caller.
 
-The session commits when the route returns and rolls back when it raises; it ends
-before the response is sent (``scope="function"``), so a failed commit is an error
-response, never a success the database does not hold. Routes never commit.
+The session commits when the route returns and rolls back when it raises (read-only for
+``GET`` routes, see :func:`get_session`); it ends before the response is sent
+(``scope="function"``), so a failed commit is an error response, never a success the
+database does not hold. Routes never commit.
 """
 
 from __future__ import annotations
@@ -43,8 +44,25 @@ def get_cipher(request: Request) -> DocumentCipher:
     return cipher
 
 
-def get_session(database: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
-    with database.transaction() as session:
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+_WRITES = "keyseed_writes"
+
+
+def writing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a ``GET`` route that writes (a download is an audit event): its session is a
+    writing one. Every other ``GET`` route reads only."""
+    setattr(endpoint, _WRITES, True)
+    return endpoint
+
+
+def get_session(
+    request: Request, database: Annotated[Database, Depends(get_database)]
+) -> Iterator[Session]:
+    """The request's session: read-only for a safe method (it takes no write lock), unless
+    the route is marked :func:`writing`."""
+    endpoint = request.scope.get("endpoint")
+    write = request.method not in SAFE_METHODS or getattr(endpoint, _WRITES, False)
+    with database.transaction(write=write) as session:
         yield session
 
 

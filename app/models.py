@@ -171,8 +171,6 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     role: Mapped[str] = mapped_column(String(16))
     organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"))
-    failed_sign_ins: Mapped[int] = mapped_column(default=0)
-    locked_until: Mapped[datetime | None]
     last_sign_in_at: Mapped[datetime | None]
     password_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -200,14 +198,16 @@ class AdminSession(Base):
 
 
 class SignInFailure(Base):
-    """A failed dashboard sign-in from a client address: the per-address rate limit counts
-    these (in the database, so every API process sees them); old rows are pruned."""
+    """A failed dashboard sign-in from a client address at a name (a keyed digest of the
+    name typed, never the name): the throttles count these (in the database, so every
+    API process sees them); old rows are pruned."""
 
     __tablename__ = "sign_in_failures"
     __table_args__ = (Index("ix_sign_in_failures_address_created_at", "address", "created_at"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(64))
+    name_digest: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 

@@ -17,6 +17,7 @@ The tasks themselves are in :mod:`app.jobs.tasks`, which a worker imports at sta
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -130,6 +131,23 @@ def redelivers(settings: Settings) -> bool:
     once the visibility timeout has passed; kombu's SQL transports forget a message as
     soon as a worker takes it (``app.jobs.recovery`` makes up for it)."""
     return not declares_queues(settings)
+
+
+def waiting_task_ids(app: Celery) -> set[str] | None:
+    """Ids of the task messages that wait in the broker for a worker to take them, where
+    the broker can list them (kombu's SQL transports keep a message as a row, marked
+    invisible once taken); None where it cannot."""
+    if not (url_to_parts(app.conf.broker_url).scheme or "").startswith("sqla+"):
+        return None
+    with app.connection_for_read() as connection:
+        channel: Any = connection.default_channel
+        session = channel.session
+        try:
+            message = channel.message_cls
+            rows = session.query(message.payload).filter(message.visible.is_(True)).all()
+        finally:
+            session.rollback()  # end the read
+    return {str(json.loads(payload)["headers"]["id"]) for (payload,) in rows}
 
 
 def _declare_at_worker_start(sender: Any = None, **_: Any) -> None:

@@ -430,9 +430,10 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, started: float) -> int:
+    from workers.dpkps.config import method_description
     from workers.dpkps.corpus import read_labelled
     from workers.dpkps.embeddings import EmbeddingCache, SentenceEmbedder
-    from workers.dpkps.pipeline import generate_sequences, method_description, shuffled
+    from workers.dpkps.pipeline import generate_sequences, shuffled
     from workers.dpkps.plan import plan
     from workers.dpkps.vocabulary import load_vocabulary
     from workers.settings import CoreSettings

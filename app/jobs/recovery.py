@@ -13,16 +13,21 @@ never runs twice at once, whatever copies of its task a broker delivers; a proce
 finds at its next write that another one holds the job now stops without writing
 (:class:`LeaseLost`, raised by the writes of :mod:`app.jobs.runner`).
 
-An **orphan** is a queued or running job no live process holds whose task may be lost.
-Every worker looks for them when it starts and every half lease after (:class:`Sweeper`):
+An **orphan** is a queued or running job no live process holds whose task is lost.
+A worker looks for them before it takes its first task, then every half lease
+(:class:`Sweeper`):
 
 * a job whose process died is an orphan (the task it ran died with it on the embedded
   broker, and comes back on Redis only after the visibility timeout, hours later);
 * on a broker that forgets a message once a worker has taken it (kombu's SQL transport
   of the embedded mode: :func:`app.worker.redelivers`), a worker that starts also takes
-  every active job nobody holds for an orphan: the worker that took its message may have
-  died before claiming it. A job whose message was still waiting then has two; the one
-  delivered second finds the job held or ended, or its sequences saved, and does nothing.
+  for an orphan an active job nobody holds: the worker that took its message may have
+  died before it claimed the job;
+* but never a job a message of which waits in the broker, where the broker can tell
+  (:func:`app.worker.waiting_task_ids`: the SQL transport): a worker will take it.
+
+A task delivered twice all the same (Redis' late redelivery, a retry) finds the job
+held or ended and does nothing, or its sequences saved and runs no DP mechanism again.
 
 An orphan is sent the task that continues it from what is persisted (:func:`dispatch`):
 the sequences task while no sequence is saved (the ledger's commit is idempotent, so
@@ -38,6 +43,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable, Set
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -187,30 +193,40 @@ class Heartbeat:
 # ------------------------------------------------------------------ orphans
 
 
-def is_orphan(session: Session, job: Job, *, unheld: bool, now: datetime | None = None) -> bool:
-    """Whether ``job`` is active and its process died (``unheld``: or it has none)."""
+def is_orphan(
+    session: Session,
+    job: Job,
+    *,
+    unheld: bool,
+    waiting: Set[str] | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Whether ``job`` is active, no message of it waits in the broker (``waiting``:
+    the ids of the task messages that wait, when the broker can tell), and its process
+    died (``unheld``: or it has none)."""
     if job.state not in repository.ACTIVE_STATES:
         return False
+    if waiting is not None and not waiting.isdisjoint(job.task_ids):
+        return False  # a worker will take the job's task
     if job.worker_id is None:
         return unheld
     return not alive(session, job.worker_id, now)
 
 
-def recover(database: Database, *, unheld: bool) -> list[tuple[uuid.UUID, str]]:
+def recover(
+    database: Database, *, unheld: bool, waiting: Set[str] | None = None
+) -> list[tuple[uuid.UUID, str]]:
     """Send the task of every orphan again (see the module's docstring); returns each
     job recovered and the task sent. Each job is checked again under its row lock."""
     now = utcnow()
+    orphan = functools.partial(is_orphan, unheld=unheld, waiting=waiting)
     with database.session() as session:
-        candidates = [
-            job.id
-            for job in repository.active(session)
-            if is_orphan(session, job, unheld=unheld, now=now)
-        ]
+        candidates = [j.id for j in repository.active(session) if orphan(session, j, now=now)]
     recovered = []
     for job_id in candidates:
         with database.transaction() as session:
             job = repository.get(session, job_id, for_update=True)
-            if job is None or not is_orphan(session, job, unheld=unheld):
+            if job is None or not orphan(session, job):
                 continue
             task = dispatch(session, job)
         log.warning("job.recovered", job_id=str(job_id), task=task)
@@ -221,16 +237,33 @@ def recover(database: Database, *, unheld: bool) -> list[tuple[uuid.UUID, str]]:
 
 
 class Sweeper:
-    """:func:`recover` in a thread of a worker's main process: at once (with
-    ``unheld_at_start``, for jobs nobody holds too), then every half lease for jobs
-    whose process died."""
+    """:func:`recover` for a worker's main process: :meth:`sweep` once before the
+    worker takes any task (with ``unheld``, for jobs nobody holds too), then, from
+    :meth:`start` on, every half lease in a thread, for jobs whose process died.
+    ``waiting`` lists the broker's waiting task messages (None: it cannot)."""
 
-    def __init__(self, database: Database, seconds: float, *, unheld_at_start: bool) -> None:
+    def __init__(
+        self,
+        database: Database,
+        seconds: float,
+        *,
+        unheld: bool,
+        waiting: Callable[[], Set[str] | None],
+    ) -> None:
         self.database = database
         self.seconds = seconds
-        self.unheld = unheld_at_start
+        self.unheld = unheld
+        self.waiting = waiting
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keyseed-recovery", daemon=True)
+
+    def sweep(self) -> None:
+        try:
+            recover(self.database, unheld=self.unheld, waiting=self.waiting())
+        except Exception as error:  # the database or the broker is out of reach: next time
+            log.error("job.recovery_failed", error=type(error).__name__)
+        else:
+            self.unheld = False  # from now on, a job nobody holds is one a worker took
 
     def start(self) -> Sweeper:
         self._thread.start()
@@ -238,14 +271,9 @@ class Sweeper:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                recover(self.database, unheld=self.unheld)
-            except Exception as error:  # the database is out of reach: next time
-                log.error("job.recovery_failed", error=type(error).__name__)
-            else:
-                self.unheld = False  # a job nobody holds from now on has its task waiting
-            self._stop.wait(self.seconds / 2)
+        while not self._stop.wait(self.seconds / 2):
+            self.sweep()

@@ -27,7 +27,13 @@ from pydantic import (
 
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
-from workers.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR, LIMITS, GenerationConfig
+from workers.dpkps.config import (
+    DELTA_CEILING,
+    EPSILON_CEILING,
+    EPSILON_FLOOR,
+    LIMITS,
+    GenerationConfig,
+)
 from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
 
 Example = Annotated[
@@ -79,8 +85,18 @@ class JobSpec(BaseModel):
     )
     max_llm_calls: int | None = Field(default=None, ge=1, le=10**9)
 
-    epsilon_vocab: MechanismEpsilon
-    epsilon_kde: MechanismEpsilon
+    # The budget: a total ``epsilon`` (and ``delta``: > 0 selects Gaussian noise) split
+    # among the mechanisms by the shares, or per-mechanism ε (Laplace, pure).
+    epsilon: MechanismEpsilon | None = None
+    delta: float = Field(default=0.0, ge=0, le=DELTA_CEILING)
+    noise: Literal["laplace", "gaussian"] | None = Field(
+        default=None, description="default: gaussian when delta > 0, else laplace"
+    )
+    share_vocab: float = Field(default=_ENGINE["share_vocab"], gt=0, le=1000)
+    share_kde: float = Field(default=_ENGINE["share_kde"], gt=0, le=1000)
+    share_count: float = Field(default=_ENGINE["share_count"], gt=0, le=1000)
+    epsilon_vocab: MechanismEpsilon | None = None
+    epsilon_kde: MechanismEpsilon | None = None
     epsilon_count: MechanismEpsilon | None = None
     # Defaults are the engine's own (chosen by measurement; see BENCHMARKS.md).
     per_class: int | None = Field(default=_ENGINE["per_class"], ge=1, le=LIMITS["per_class"])
@@ -120,14 +136,16 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _counts_replace_per_class(self) -> JobSpec:
         # With noisy class counts, `total` is split by them and `per_class` means nothing.
-        if self.epsilon_count is not None and "per_class" not in self.model_fields_set:
+        if self.total is not None and "per_class" not in self.model_fields_set:
             self.per_class = None
+        if self.noise is None:
+            self.noise = "gaussian" if self.delta > 0 else "laplace"
         return self
 
     def sequences_requested(self, labels: int) -> int:
         """How many keyphrase sequences the job asks for over ``labels`` declared labels."""
-        if self.epsilon_count is not None:
-            return self.total or 0
+        if self.total is not None:
+            return self.total
         return (self.per_class or 0) * labels
 
     def engine_parameters(self) -> dict[str, Any]:
@@ -136,6 +154,19 @@ class JobSpec(BaseModel):
     def generation_config(self) -> GenerationConfig:
         """The engine's configuration; raises ``ConfigError`` naming the field."""
         return GenerationConfig(**self.engine_parameters()).validate()
+
+
+class JobPlanOut(BaseModel):
+    """A dry run: what a job would release and spend (nothing stored, nothing read)."""
+
+    dry_run: Literal[True]
+    dataset_id: uuid.UUID
+    method: str
+    epsilon: float
+    delta: float
+    accountant: str
+    by_mechanism: dict[str, float]
+    events: list[dict[str, Any]]
 
 
 class JobCounts(BaseModel):

@@ -29,23 +29,17 @@ from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from app.worker import RUN_SEQUENCES
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.plan import plan
+from workers.dpkps.accounting import epsilon_by_mechanism
+from workers.dpkps.config import GenerationConfig, method_description
+from workers.dpkps.plan import Plan, plan
 from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
-def epsilon_by_mechanism(config: GenerationConfig) -> dict[str, float]:
-    """What a run of ``config`` may spend, by mechanism (known before it runs).
-
-    The vocabulary histogram and the class counts use the whole corpus; the DP-KDE
-    ensembles are per class, on disjoint documents, so ``kde`` is charged once.
-    """
-    spend = {"vocabulary": float(config.epsilon_vocab), "kde": float(config.epsilon_kde)}
-    if config.epsilon_count is not None:
-        spend["class_counts"] = float(config.epsilon_count)
-    return spend
+def planned(config: GenerationConfig, labels: list[str], vocabulary_size: int) -> Plan:
+    """Every release a run of ``config`` will make (public inputs only, before it runs)."""
+    return plan(config, labels, vocabulary_size)
 
 
 def _check_prompting(spec: JobSpec, settings: Settings) -> None:
@@ -66,7 +60,7 @@ def _check_prompting(spec: JobSpec, settings: Settings) -> None:
 def _check_size(spec: JobSpec, labels: int, settings: Settings) -> None:
     wanted = spec.sequences_requested(labels)
     if wanted > settings.max_sequences_per_job:
-        field = "total" if spec.epsilon_count is not None else "per_class"
+        field = "total" if spec.total is not None else "per_class"
         raise Unprocessable(
             f"asks for {wanted} keyphrase sequences; this server makes at most "
             f"{settings.max_sequences_per_job} per job",
@@ -98,13 +92,14 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def submit(
+def _prepare(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
     spec: JobSpec,
     settings: Settings,
-) -> Job:
+) -> tuple[Any, Any, Plan]:
+    """Every check of a job spec, and its planned releases (public inputs only)."""
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     config = spec.generation_config()
     _check_size(spec, len(dataset.labels), settings)
@@ -116,7 +111,42 @@ def submit(
             f"has {vocabulary.size}",
             field="vocabulary_size",
         )
-    by_mechanism = epsilon_by_mechanism(config)
+    return dataset, vocabulary, planned(config, list(dataset.labels), vocabulary.size)
+
+
+def dry_run(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    spec: JobSpec,
+    settings: Settings,
+) -> dict[str, Any]:
+    """What a job of ``spec`` would release and spend, checked like a submission but with
+    no job, no reservation and no private read: the planned releases with their noise,
+    the composed (ε, δ) and the accountant that composed them."""
+    dataset, _, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    config = spec.generation_config()
+    return {
+        "dry_run": True,
+        "dataset_id": str(dataset.id),
+        "method": method_description(config),
+        "epsilon": float(the_plan.epsilon),
+        "delta": the_plan.delta,
+        "accountant": the_plan.accountant,
+        "by_mechanism": epsilon_by_mechanism(the_plan.events, the_plan.delta),
+        "events": [e.to_dict() for e in the_plan.events],
+    }
+
+
+def submit(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    spec: JobSpec,
+    settings: Settings,
+) -> Job:
+    dataset, vocabulary, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    by_mechanism = epsilon_by_mechanism(the_plan.events, the_plan.delta)
     stored_spec = spec.model_dump(mode="json")
     stored_spec["vocabulary_ref"] = {
         "kind": vocabulary.kind,
@@ -125,7 +155,6 @@ def submit(
         "size": vocabulary.size,
         "fingerprint": vocabulary.fingerprint,
     }
-    planned = plan(config, list(dataset.labels), vocabulary.size)
     task_id = str(uuid.uuid4())
     job = Job(
         id=uuid.uuid4(),
@@ -134,12 +163,12 @@ def submit(
         submitted_by=principal.actor.ref,
         spec=stored_spec,
         state="queued",
-        epsilon=float(planned.epsilon),
+        epsilon=float(the_plan.epsilon),
         epsilon_by_mechanism=by_mechanism,
         task_ids=[task_id],
         request_id=current_request_id(),
     )
-    ledger.reserve(session, job, principal.actor, planned.events)
+    ledger.reserve(session, job, principal.actor, the_plan.events)
     audit.record(
         session,
         "job.submitted",

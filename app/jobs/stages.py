@@ -51,6 +51,7 @@ from app.jobs import repository as jobs_repo
 from app.jobs.recovery import LeaseLost
 from app.jobs.schemas import JobSpec
 from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
+from app.models import Dataset
 from app.vocabularies import service as vocabularies
 from workers.dpkps import prompting
 from workers.dpkps.config import GenerationConfig
@@ -330,6 +331,9 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
     embedder = _embedder(settings.embedding_model, settings.device)
     tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
     corpus = load_corpus(ctx, job_id)
+    with ctx.database.session() as session:
+        dataset = session.get(Dataset, started.dataset_id)
+        unit_name = dataset.unit_column if dataset is not None else None
     result = generate_sequences(
         corpus.texts,
         corpus.labels,
@@ -339,8 +343,12 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
         embedder=embedder,
         cache=EmbeddingCache(settings.embedding_cache_dir),
         progress=tracker,
+        units=corpus.units,
+        unit_name=unit_name,
     )
     del corpus
+    if not result.report.as_planned:
+        raise AccountingMismatch("the run's releases are not the ones its reservation holds")
     check_accounting(result.report.by_mechanism(), started.epsilon_by_mechanism)
     sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
     without_llm = spec.llm == "none"
@@ -369,7 +377,7 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
         "job.sequences.saved",
         job_id=str(job_id),
         sequences=len(sequences),
-        epsilon=result.report.total,
+        epsilon=float(result.report.epsilon),
         next="done" if without_llm else "prompts",
     )
     return _end("succeeded") if without_llm else "prompting"

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, status
 from fastapi.responses import StreamingResponse
 
-from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed
+from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed, writing
 from app.errors import problems
 from app.identity.policy import Action, Principal
 from app.releases import export, service
@@ -65,6 +65,7 @@ def get_release(
         },
     },
 )
+@writing
 def download_release(
     release_id: uuid.UUID,
     session: SessionDep,

@@ -27,14 +27,9 @@ from app.ledger import audit
 from app.models import Download, Job, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
-from workers.dpkps.config import GenerationConfig
+from workers.dpkps.config import GenerationConfig, method_description
 from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 
-METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
-DENSITY_METHODS = {
-    "exact": "the exact Gaussian kernel density on the private vocabulary",
-    "random_features": "random Fourier features ({mode} sequences)",
-}
 ADJACENCY = "one row of the uploaded file added or removed"
 VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
 FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
@@ -43,13 +38,6 @@ FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
 def _config(spec: dict[str, Any]) -> GenerationConfig:
     """The job's engine configuration, from its stored spec (validated at submission)."""
     return GenerationConfig(**{name: spec[name] for name in ENGINE_FIELDS if name in spec})
-
-
-def describe_method(config: GenerationConfig) -> str:
-    """What ran, from the configuration (the words of the engine's own manifest,
-    ``workers.dpkps.pipeline.method_description``, which the API does not import: torch)."""
-    kde = DENSITY_METHODS[config.density_method].format(mode=config.mode)
-    return METHOD.format(kde=kde)
 
 
 def density(config: GenerationConfig) -> dict[str, Any]:
@@ -63,6 +51,23 @@ def density(config: GenerationConfig) -> dict[str, Any]:
         described["num_features"] = config.num_features
         described["contribution_bound"] = config.contribution_bound
     return described
+
+
+def privacy_of(job: Job, report: dict[str, Any]) -> dict[str, Any]:
+    """The privacy block: adjacency, (ε, δ) charged, the accountant, every event."""
+    unit = report.get("unit", "row")
+    adjacency = ADJACENCY if unit == "row" else f"one unit ({unit}) added or removed"
+    planned = report.get("planned") or {}
+    return {
+        "adjacency": adjacency,
+        "unit": unit,
+        "accountant": report.get("accountant", ACCOUNTANT),
+        "epsilon_charged": job.epsilon,
+        "delta": report.get("delta", 0.0),
+        "epsilon_by_mechanism": job.epsilon_by_mechanism,
+        "events_charged": planned.get("events", []),
+        "events_released": report.get("events", []),
+    }
 
 
 def vocabulary_of(spec: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +95,7 @@ def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
     llm = spec.get("llm", "none")
     endpoint = settings.llm_endpoints.get(llm)
     return {
-        "method": describe_method(config),
+        "method": method_description(config),
         "job_id": str(job.id),
         "parameters": {name: resolved[name] for name in ENGINE_FIELDS},
         "density": density(config),
@@ -104,14 +109,7 @@ def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
             "embedding": engine.get("embedding_model", settings.embedding_model),
             "llm": {"endpoint": llm, "model": endpoint.model if endpoint else None},
         },
-        "privacy": {
-            "adjacency": ADJACENCY,
-            "accountant": ACCOUNTANT,
-            "epsilon_charged": job.epsilon,
-            "delta": 0.0,
-            "epsilon_by_mechanism": job.epsilon_by_mechanism,
-            "engine_report": engine.get("privacy"),
-        },
+        "privacy": privacy_of(job, engine.get("privacy") or {}),
         "documents": documents,
         "created_at": utcnow().isoformat(),
     }

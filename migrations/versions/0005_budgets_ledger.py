@@ -39,7 +39,7 @@ from alembic import op
 from migrations.append_only import append_only, lifted
 
 revision: str = "0005"
-down_revision: str | None = "0002"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

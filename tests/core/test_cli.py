@@ -406,3 +406,66 @@ def test_evaluate_errors_name_the_option(
     )
     assert code != 0
     assert capsys.readouterr().err.startswith(message)
+
+
+def _without(args: list[str], *options: str) -> list[str]:
+    out = list(args)
+    for option in options:
+        at = out.index(option)
+        del out[at : at + 2]
+    return out
+
+
+def test_a_total_epsilon_delta_gives_gaussian_noise_and_a_full_privacy_block(
+    small: dict[str, Path],
+) -> None:
+    args = _without(generate_args(small), "--epsilon-vocab", "--epsilon-kde")
+    assert main([*args, "--epsilon", "1", "--delta", "1e-6"]) == 0
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    privacy = manifest["privacy"]
+    assert privacy["epsilon"] <= 1.0 and privacy["delta"] <= 1e-6
+    assert privacy["accountant"].startswith("pld(dp-accounting")
+    assert privacy["unit"] == "row"
+    assert {e["mechanism"] for e in privacy["events"]} == {"vocabulary", "kde"}
+    assert {e["noise"] for e in privacy["events"]} == {"discrete_gaussian", "gaussian"}
+    assert all(e["scale"] > 0 and e["sensitivity"] > 0 for e in privacy["events"])
+
+
+def test_dry_run_prints_the_plan_without_reading_the_input(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    small["input"].unlink()  # the dry run never opens it
+    args = _without(generate_args(small), "--epsilon-vocab", "--epsilon-kde")
+    assert main([*args, "--epsilon", "0.25", "--delta", "1e-6", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert float(plan["epsilon"]) <= 0.25 and plan["delta"] == 1e-6
+    assert plan["accountant"].startswith("pld(")
+    kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
+    assert {e["partition"] for e in kde} == set(LABELS)  # one per class, in parallel
+    assert outputs_absent(small["out"])
+
+
+def test_unit_column_pools_a_patients_rows(small: dict[str, Path]) -> None:
+    rows = list(csv.DictReader(small["input"].open(encoding="utf-8")))
+    for i, row in enumerate(rows):
+        row["patient"] = f"p{i // 3}"
+    write_csv(small["input"], rows, ["title", "body", "class", "patient"])
+    assert main(generate_args(small, "--unit-column", "patient")) == 0
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    assert manifest["privacy"]["unit"] == "unit column 'patient'"
+    assert manifest["input"]["unit_column"] == "patient"
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        (["--epsilon", "1"], "--epsilon-vocab"),  # a total and per-mechanism ε together
+        (["--delta", "1e-6"], "--noise"),  # per-mechanism ε is pure
+        (["--noise", "gaussian"], "--noise"),
+    ],
+)
+def test_budget_options_that_do_not_fit_together(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], extra: list[str], option: str
+) -> None:
+    assert main(generate_args(small, *extra)) != 0
+    assert capsys.readouterr().err.startswith(f"error: {option}:")

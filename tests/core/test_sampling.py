@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from workers.dpkps.config import ensemble_block_counts
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import build_class_ensemble, ensemble_block_counts
+from workers.dpkps.kde import build_class_ensemble
 from workers.dpkps.sampling import (
     bag_scores,
     class_contrast,

@@ -421,7 +421,7 @@ def test_ledger_is_readable_by_the_owner_and_the_platform(
     assert entry["job_id"] == job_id and entry["kind"] == "reserve"
     assert entry["epsilon"] == 1.25
     assert entry["epsilon_by_mechanism"] == {"vocabulary": 0.5, "kde": 0.5, "class_counts": 0.25}
-    assert entry["actor"].startswith("key:") and "composition" in entry["accountant"]
+    assert entry["actor"].startswith("key:") and entry["accountant"] == "exact-sum"
     assert client.get(path, headers=world.other_owner.headers).status_code == 404
     assert client.get(path, headers=world.client.headers).status_code == 403
 

@@ -30,9 +30,9 @@ def test_the_spec_carries_every_engine_parameter_with_the_engine_defaults() -> N
     engine = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
     assert set(ENGINE_FIELDS) == set(engine) - {"device"}
     assert set(ENGINE_FIELDS) <= set(JobSpec.model_fields)
-    spec = JobSpec(vocabulary="english", document_type="note", epsilon_vocab=1, epsilon_kde=1)
+    spec = JobSpec(vocabulary="english", document_type="note", epsilon=1)
     for name in ENGINE_FIELDS:
-        if engine[name] is not dataclasses.MISSING:
+        if engine[name] is not dataclasses.MISSING and name != "epsilon":
             assert getattr(spec, name) == engine[name], name
 
 
@@ -260,3 +260,39 @@ def test_submission_queues_one_message_with_the_job_id_and_request_id(
     assert found.headers["request_id"] == "req-0123456789"
     refused = _submit(client, world.owner, dataset_id, epsilon_kde=100)
     assert refused.status_code == 409
+
+
+def test_a_dry_run_plans_the_releases_without_a_job_or_a_reservation(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=3)
+    before = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    spec = factories.spec(epsilon=1.0, delta=1e-7, total=20)
+    for name in ("epsilon_vocab", "epsilon_kde", "per_class"):
+        del spec[name]
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs?dry_run=true", headers=world.owner.headers, json=spec
+    )
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert plan["dry_run"] is True
+    assert plan["epsilon"] <= 1.0 and plan["delta"] == 1e-7
+    assert plan["accountant"].startswith("pld(dp-accounting")
+    mechanisms = {e["mechanism"]: e["noise"] for e in plan["events"]}
+    assert mechanisms == {
+        "vocabulary": "discrete_gaussian",
+        "class_counts": "discrete_gaussian",
+        "kde": "gaussian",
+    }
+    assert all(e["scale"] > 0 for e in plan["events"])
+    jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
+    assert jobs == []
+    after = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert after["budget"] == before["budget"]
+    # the same checks as a submission: a bad spec is a 422 naming the field
+    bad = client.post(
+        f"/v1/datasets/{dataset_id}/jobs?dry_run=true",
+        headers=world.owner.headers,
+        json={**spec, "delta": 0.5},
+    )
+    assert bad.status_code == 422 and "delta" in bad.text

@@ -175,11 +175,11 @@ def _without_dp_outputs(release_views: dict[str, Any]) -> None:
         for release in body if isinstance(body, list) else [body]:
             if not isinstance(release, dict) or "manifest" not in release:
                 continue
-            report = release["manifest"]["privacy"].get("engine_report") or {}
-            for mechanism in report.get("mechanisms", []):
+            for event in release["manifest"]["privacy"].get("events_released", []):
                 for name in ("sensitivity", "scale"):
-                    mechanism.pop(name, None)
-                mechanism["epsilon"] = round(mechanism["epsilon"], 9)
+                    event.pop(name, None)
+                if event.get("epsilon") is not None:
+                    event["epsilon"] = round(float(event["epsilon"]), 9)
 
 
 def _flow(

@@ -12,18 +12,27 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
+from app.config import Settings
 from app.db import Database
 from app.jobs import recovery, runner, stages
 from app.jobs import repository as jobs_repo
 from app.jobs.stages import WorkerContext
 from app.models import Job, KeyphraseSequence, Worker, utcnow
-from app.worker import RUN_PROMPTS, RUN_SEQUENCES
+from app.worker import (
+    RUN_PROMPTS,
+    RUN_SEQUENCES,
+    create_celery,
+    declare_queues,
+    waiting_task_ids,
+)
 from tests.fake_llm import FakeLLM
 from tests.service import factories
 from tests.service.test_worker import (  # fixtures and helpers of the stages' tests
@@ -108,15 +117,23 @@ def test_a_process_of_this_machine_is_gone_once_it_has_exited() -> None:
 
 
 def test_the_heartbeat_keeps_this_process_alive(db: Database) -> None:
-    heartbeat = recovery.Heartbeat(db, 2.0).start()
+    def expiry() -> datetime | None:
+        with db.session() as session:
+            return jobs_repo.worker_expiry(session, recovery.this_process())
+
+    def beats(after: datetime | None) -> datetime:
+        deadline = time.monotonic() + 30
+        while (value := expiry()) is None or (after is not None and value <= after):
+            assert time.monotonic() < deadline, "the heartbeat did not renew the row"
+            time.sleep(0.05)
+        return value
+
+    heartbeat = recovery.Heartbeat(db, 2.0).start()  # a beat every half second
     try:
+        first = beats(None)
+        assert first > utcnow()
+        later = beats(first)
         with db.session() as session:
-            first = jobs_repo.worker_expiry(session, recovery.this_process())
-        assert first is not None and first > utcnow()
-        time.sleep(1.2)  # two beats later
-        with db.session() as session:
-            later = jobs_repo.worker_expiry(session, recovery.this_process())
-            assert later is not None and later > first
             assert recovery.alive(session, recovery.this_process())
             assert not recovery.alive(session, recovery.this_process(), later)
     finally:
@@ -189,9 +206,10 @@ def test_each_orphan_is_sent_the_task_that_continues_it(
     _, expired = submit(client, world)
     start(db, expired)
     hold(db, expired, "worker-8.example:1:1", seconds=-1)
-    # queued, taken by no process: its message waits, or was lost with a worker
+    # queued, taken by no process: its message was lost with a worker, or it waits
+    _, lost = submit(client, world)
+    queued_task_ids(app, "cpu", lost)  # consumed: as by a worker that died at once
     _, waiting = submit(client, world)
-    queued_task_ids(app, "cpu", waiting)  # consumed: as by a worker that died at once
 
     assert dict(recovery.recover(db, unheld=False)) == {
         uuid.UUID(private): RUN_SEQUENCES,
@@ -203,10 +221,12 @@ def test_each_orphan_is_sent_the_task_that_continues_it(
     assert row(db, private).worker_id is None
     assert recovery.recover(db, unheld=False) == []  # sent: nobody holds them now
     # a worker starting on a broker that forgets taken messages sends every job nobody
-    # holds; the one held elsewhere stays where it is
-    at_start = dict(recovery.recover(db, unheld=True))
-    assert uuid.UUID(waiting) in at_start and uuid.UUID(elsewhere) not in at_start
-    assert queued_task_ids(app, "cpu", waiting) == [last_task_id(db, waiting)]
+    # holds and no message of which waits; the one held elsewhere stays where it is
+    messages = {last_task_id(db, waiting), last_task_id(db, private), last_task_id(db, expired)}
+    messages.add(last_task_id(db, prompting))
+    at_start = dict(recovery.recover(db, unheld=True, waiting=messages))
+    assert at_start == {uuid.UUID(lost): RUN_SEQUENCES}
+    assert queued_task_ids(app, "cpu", lost) == [last_task_id(db, lost)]
 
     # each resumes from what is persisted, its ε charged once
     assert stages.run_sequences(ctx, uuid.UUID(private)) == "succeeded"
@@ -218,6 +238,28 @@ def test_each_orphan_is_sent_the_task_that_continues_it(
     assert len(fake_llm.chat_requests) - calls == 4  # one call per sequence
     assert keyphrases(db, prompting) == drawn  # nothing drawn again
     assert ledger_kinds(client, world, prompting_dataset) == ["reserve", "commit"]
+
+
+def test_the_embedded_broker_lists_the_task_messages_that_wait(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url="", data_key=SecretStr(""), broker_url="")
+    celery = create_celery(settings)
+    declare_queues(celery)
+    assert waiting_task_ids(celery) == set()
+    celery.send_task(RUN_SEQUENCES, args=[str(uuid.uuid4())], task_id="task-1")
+    celery.send_task(RUN_PROMPTS, args=[str(uuid.uuid4())], task_id="task-2")
+    assert waiting_task_ids(celery) == {"task-1", "task-2"}
+    with celery.connection_for_read() as connection:  # a worker takes one
+        queue = connection.SimpleQueue("llm")
+        try:
+            message = queue.get(timeout=10)
+            assert message.headers["id"] == "task-2"
+            assert waiting_task_ids(celery) == {"task-1"}  # while it runs
+            message.ack()
+        finally:
+            queue.close()
+    assert waiting_task_ids(celery) == {"task-1"}
+    redis = settings.model_copy(update={"broker_url": "redis://127.0.0.1:6379/0"})
+    assert waiting_task_ids(create_celery(redis)) is None  # Redis cannot tell
 
 
 def test_recovery_forgets_long_dead_workers_that_hold_nothing(

@@ -9,17 +9,13 @@ import io
 import json
 import uuid
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.db import Database
 from app.models import Download
 from app.releases.export import escape_cell
-from app.releases.service import describe_method
 from tests.service import factories
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.pipeline import method_description
 
 
 def _released(
@@ -240,14 +236,3 @@ def test_large_releases_stream_in_batches(
     lines = b"".join(chunks).decode().splitlines()
     assert len(lines) == 2501 and lines[-1] == "cardio,,phrase 2499"
     assert release["documents"] == 2500
-
-
-@pytest.mark.parametrize(
-    "parameters",
-    [{}, {"kde_method": "random_features"}, {"mode": "iterative"}],
-)
-def test_the_release_describes_the_method_in_the_engine_s_words(
-    parameters: dict[str, object],
-) -> None:
-    config = GenerationConfig(epsilon_vocab=1, epsilon_kde=1, **parameters)  # type: ignore[arg-type]
-    assert describe_method(config) == method_description(config)

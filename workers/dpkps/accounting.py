@@ -11,6 +11,7 @@ accountant's name come from the accountant.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -18,6 +19,15 @@ from typing import Any
 from workers.dpkps.plan import Plan, matches
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
+
+
+def epsilon_by_mechanism(events: Iterable[PrivacyEvent], delta: float) -> dict[str, float]:
+    """Each mechanism's releases composed alone, at ``delta`` (for display: the job's
+    figure is the composition of all of them, :attr:`PrivacyReport.epsilon`)."""
+    by: dict[str, list[PrivacyEvent]] = {}
+    for event in events:
+        by.setdefault(event.mechanism, []).append(event)
+    return {name: float(compose(group).epsilon(delta)) for name, group in by.items()}
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,9 @@ class PrivacyReport:
     def accountant(self) -> str:
         return compose(self.events).name
 
+    def by_mechanism(self) -> dict[str, float]:
+        return epsilon_by_mechanism(self.events, self.delta)
+
     @property
     def as_planned(self) -> bool:
         """Whether the run made exactly the releases its ledger reservation holds."""
@@ -50,6 +63,7 @@ class PrivacyReport:
             "epsilon": float(self.epsilon),
             "delta": self.delta,
             "accountant": self.accountant,
+            "epsilon_by_mechanism": self.by_mechanism(),
             "planned": self.plan.to_dict(),
             "events": [e.to_dict() for e in self.events],
         }

@@ -30,6 +30,35 @@ NOISES = ("laplace", "gaussian")
 DELTA_CEILING = 1e-3  # δ is a probability of failure: keep it far below 1/n
 
 
+def ensemble_block_counts(ensemble: str, length: int) -> list[int]:
+    """Block counts of the structures an iterative run builds for sequences of ``length``.
+
+    >>> ensemble_block_counts("log", 10)
+    [1, 2, 4, 8, 10]
+    >>> ensemble_block_counts("log", 8)
+    [1, 2, 4, 8]
+    >>> ensemble_block_counts("linear", 4)
+    [1, 2, 3, 4]
+    """
+    if length < 1:
+        raise ConfigError("must be ≥ 1", field="sequence_length")
+    if ensemble == "linear":
+        return list(range(1, length + 1))
+    if ensemble == "log":
+        top = math.ceil(math.log2(length)) if length > 1 else 0
+        return sorted({min(2**j, length) for j in range(top + 1)})
+    raise ConfigError(f"must be one of {ENSEMBLES}", field="ensemble")
+
+
+def method_description(config: GenerationConfig) -> str:
+    """What ran, derived from the configuration (the audit trail names the real kernel)."""
+    if config.density_method == "exact":
+        kde = "the exact Gaussian kernel density on the private vocabulary"
+    else:
+        kde = f"random Fourier features ({config.mode} sequences)"
+    return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
+
+
 def check_delta(value: float, *, gaussian: bool, field: str = "delta") -> float:
     """δ in [0, 1e-3]; > 0 for Gaussian noise, 0 for pure ε."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -251,9 +280,8 @@ class GenerationConfig:
                     field="noise" if self.noise != "laplace" else "delta",
                 )
             if (self.epsilon_count is None) != (self.total is None):
-                field = "total" if self.epsilon_count is not None else "epsilon_count"
                 raise ConfigError(
-                    "noisy class counts need both total and epsilon_count", field=field
+                    "noisy class counts need both total and epsilon_count", field="total"
                 )
             if self.epsilon_count is not None:
                 check_epsilon(self.epsilon_count, field="epsilon_count")

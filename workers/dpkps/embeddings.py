@@ -127,6 +127,13 @@ class SentenceEmbedder:
         return np.ascontiguousarray(out, dtype=np.float32)
 
 
+def _save(path: Path, array: NDArray[np.bool_]) -> None:
+    """Save ``array`` under ``path`` whole or not at all (written aside, then renamed)."""
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:80]
 
@@ -166,14 +173,19 @@ class EmbeddingCache:
         with self._locked(folder):
             emb_path, mask_path = folder / "embeddings.npy", folder / "mask.npy"
             meta_path = folder / "meta.json"
-            if not emb_path.exists():
+            if not mask_path.exists():
+                # Made afresh: the embeddings file, then the mask saying none is computed,
+                # each complete before it takes its name. A process killed before the
+                # mask exists leaves a cache that is made afresh again.
+                tmp = emb_path.with_suffix(".tmp.npy")
                 np.lib.format.open_memmap(
-                    emb_path, mode="w+", dtype=np.float32, shape=(size, dim)
+                    tmp, mode="w+", dtype=np.float32, shape=(size, dim)
                 ).flush()
-                np.save(mask_path, np.zeros(size, dtype=bool))
+                os.replace(tmp, emb_path)
                 meta_path.write_text(
                     json.dumps({"model": embedder.name, "vocabulary": fingerprint, "size": size})
                 )
+                _save(mask_path, np.zeros(size, dtype=bool))
             store = np.load(emb_path, mmap_mode="r+")
             if store.shape != (size, dim):
                 raise ConfigError(
@@ -187,9 +199,7 @@ class EmbeddingCache:
                 store[missing] = vectors
                 store.flush()
                 mask[missing] = True
-                tmp = mask_path.with_suffix(".tmp.npy")
-                np.save(tmp, mask)
-                os.replace(tmp, mask_path)
+                _save(mask_path, mask)
             result = np.array(store[indices], dtype=np.float32)
             del store
         return result

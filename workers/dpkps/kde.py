@@ -46,33 +46,13 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from workers.dpkps.config import ENSEMBLES, EXACT_KERNEL_LIMIT, MODES
+from workers.dpkps.config import EXACT_KERNEL_LIMIT, MODES, ensemble_block_counts
 from workers.dpkps.errors import ConfigError
 from workers.dpkps.features import RandomFourierFeatures, feature_map
 from workers.dpkps.noise import noise_std, release_vector
 from workers.privacy.events import PrivacyEvent
 
 _DOC_CHUNK = 2048
-
-
-def ensemble_block_counts(ensemble: str, length: int) -> list[int]:
-    """Block counts of the structures an iterative run builds for sequences of ``length``.
-
-    >>> ensemble_block_counts("log", 10)
-    [1, 2, 4, 8, 10]
-    >>> ensemble_block_counts("log", 8)
-    [1, 2, 4, 8]
-    >>> ensemble_block_counts("linear", 4)
-    [1, 2, 3, 4]
-    """
-    if length < 1:
-        raise ConfigError("must be ≥ 1", field="sequence_length")
-    if ensemble == "linear":
-        return list(range(1, length + 1))
-    if ensemble == "log":
-        top = math.ceil(math.log2(length)) if length > 1 else 0
-        return sorted({min(2**j, length) for j in range(top + 1)})
-    raise ConfigError(f"must be one of {ENSEMBLES}", field="ensemble")
 
 
 MAX_BOUND = math.sqrt(2.0)  # |f_k| ≤ √2: a bound of √2·I clips nothing

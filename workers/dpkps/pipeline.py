@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from workers.dpkps.accounting import PrivacyReport
-from workers.dpkps.config import GenerationConfig
+from workers.dpkps.config import GenerationConfig, method_description
 from workers.dpkps.embeddings import Embedder, EmbeddingCache, select_device
 from workers.dpkps.errors import InputDataError
 from workers.dpkps.extraction import KeyphraseExtractor
@@ -91,15 +91,6 @@ class GenerationResult:
             "privacy": {**self.report.to_dict(), "unit": self.unit},
             "sequences": len(self.sequences),
         }
-
-
-def method_description(config: GenerationConfig) -> str:
-    """What ran, derived from the configuration (the audit trail names the real kernel)."""
-    if config.density_method == "exact":
-        kde = "the exact Gaussian kernel density on the private vocabulary"
-    else:
-        kde = f"random Fourier features ({config.mode} sequences)"
-    return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
 
 
 def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Sequence[str]) -> None:
