@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -58,7 +58,7 @@ from app.ledger import amounts, audit, repository
 from app.ledger import events as ledger_events
 from app.ledger.schemas import AmountOut, OrganisationBudgetOut
 from app.models import Dataset, Job, LedgerEntry, LedgerReport, Organisation
-from workers.privacy.accountant import EXACT_SUM, Guarantee, compose, compose_datasets
+from workers.privacy.accountant import EXACT_SUM, compose
 from workers.privacy.events import PrivacyEvent
 
 INFINITY = Decimal("Infinity")
@@ -125,18 +125,14 @@ class Composed:
         return f"ε = {eps} at δ = {amounts.shown(self.delta):g}"
 
 
-def _figure(guarantee: Guarantee, delta: Decimal) -> Composed:
-    if not guarantee.events:
-        return Composed(Decimal(0), Decimal(0), EXACT_SUM)
-    epsilon = guarantee.epsilon(delta)
-    exact = epsilon if epsilon.is_infinite() else amounts.epsilon(epsilon, charge=True)
-    pure = all(e.is_pure for e in guarantee.events)
-    return Composed(exact, Decimal(0) if pure else delta, guarantee.name)
-
-
 def composed(events: Iterable[PrivacyEvent], delta: Decimal) -> Composed:
     """The accountant's figure for ``events`` at ``delta`` (every figure of the ledger)."""
-    return _figure(compose(events), delta)
+    composition = compose(events)
+    if not composition.events:
+        return Composed(Decimal(0), Decimal(0), EXACT_SUM)
+    epsilon = composition.epsilon(delta)
+    exact = epsilon if epsilon.is_infinite() else amounts.epsilon(epsilon, charge=True)
+    return Composed(exact, Decimal(0) if composition.is_pure else delta, composition.name)
 
 
 @dataclass(frozen=True)
@@ -466,18 +462,18 @@ def organisation_budget(
     for entry in repository.entries_of_organisation(session, organisation.id):
         by_dataset.setdefault(entry.dataset_id, []).append(entry)
     allocated = Amount.zero()
-    spent: list[list[PrivacyEvent]] = []
-    held: list[list[PrivacyEvent]] = []
+    spent: list[PrivacyEvent] = []
+    held: list[PrivacyEvent] = []
     datasets = repository.datasets_of_organisation(session, organisation.id)
     for dataset in datasets:
         jobs = _by_job(by_dataset.get(dataset.id, []))
-        spent.append(_spent(jobs))
-        held.append(_held(jobs))
+        spent += _of_dataset(_spent(jobs), dataset.id)
+        held += _of_dataset(_held(jobs), dataset.id)
         if dataset.id != excluding:
             allocated += _carved(dataset, jobs)
     budget = budget_of(organisation)
-    spent_figure = _organisation_figure(spent, budget.delta)
-    held_figure = _organisation_figure(held, budget.delta)
+    spent_figure = composed(spent, budget.delta)
+    held_figure = composed(held, budget.delta)
     return OrganisationBudget(
         organisation.id,
         budget,
@@ -490,10 +486,13 @@ def organisation_budget(
     )
 
 
-def _organisation_figure(datasets: Sequence[Sequence[PrivacyEvent]], delta: Decimal) -> Composed:
-    """Every release of the organisation's datasets composed sequentially (one patient
-    may be in several datasets), at the organisation budget's δ."""
-    return _figure(compose_datasets(datasets, disjoint=False), delta)
+def _of_dataset(events: Iterable[PrivacyEvent], dataset_id: uuid.UUID) -> list[PrivacyEvent]:
+    """``events`` named as the releases of one dataset, so that composed with another
+    dataset's they compose sequentially: one patient may be in several datasets of a
+    hospital, and the classes of two datasets are not disjoint (only one dataset's
+    classes are). Composing the datasets' events as they are would put class ``a`` of one
+    dataset and class ``b`` of another in one parallel group."""
+    return [replace(e, mechanism=f"{e.mechanism}@{dataset_id}") for e in events]
 
 
 def _locked_organisation(session: Session, organisation_id: uuid.UUID) -> Organisation:
