@@ -34,6 +34,7 @@ from typing import Any
 
 from workers.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
 from workers.dpkps.errors import ConfigError, KeyseedError
+from workers.llm.client import LLMCosts
 
 HANDLER = "workers.offline_cli"
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
@@ -331,9 +332,14 @@ def _endpoint_for(choice: str, settings: Any) -> Any:
 
 
 def _prompt(
-    args: argparse.Namespace, sequences: Sequence[Any], settings: Any, progress: _Progress
+    args: argparse.Namespace,
+    sequences: Sequence[Any],
+    settings: Any,
+    progress: _Progress,
+    costs: LLMCosts,
 ) -> tuple[list[str | None], dict[str, Any]]:
-    """Texts for every sequence (None where the LLM failed) and a public summary."""
+    """Texts for every sequence (None where the LLM failed) and a public summary; what
+    the calls cost is added to ``costs``."""
     from workers.dpkps.prompting import PromptSpec, run_prompts
     from workers.llm.local import LocalLLMServer
 
@@ -352,6 +358,7 @@ def _prompt(
             concurrency=concurrency,
             max_calls=max_calls,
             progress=progress.prompts,
+            costs=costs,
         )
 
     if args.llm == "local":
@@ -434,9 +441,10 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         _warn_owner(result)
         sequences = shuffled(result.sequences, config.seed)
         prompting: dict[str, Any] = {"llm": "none"}
+        costs = LLMCosts()
         texts: list[str | None] = [" ".join(s.keyphrases) for s in sequences]
         if args.llm != "none":
-            texts, prompting = _prompt(args, sequences, settings, progress)
+            texts, prompting = _prompt(args, sequences, settings, progress, costs)
     finally:
         progress.close()
     manifest_path = args.output.with_name(args.output.name[: -len(".jsonl")] + ".manifest.json")
@@ -444,6 +452,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         **result.manifest(),
         "labels": {"names": label_set, "source": label_source},
         "prompting": prompting,
+        "llm_costs": {"method": "dpkps", **costs.as_dict()},
         "input": {"text_columns": args.text_columns, "label_column": args.label_column},
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(time.time() - started, 1),
