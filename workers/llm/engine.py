@@ -4,8 +4,8 @@ llama-cpp-python's own server holds a lock around one ``Llama`` object, so it ge
 one completion at a time however many arrive together. :class:`BatchEngine` serves
 ``slots`` completions at once instead, the way llama.cpp's ``llama-server --parallel N``
 does, written on llama-cpp-python's low-level API (``llama_batch``, ``llama_decode``,
-samplers, memory) because no package on PyPI ships a ``llama-server`` that runs on a
-generic x86-64 CPU:
+samplers, memory) because no PyPI package we found ships a ``llama-server`` that runs
+here (README, "The local LLM"):
 
 * **Batched decoding.** The slots of a *lane* are the sequences of one llama.cpp context
   (one KV-cache stream each, ``n_seq_max`` = its slots). Every step puts into a single
