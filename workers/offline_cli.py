@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.errors import ConfigError, KeyseedError
+from workers.llm.client import LLMCosts
 from workers.methods.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
 
 HANDLER = "workers.offline_cli"
@@ -377,9 +378,14 @@ def _endpoint_for(choice: str, settings: Any) -> Any:
 
 
 def _prompt(
-    args: argparse.Namespace, sequences: Sequence[Any], settings: Any, progress: _Progress
+    args: argparse.Namespace,
+    sequences: Sequence[Any],
+    settings: Any,
+    progress: _Progress,
+    costs: LLMCosts,
 ) -> tuple[list[str | None], dict[str, Any]]:
-    """Texts for every sequence (None where the LLM failed) and a public summary."""
+    """Texts for every sequence (None where the LLM failed) and a public summary; what
+    the calls cost is added to ``costs``."""
     from workers.llm.local import LocalLLMServer
     from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
@@ -398,6 +404,7 @@ def _prompt(
             concurrency=concurrency,
             max_calls=max_calls,
             progress=progress.prompts,
+            costs=costs,
         )
 
     if args.llm == "local":
@@ -492,9 +499,10 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         _warn_owner(result)
         sequences = shuffled(result.sequences, config.seed)
         prompting: dict[str, Any] = {"llm": "none"}
+        costs = LLMCosts()
         texts: list[str | None] = [" ".join(s.keyphrases) for s in sequences]
         if args.llm != "none":
-            texts, prompting = _prompt(args, sequences, settings, progress)
+            texts, prompting = _prompt(args, sequences, settings, progress, costs)
     finally:
         progress.close()
     manifest_path = args.output.with_name(args.output.name[: -len(".jsonl")] + ".manifest.json")
@@ -502,6 +510,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         **result.manifest(),
         "labels": {"names": label_set, "source": "declared"},
         "prompting": prompting,
+        "llm_costs": {"method": "dpkps", **costs.as_dict()},
         "input": {
             "text_columns": args.text_columns,
             "label_column": args.label_column,

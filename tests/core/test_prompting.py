@@ -5,7 +5,7 @@ openai client, so what is checked is what an endpoint would see: the prompt's co
 (document type, keyphrases, public few-shot examples, never a label), how each kind of
 fault is retried and counted, the call cap, the concurrency bound as measured by the
 server, the order of the outcomes and resuming a run. One test, marked ``llm`` and
-``slow``, generates text with the packaged SmolLM2 through llama-cpp-python's server.
+``slow``, generates text with the packaged SmolLM2 through the local server.
 """
 
 from __future__ import annotations
