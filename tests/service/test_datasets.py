@@ -436,8 +436,9 @@ def _units(db: Database, cipher: DocumentCipher, dataset_id: str) -> list[str | 
             .where(Document.dataset_id == uuid.UUID(dataset_id))
             .order_by(Document.row)
         ).all()
+        key = cipher.dataset_key(uuid.UUID(dataset_id))
         return [
-            None if d.unit is None else cipher.open_unit(d.dataset_id, d.row, d.key_id, d.unit)
+            None if d.unit is None else key.open_unit(d.dataset_id, d.row, d.key_id, d.unit)
             for d in rows
         ]
 
