@@ -91,7 +91,8 @@ def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
         sensitivity=certified,
         dimension=2,
         count=params.queries,
-        weight=1.0 - params.tutor_share if tutor else 1.0,
+        # weights share μ² per release: the Q queries together get 1 − tutor_share
+        weight=(1.0 - params.tutor_share) / params.queries if tutor else 1.0,
     )
     releases = [votes]
     counts: GaussianRelease | None = None
