@@ -65,8 +65,10 @@ def test_over_budget_is_409_naming_what_was_asked_and_what_remains(
     assert response.status_code == 409
     assert response.headers["content-type"] == "application/problem+json"
     body = response.json()
-    assert (body["requested"], body["remaining"]) == (1.0, 0.5)
-    assert "asks for ε = 1" in body["detail"] and "ε = 0.5 left" in body["detail"]
+    assert body["requested"] == {"epsilon": 1.0, "delta": 0.0}
+    assert body["remaining"] == {"epsilon": 0.5, "delta": 0.0}
+    assert (body["accountant"], body["cap"]) == ("exact-sum", {"epsilon": 1.5, "delta": 0.0})
+    assert "asks for ε = 1 at δ = 0" in body["detail"] and "ε = 0.5 left" in body["detail"]
     jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
     assert len(jobs) == 1
 

@@ -167,19 +167,27 @@ def _views(
     return seen
 
 
-def _without_dp_outputs(release_views: dict[str, Any]) -> None:
-    """Leave out of the manifests what the engine derived from the private vocabulary
-    Ṽ (a DP output): the exact kernel's sensitivity is its largest column sum on Ṽ, and
-    the noise scale follows from it."""
-    for _, body in release_views.values():
-        for release in body if isinstance(body, list) else [body]:
-            if not isinstance(release, dict) or "manifest" not in release:
+def _without_dp_outputs(views: dict[str, Any]) -> None:
+    """Leave out of the release manifests and the ledger's reports what the engine
+    derived from the private vocabulary Ṽ (a DP output): the exact kernel's sensitivity
+    is its largest column sum on Ṽ, and the noise scale follows from it (and so, in its
+    last digits, OpenDP's ε of the release)."""
+    for _, body in views.values():
+        for item in body if isinstance(body, list) else [body]:
+            if not isinstance(item, dict):
                 continue
-            for event in release["manifest"]["privacy"].get("events_released", []):
-                for name in ("sensitivity", "scale"):
-                    event.pop(name, None)
-                if event.get("epsilon") is not None:
-                    event["epsilon"] = round(float(event["epsilon"]), 9)
+            realised = []
+            if "manifest" in item:
+                realised.append(item["manifest"]["privacy"].get("events_released", []))
+            for report in item.get("reports", []):
+                realised.append(report["events"])
+                report["epsilon"] = round(float(report["epsilon"]), 9)
+            for events in realised:
+                for event in events:
+                    for name in ("sensitivity", "scale"):
+                        event.pop(name, None)
+                    if event.get("epsilon") is not None:
+                        event["epsilon"] = round(float(event["epsilon"]), 9)
 
 
 def _flow(
@@ -223,6 +231,7 @@ def _flow(
         "/v1/datasets",
     ]
     record["the end"] = _views(client, world, paths, own=[dataset_id, job_id])
+    _without_dp_outputs(record["the end"])
     if released.status_code == 201:
         release_id = released.json()["id"]
         views = _views(
