@@ -22,7 +22,7 @@ from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
 from app.jobs import recovery, repository
-from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
+from app.jobs.schemas import JobCharge, JobCounts, JobEpsilon, JobError, JobOut, JobSpec
 from app.ledger import audit
 from app.ledger import service as ledger
 from app.logging import current_request_id
@@ -312,6 +312,7 @@ def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) 
 
 
 def to_out(session: Session, job: Job) -> JobOut:
+    state, charge = ledger.job_charge(session, job.id)
     return JobOut(
         id=job.id,
         dataset_id=job.dataset_id,
@@ -330,7 +331,8 @@ def to_out(session: Session, job: Job) -> JobOut:
         epsilon=JobEpsilon(
             requested=job.epsilon,
             by_mechanism=job.epsilon_by_mechanism,
-            budget_state=ledger.job_budget_state(session, job.id),  # type: ignore[arg-type]
+            budget_state=state,  # type: ignore[arg-type]
+            charged=JobCharge(**charge.shown()) if charge is not None else None,
         ),
         spec=job.spec,
         submitted_by=job.submitted_by,

@@ -259,11 +259,14 @@ def check_outcome(
     for body in accepted:
         assert body["state"] == "queued"
         assert body["epsilon"]["budget_state"] == "reserved"  # type: ignore[index]
+        charged = {"epsilon": float(asked), "delta": delta, "accountant": compose(events).name}
+        assert body["epsilon"]["charged"] == charged  # type: ignore[index]
         if case is PURE:
             assert body["epsilon"] == {
                 "requested": 0.3,
                 "by_mechanism": {"vocabulary": 0.1, "kde": 0.2},
                 "budget_state": "reserved",
+                "charged": {"epsilon": 0.3, "delta": 0.0, "accountant": "exact-sum"},
             }
     during = [v for t, v in sampler.samples if outcome.started <= t <= outcome.ended]
     assert len(during) >= 5, "the sampler did not overlap the race"

@@ -50,6 +50,7 @@ def test_submission_reserves_the_whole_epsilon(client: TestClient, world: factor
         "requested": 1.5,
         "by_mechanism": {"vocabulary": 0.5, "kde": 0.5, "class_counts": 0.5},
         "budget_state": "reserved",
+        "charged": {"epsilon": 1.5, "delta": 0.0, "accountant": "exact-sum"},
     }
     assert job["spec"]["per_class"] is None and job["spec"]["total"] == 20
     budget = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
