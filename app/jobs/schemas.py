@@ -230,10 +230,21 @@ class JobError(BaseModel):
     message: str | None
 
 
+class JobCharge(BaseModel):
+    """What the ledger charges the job: its releases composed at the dataset's δ cap."""
+
+    epsilon: float
+    delta: float
+    accountant: str
+
+
 class JobEpsilon(BaseModel):
     requested: float
     by_mechanism: dict[str, float]
     budget_state: Literal["reserved", "committed", "released"]
+    charged: JobCharge | None = Field(
+        default=None, description="The ledger's figure (null: not reserved, e.g. a dry run)"
+    )
 
 
 class JobLLMCosts(BaseModel):

@@ -25,6 +25,7 @@ from app.jobs import recovery, repository
 from app.jobs.schemas import (
     DPKPS,
     AugPEJobSpec,
+    JobCharge,
     JobCounts,
     JobEpsilon,
     JobError,
@@ -371,6 +372,7 @@ def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) 
 
 
 def to_out(session: Session, job: Job) -> JobOut:
+    state, charge = ledger.job_charge(session, job.id)
     return JobOut(
         id=job.id,
         dataset_id=job.dataset_id,
@@ -391,7 +393,8 @@ def to_out(session: Session, job: Job) -> JobOut:
         epsilon=JobEpsilon(
             requested=job.epsilon,
             by_mechanism=job.epsilon_by_mechanism,
-            budget_state=ledger.job_budget_state(session, job.id),  # type: ignore[arg-type]
+            budget_state=state,  # type: ignore[arg-type]
+            charged=JobCharge(**charge.shown()) if charge is not None else None,
         ),
         spec=job.spec,
         submitted_by=job.submitted_by,

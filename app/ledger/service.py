@@ -124,6 +124,13 @@ class Composed:
         eps = "∞" if self.epsilon.is_infinite() else f"{amounts.shown(self.epsilon):g}"
         return f"ε = {eps} at δ = {amounts.shown(self.delta):g}"
 
+    def shown(self) -> dict[str, Any]:
+        return {
+            "epsilon": _shown(self.epsilon),
+            "delta": amounts.shown(self.delta),
+            "accountant": self.accountant,
+        }
+
 
 def composed(events: Iterable[PrivacyEvent], delta: Decimal) -> Composed:
     """The accountant's figure for ``events`` at ``delta`` (every figure of the ledger)."""
@@ -388,6 +395,17 @@ def budget_state(kinds: Collection[str]) -> str:
 def job_budget_state(session: Session, job_id: uuid.UUID) -> str:
     """``reserved``, ``committed`` or ``released``: where the job's ε stands."""
     return budget_state(repository.entries_of_job(session, job_id).keys())
+
+
+def job_charge(session: Session, job_id: uuid.UUID) -> tuple[str, Composed | None]:
+    """Where the job's ε stands, and what the ledger charges it (its releases composed
+    at the dataset's δ cap when reserved; None without a reservation)."""
+    entries = repository.entries_of_job(session, job_id)
+    reservation = entries.get("reserve")
+    charge = None
+    if reservation is not None:
+        charge = Composed(reservation.epsilon, reservation.delta, reservation.accountant)
+    return budget_state(entries.keys()), charge
 
 
 def epsilon_spent_total(session: Session) -> float:

@@ -695,11 +695,12 @@ def test_the_dataset_page_lists_every_release_as_charged_and_as_made(
         "partition": "ortho",
         "noise": "laplace",
         "sensitivity": "1.5 (l1)",
-        "scale": "1.5",
+        "scale": ortho["scale"],
         "dimension": ortho["dimension"],
         "count": "1",
-        "epsilon": "1.0",
+        "epsilon": ortho["epsilon"],
     }
+    assert float(ortho["epsilon"]) == 1.0 and float(ortho["scale"]) == pytest.approx(1.5)
 
 
 def test_the_dataset_page_shows_each_jobs_method_and_llm_costs(

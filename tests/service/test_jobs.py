@@ -50,6 +50,7 @@ def test_submission_reserves_the_whole_epsilon(client: TestClient, world: factor
         "requested": 1.5,
         "by_mechanism": {"vocabulary": 0.5, "kde": 0.5, "class_counts": 0.5},
         "budget_state": "reserved",
+        "charged": {"epsilon": 1.5, "delta": 0.0, "accountant": "exact-sum"},
     }
     assert job["spec"]["per_class"] is None and job["spec"]["total"] == 20
     budget = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
@@ -66,8 +67,9 @@ def test_over_budget_is_409_naming_what_was_asked_and_what_remains(
     assert response.headers["content-type"] == "application/problem+json"
     body = response.json()
     assert body["requested"] == {"epsilon": 1.0, "delta": 0.0}
-    assert body["remaining"]["epsilon"] == 0.5
-    assert "asks for ε = 1" in body["detail"] and "ε = 0.5 left" in body["detail"]
+    assert body["remaining"] == {"epsilon": 0.5, "delta": 0.0}
+    assert (body["accountant"], body["cap"]) == ("exact-sum", {"epsilon": 1.5, "delta": 0.0})
+    assert "asks for ε = 1 at δ = 0" in body["detail"] and "ε = 0.5 left" in body["detail"]
     jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
     assert len(jobs) == 1
 

@@ -472,3 +472,35 @@ def test_the_organisation_figure_composes_every_dataset_sequentially(
         f"/v1/organisations/{world.owner.organisation_id}/budget", headers=world.admin.headers
     ).json()
     assert (figures["spent"], figures["reserved"], figures["accountant"]) == (0.0, 1.0, "exact-sum")
+
+
+def test_a_gaussian_job_is_charged_at_the_caps_delta_and_says_by_which_accountant(
+    client: TestClient, world: factories.World
+) -> None:
+    spec = {k: v for k, v in factories.spec().items() if not k.startswith("epsilon_")}
+    spec |= {"epsilon": 0.5, "delta": 1e-7, "noise": "gaussian"}
+    pure_only = _capped(client, world, 5.0, "0")
+    refused = client.post(f"/v1/datasets/{pure_only}/jobs", headers=world.owner.headers, json=spec)
+    assert refused.status_code == 409
+    assert "no finite ε at the dataset's δ = 0" in refused.json()["detail"]
+    dataset_id = _capped(client, world, 5.0, "1e-6")
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec
+    )
+    assert response.status_code == 202, response.text
+    job = response.json()["epsilon"]
+    assert job["requested"] == pytest.approx(0.5, abs=1e-6)  # the job's own (ε, δ)
+    charged = job["charged"]
+    assert charged["delta"] == 1e-6 and charged["accountant"].startswith("pld(dp-accounting")
+    assert charged["epsilon"] < 0.5  # at the cap's larger δ, the same releases cost less
+    book = _book(client, world, dataset_id)
+    [entry] = book["entries"]
+    assert (entry["epsilon"], entry["delta"], entry["accountant"]) == (
+        charged["epsilon"],
+        charged["delta"],
+        charged["accountant"],
+    )
+    assert {e["noise"] for e in entry["events"]} == {"gaussian", "discrete_gaussian"}
+    assert all(e["epsilon"] is None and e["norm"] == "l2" for e in entry["events"])
+    assert book["budget"]["reserved"] == charged["epsilon"]
+    assert book["budget"]["accountant"] == charged["accountant"]

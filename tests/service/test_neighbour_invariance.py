@@ -175,11 +175,13 @@ def _without_dp_outputs(views: dict[str, Any]) -> None:
 
     def walk(value: Any) -> None:
         if isinstance(value, dict):
-            if value.get("name") and "sensitivity" in value and "noise" in value:
+            realised = value.get("name") and "sensitivity" in value and "noise" in value
+            if realised:
                 for name in ("sensitivity", "scale"):
                     value.pop(name, None)
-                if value.get("epsilon") is not None:
-                    value["epsilon"] = round(float(value["epsilon"]), 9)
+            report = isinstance(value.get("events"), list)  # a ledger report, a manifest
+            if (realised or report) and isinstance(value.get("epsilon"), float | str):
+                value["epsilon"] = round(float(value["epsilon"]), 9)
             for item in value.values():
                 walk(item)
         elif isinstance(value, list | tuple):
