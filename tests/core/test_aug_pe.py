@@ -427,7 +427,9 @@ def test_end_to_end_releases_planned_events_and_keeps_private_text_out_of_prompt
         assert CANARY not in request.prompt_text
         assert not any(doc in request.prompt_text for doc in DOCUMENTS)
     random_prompts = {r.user_text for r in llm.chat_requests if "Write one" in r.user_text}
-    assert random_prompts == {
+    # only public words: the document type and a declared label (how many initial texts
+    # a class gets follows the noisy class counts, so a class may get none)
+    assert random_prompts and random_prompts <= {
         'Write one news article of the category "Sports".',
         'Write one news article of the category "Business".',
     }

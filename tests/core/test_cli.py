@@ -105,7 +105,7 @@ def test_generate_writes_records_and_manifest(small: dict[str, Path]) -> None:
         assert len(r["keyphrases"]) == 3
         assert r["text"] == " ".join(r["keyphrases"])
     manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
-    assert manifest["privacy"]["epsilon_total"] == pytest.approx(6.0)
+    assert manifest["privacy"]["epsilon"] == pytest.approx(6.0)
     assert manifest["privacy"]["epsilon_by_mechanism"] == pytest.approx(
         {"vocabulary": 2.0, "kde": 4.0}
     )
@@ -298,7 +298,7 @@ def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) ->
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(records) == 1200 and {r["label"] for r in records} == set(LABELS)
     manifest = json.loads(out.with_name("synthetic.manifest.json").read_text())
-    assert manifest["privacy"]["epsilon_total"] == pytest.approx(6.0)
+    assert manifest["privacy"]["epsilon"] == pytest.approx(6.0)
     private_text = private.read_text(encoding="utf-8")
     assert all(r["text"] not in private_text for r in records[:50])
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import ensemble_block_counts
 from workers.methods.dpkps.features import RandomFourierFeatures
@@ -46,7 +47,13 @@ def ensemble(ensemble: str, length: int, *, dtype: torch.dtype = torch.float64, 
         mode="iterative",
         ensemble=ensemble,
         length=length,
-        epsilon=50.0,
+        planned=planned(
+            "laplace",
+            1.0,
+            epsilon=50.0 / len(ensemble_block_counts(ensemble, length)),
+            dimension=features,
+            count=len(ensemble_block_counts(ensemble, length)),
+        ),
         num_features=features,
     )
     return emb, rff, structures
@@ -203,7 +210,7 @@ def test_independent_sequences_concentrate_on_the_class_phrases() -> None:
         mode="independent",
         ensemble="log",
         length=4,
-        epsilon=20.0,
+        planned=planned("laplace", 1.0, epsilon=20.0, dimension=2048),
         num_features=2048,
     )
     scores = bag_scores(kde, emb, rff)

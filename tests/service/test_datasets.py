@@ -478,7 +478,9 @@ def test_a_sealed_unit_is_bound_to_its_row(
         first, second = session.scalars(select(Document).order_by(Document.row)).all()
     assert first.unit is not None
     with pytest.raises(DecryptionError):
-        cipher.open_unit(second.dataset_id, second.row, first.key_id, first.unit)
+        cipher.dataset_key(second.dataset_id).open_unit(
+            second.dataset_id, second.row, first.key_id, first.unit
+        )
 
 
 def test_the_worker_loads_the_units_with_the_documents(
