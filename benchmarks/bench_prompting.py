@@ -234,6 +234,8 @@ def markdown(results: dict[str, Any]) -> str:
     old, new = local["servers"]["old"], local["servers"]["new"]
     fake_ms = results["fake"]["latency_s"] * 1000
     speedup = local["speedup_c8"]
+    old_cpu = old["rows"][-1]["server_cpu_ms_per_call"]
+    new_cpu = new["rows"][-1]["server_cpu_ms_per_call"]
     verdict = "met" if speedup >= TARGET else "not met"
     lines = [
         "## Prompting throughput (`benchmarks/bench_prompting.py`)",
@@ -264,13 +266,17 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"**Speed-up at concurrency 8: {speedup:.2f}×** (target ≥ {TARGET:g}×: {verdict}).",
         "",
-        f"Server CPU per call at concurrency 8: old {old['rows'][-1]['server_cpu_ms_per_call']:.0f}"
-        f" ms, new {new['rows'][-1]['server_cpu_ms_per_call']:.0f} ms. The new server can use "
-        "every core (one lane each) where the old one uses one, and a batched step costs less "
-        "per token than a single one only while the cores are not shared: with a load average "
-        "far above the 2 CPUs, as here, every llama.cpp step pays for cold caches and the "
-        "figures of both servers fall several-fold (the old server ran 3.1-3.3 calls/s on a "
-        "quiet machine).",
+        f"Server CPU per call at concurrency 8: old {old_cpu:.0f} ms, new {new_cpu:.0f} ms "
+        f"({old_cpu / new_cpu:.2f}× less work per call), which the new server spreads over "
+        f"{new['threads']} lane(s) where the old one runs on one thread. "
+        + (
+            f"The load average ({local['load_before']:.1f} before, {local['load_after']:.1f} "
+            f"after) was above the {machine['cpus']} CPUs: both servers shared their cores with "
+            "other work, so their calls/s are below what a quiet machine gives (the old server "
+            "ran 3.1-3.3 calls/s on one)."
+            if max(local["load_before"], local["load_after"]) > machine["cpus"]
+            else "The machine was otherwise quiet."
+        ),
     ]
     return "\n".join(lines) + "\n"
 
