@@ -10,17 +10,19 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import ipaddress
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from workers.settings import CoreSettings
 
 DATA_KEY_FILE = "data.key"
 BUILTIN_LLMS = ("none", "local")  # no prompting; the packaged model served locally
+LEASE_SECONDS = 60.0  # default of job_lease_seconds
 
 
 class LLMEndpointSettings(BaseModel):
@@ -54,6 +56,9 @@ class Settings(CoreSettings):
     )
     data_key: SecretStr = SecretStr("")  # base64 of 32 bytes (AES-256-GCM)
     data_key_file: Path | None = None
+    # Each dataset's data key, wrapped by the data key (``data_dir/keyring`` by default):
+    # a directory the API and every worker share, backed up apart from the database.
+    keyring_dir: Path | None = None
     max_upload_bytes: int = Field(default=256 * 2**20, ge=1024)
     max_json_bytes: int = Field(default=2**20, ge=1024)
     llm_endpoints: dict[str, LLMEndpointSettings] = Field(default_factory=dict)
@@ -68,12 +73,30 @@ class Settings(CoreSettings):
     llm_max_retries: int = Field(default=5, ge=0, le=100)  # per sequence, per prompting run
     llm_backoff_base: float = Field(default=0.5, ge=0, le=3600)
     llm_backoff_max: float = Field(default=30.0, ge=0, le=3600)
+    max_sequences_per_job: int = Field(default=100_000, ge=1)  # per_class × labels, or total
+    metrics_token: SecretStr = SecretStr("")  # a bearer token for /metrics (else a platform key)
     progress_interval: float = Field(default=2.0, ge=0, le=3600)  # seconds between writes
+    # A worker process counts as dead this long after it last said it was alive (it says
+    # so every quarter of it); its jobs are then sent to a worker again.
+    job_lease_seconds: float = Field(default=LEASE_SECONDS, ge=1, le=3600)
     log_level: str = "INFO"
     log_json: bool = True
     # The admin dashboard's session cookie is Secure over https ("auto"), or always/never.
     admin_cookie_secure: Literal["auto", "always", "never"] = "auto"
     admin_session_hours: float = Field(default=8.0, gt=0, le=7 * 24)
+    # The API server (``keyseed api``, ``keyseed serve``). X-Forwarded-For and -Proto are
+    # believed only from these addresses or networks (comma-separated; none by default).
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=2**20)  # 400 above it
+    # A request's line and headers must arrive within it, and its body may not pause for
+    # longer (408 and the connection closed); idle connections close after keep-alive.
+    request_timeout: float = Field(default=30.0, gt=0, le=3600)
+    keep_alive_timeout: int = Field(default=5, ge=1, le=3600)
+    # The privacy budget (ε, δ) a new owner organisation gets; admins change it per
+    # organisation (PATCH /v1/organisations/{id}/budget) and its datasets' caps are
+    # carved out of it.
+    default_organisation_epsilon: float = Field(default=10.0, gt=0, le=1e6)
+    default_organisation_delta: float = Field(default=1e-6, ge=0, lt=1)
 
     @field_validator("llm_endpoints")
     @classmethod
@@ -84,6 +107,22 @@ class Settings(CoreSettings):
         if clash:
             raise ValueError(f"endpoint names {clash} are reserved")
         return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_networks(cls, value: object) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise ValueError("give addresses or networks, comma-separated")
+        try:
+            networks = [
+                ipaddress.ip_network(str(item).strip(), strict=False)
+                for item in items
+                if str(item).strip()
+            ]
+        except ValueError:
+            raise ValueError("an entry is not an IP address or network") from None
+        return tuple(str(network) for network in networks)
 
     @property
     def embedded(self) -> bool:
@@ -99,6 +138,10 @@ class Settings(CoreSettings):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
             return url
         return f"sqlite:///{self.data_dir.resolve() / 'keyseed.sqlite3'}"
+
+    @property
+    def keyring_path(self) -> Path:
+        return self.keyring_dir if self.keyring_dir is not None else self.data_dir / "keyring"
 
     @property
     def celery_broker_url(self) -> str:

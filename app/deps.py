@@ -1,12 +1,14 @@
 """Request dependencies, defined once: the session, the settings, the caller.
 
-The session commits when the route returns and rolls back when it raises; it ends
-before the response is sent (``scope="function"``), so a failed commit is an error
-response, never a success the database does not hold. Routes never commit.
+The session commits when the route returns and rolls back when it raises (read-only for
+``GET`` routes, see :func:`get_session`); it ends before the response is sent
+(``scope="function"``), so a failed commit is an error response, never a success the
+database does not hold. Routes never commit.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
@@ -42,8 +44,25 @@ def get_cipher(request: Request) -> DocumentCipher:
     return cipher
 
 
-def get_session(database: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
-    with database.transaction() as session:
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+_WRITES = "keyseed_writes"
+
+
+def writing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a ``GET`` route that writes (a download is an audit event): its session is a
+    writing one. Every other ``GET`` route reads only."""
+    setattr(endpoint, _WRITES, True)
+    return endpoint
+
+
+def get_session(
+    request: Request, database: Annotated[Database, Depends(get_database)]
+) -> Iterator[Session]:
+    """The request's session: read-only for a safe method (it takes no write lock), unless
+    the route is marked :func:`writing`."""
+    endpoint = request.scope.get("endpoint")
+    write = request.method not in SAFE_METHODS or getattr(endpoint, _WRITES, False)
+    with database.transaction(write=write) as session:
         yield session
 
 
@@ -63,6 +82,25 @@ def get_principal(
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal, scope="function")]
+
+
+def read_metrics(
+    session: SessionDep,
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """``/metrics`` answers the configured metrics token (``KEYSEED_METRICS_TOKEN``, for
+    a Prometheus scraper) or an admin or auditor key."""
+    given = credentials.credentials if credentials is not None else ""
+    if not given:
+        raise Unauthorized("send the metrics token or an admin or auditor key: Bearer …")
+    token = settings.metrics_token.get_secret_value()
+    if token and hmac.compare_digest(given.encode(), token.encode()):
+        return
+    policy.authorize(identity.authenticate(session, given), Action.METRICS_READ)
+
+
+MetricsReader = Depends(read_metrics, scope="function")
 
 
 def allowed(action: Action) -> Any:

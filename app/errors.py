@@ -9,7 +9,6 @@ validation errors are stripped of the ``input`` pydantic would echo.
 from __future__ import annotations
 
 import re
-import traceback
 from http import HTTPStatus
 from typing import Any, ClassVar
 
@@ -21,7 +20,8 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DataError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from workers.dpkps.errors import KeyseedError
+from app.logging import exception_fields
+from workers.errors import KeyseedError
 
 PROBLEM_JSON = "application/problem+json"
 log = structlog.get_logger("keyseed.errors")
@@ -140,17 +140,17 @@ _FIELD_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 def _field(error: dict[str, Any]) -> str | None:
     """The dotted name of the field an error is about: ``labels.0``, ``epsilon_cap``.
 
-    Past the location (``body``, ``query`` …) come names and list indexes, then perhaps
-    pydantic's tags of a union's branches (``literal['csv','jsonl']``), which are left
-    out. Malformed JSON is located by a character offset, which names no field.
+    Past the location (``body``, ``query`` …) come names and list indexes, and perhaps
+    pydantic's tags of a union's branches (``literal['csv','jsonl']``, a job's
+    ``method=aug-pe``), which are left out. Malformed JSON is located by a character
+    offset, which names no field.
     """
     if error.get("type") == "json_invalid":
         return None
     parts: list[str] = []
     for part in error["loc"][1:]:
-        if not (isinstance(part, int) or _FIELD_PART.match(str(part))):
-            break
-        parts.append(str(part))
+        if isinstance(part, int) or _FIELD_PART.match(str(part)):
+            parts.append(str(part))
     return ".".join(parts) or None
 
 
@@ -218,11 +218,7 @@ def install(app: FastAPI) -> None:
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The message of an arbitrary exception may quote data: log its type and frames.
-        log.error(
-            "http.unhandled_error",
-            error=type(exc).__name__,
-            frames=traceback.format_tb(exc.__traceback__)[-8:],
-        )
+        log.error("http.unhandled_error", **exception_fields(exc))
         return problem_response(500, Problem.title, "an unexpected error occurred")
 
     app.add_exception_handler(Problem, on_problem)

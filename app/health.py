@@ -1,4 +1,5 @@
-"""``/healthz`` (the process answers), ``/readyz`` (database and broker), ``/metrics``."""
+"""``/healthz`` (the process answers), ``/readyz`` (database and broker), ``/metrics``
+(the metrics token, or an admin or auditor key)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from sqlalchemy import text
 
 from app import metrics
 from app.db import Database
-from app.deps import DatabaseDep
+from app.deps import DatabaseDep, MetricsReader
 from app.errors import ServiceUnavailable, problems
 
 router = APIRouter(tags=["operations"])
@@ -58,7 +59,12 @@ def readyz(request: Request, database: DatabaseDep) -> Health:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    dependencies=[MetricsReader],
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **problems(401, 403),
+    },
 )
 def prometheus_metrics(database: DatabaseDep) -> Response:
+    """Prometheus text, for the metrics token or an admin or auditor key."""
     return Response(metrics.render(database), media_type="text/plain; version=0.0.4")

@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,13 +26,50 @@ _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{8,64}$")
 log = structlog.get_logger("keyseed.http")
 
 
+def exception_fields(error: BaseException) -> dict[str, Any]:
+    """What a log line says of an exception: its type, the types of its causes, and the
+    last frames of where it was raised (file, line, code), never its message nor its
+    arguments, which may quote private data."""
+    chain: list[str] = []
+    seen: BaseException | None = error
+    while seen is not None and len(chain) < 5:
+        chain.append(type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    fields: dict[str, Any] = {"error": chain[0]}
+    if len(chain) > 1:
+        fields["error_causes"] = chain[1:]
+    fields["frames"] = traceback.format_tb(error.__traceback__)[-8:]
+    return fields
+
+
+def _exception_types_only(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Replace an exception attached to a log line (``exc_info``, as ``log.exception``
+    and the standard library's loggers attach one) by :func:`exception_fields`. A line
+    of another library that carries an exception keeps its message template but not its
+    arguments (Celery, for one, formats the exception into them)."""
+    info = event_dict.pop("exc_info", None)
+    event_dict.pop("exception", None)
+    if info is True:
+        info = sys.exc_info()
+    error = info if isinstance(info, BaseException) else info[1] if info else None
+    if isinstance(error, BaseException):
+        for name, value in exception_fields(error).items():
+            event_dict.setdefault(name, value)
+        record = event_dict.get("_record")
+        if isinstance(record, logging.LogRecord) and not event_dict.get("_from_structlog"):
+            event_dict["event"] = str(record.msg)
+    return event_dict
+
+
 def configure_logging(*, level: str = "INFO", json: bool = True) -> None:
-    """structlog and the standard library both render through the same processors."""
+    """structlog and the standard library both render through the same processors;
+    exceptions are logged by type only (:func:`exception_fields`)."""
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _exception_types_only,
     ]
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
@@ -50,6 +88,9 @@ def configure_logging(*, level: str = "INFO", json: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):  # uvicorn's lines go through these handlers
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
     for name in ("uvicorn.access",):  # replaced by the http.request line below
         logging.getLogger(name).disabled = True
 

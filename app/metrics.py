@@ -1,5 +1,8 @@
 """Prometheus metrics. Labels are routes, states, stages, endpoint names and outcome
-codes: never an id of a private row, never text.
+codes: never an id of a private row, never text. No metric is computed from private
+data: the private stages of a job (extraction to sequences) are not timed, since their
+durations depend on the data; only the prompting stage, over the DP sequences, is
+(docs/privacy.md). ``/metrics`` needs the metrics token or an admin or auditor key.
 
 Counters the workers increment (``STAGE_DURATION``, ``LLM_CALLS``, ``EPSILON_COMMITTED``,
 ``JOBS_ENDED``) are defined here so API and workers share names; with
@@ -35,9 +38,10 @@ HTTP_REQUESTS = Counter(
 HTTP_DURATION = Histogram(
     "keyseed_http_request_duration_seconds", "Time to answer HTTP requests", ["method", "route"]
 )
+PUBLIC_STAGES = ("prompts",)  # stages whose duration depends on DP outputs only
 STAGE_DURATION = Histogram(
     "keyseed_job_stage_duration_seconds",
-    "Wall time of job stages",
+    "Wall time of the job stages that run on DP outputs only (prompting)",
     ["stage"],
     buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, float("inf")),
 )
@@ -48,6 +52,13 @@ EPSILON_COMMITTED = Counter(
     ["mechanism"],
 )
 JOBS_ENDED = Counter("keyseed_worker_jobs_ended", "Jobs ended by workers", ["state"])
+
+
+def observe_stage(stage: str, seconds: float) -> None:
+    """Time a stage that runs on DP outputs only; a private stage is refused."""
+    if stage not in PUBLIC_STAGES:
+        raise ValueError(f"the {stage} stage reads private data: its duration is not exported")
+    STAGE_DURATION.labels(stage).observe(seconds)
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:

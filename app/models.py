@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -31,6 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
+
+from app.ledger.amounts import DELTA_PLACES, EPSILON_PLACES, exact
 
 # An autoincrementing 64-bit key on Postgres; SQLite wants INTEGER for its rowid alias.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -66,6 +69,37 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value
 
 
+class FixedPoint(TypeDecorator[Decimal]):
+    """An exact decimal stored as a 64-bit integer count of ``10**-places`` (a privacy
+    amount: see :mod:`app.ledger.amounts`). A float is read through its shortest repr
+    (0.1 is one tenth); a value finer than the unit is refused rather than rounded here
+    (the ledger rounds, in the safe direction)."""
+
+    impl = BigInteger
+    cache_ok = True
+
+    def __init__(self, places: int) -> None:
+        super().__init__()
+        self.places = places
+
+    def process_bind_param(
+        self, value: Decimal | int | float | None, dialect: Dialect
+    ) -> int | None:
+        if value is None:
+            return None
+        units = exact(value).scaleb(self.places)
+        if units != units.to_integral_value():
+            raise ValueError(f"{value} is finer than the stored unit 1e-{self.places}")
+        return int(units)
+
+    def process_result_value(self, value: int | None, dialect: Dialect) -> Decimal | None:
+        return None if value is None else Decimal(value).scaleb(-self.places)
+
+
+EpsilonAmount = FixedPoint(EPSILON_PLACES)
+DeltaAmount = FixedPoint(DELTA_PLACES)
+
+
 def _one_of(column: str, values: tuple[str, ...]) -> CheckConstraint:
     listed = ", ".join(f"'{v}'" for v in values)
     return CheckConstraint(f"{column} IN ({listed})", name=f"{column}_valid")
@@ -92,11 +126,19 @@ class Base(DeclarativeBase):
 
 class Organisation(Base):
     __tablename__ = "organisations"
-    __table_args__ = (_one_of("kind", ORGANISATION_KINDS),)
+    __table_args__ = (
+        _one_of("kind", ORGANISATION_KINDS),
+        CheckConstraint("epsilon_budget >= 0", name="epsilon_budget_non_negative"),
+        CheckConstraint("delta_budget >= 0", name="delta_budget_non_negative"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     kind: Mapped[str] = mapped_column(String(16))
+    # The privacy budget of an owner organisation, set by admins; its datasets' caps are
+    # carved out of it (app.ledger.service). Zero for platform and client organisations.
+    epsilon_budget: Mapped[Decimal] = mapped_column(EpsilonAmount, default=Decimal(0))
+    delta_budget: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -129,8 +171,6 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     role: Mapped[str] = mapped_column(String(16))
     organisation_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organisations.id"))
-    failed_sign_ins: Mapped[int] = mapped_column(default=0)
-    locked_until: Mapped[datetime | None]
     last_sign_in_at: Mapped[datetime | None]
     password_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -158,14 +198,16 @@ class AdminSession(Base):
 
 
 class SignInFailure(Base):
-    """A failed dashboard sign-in from a client address: the per-address rate limit counts
-    these (in the database, so every API process sees them); old rows are pruned."""
+    """A failed dashboard sign-in from a client address at a name (a keyed digest of the
+    name typed, never the name): the throttles count these (in the database, so every
+    API process sees them); old rows are pruned."""
 
     __tablename__ = "sign_in_failures"
     __table_args__ = (Index("ix_sign_in_failures_address_created_at", "address", "created_at"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(64))
+    name_digest: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
@@ -183,8 +225,10 @@ class Dataset(Base):
     text_columns: Mapped[list[str]]
     label_column: Mapped[str] = mapped_column(String(200))
     labels: Mapped[list[str]]  # declared by the uploader: public schema
-    epsilon_cap: Mapped[float] = mapped_column(Float)
-    delta_cap: Mapped[float] = mapped_column(Float, default=0.0)
+    unit_column: Mapped[str | None] = mapped_column(String(200))  # privacy unit (a patient)
+    # The cap (ε, δ), exact; carved out of the organisation's budget.
+    epsilon_cap: Mapped[Decimal] = mapped_column(EpsilonAmount)
+    delta_cap: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
     documents: Mapped[int] = mapped_column(default=0)
     skipped_empty: Mapped[int] = mapped_column(default=0)
     skipped_duplicate: Mapped[int] = mapped_column(default=0)
@@ -195,7 +239,9 @@ class Dataset(Base):
 
 
 class Document(Base):
-    """One private row: ``{"text", "label"}`` sealed with AES-256-GCM.
+    """One private row: ``{"text", "label"}`` sealed with AES-256-GCM under its dataset's
+    own key (``key_id`` names it; the key is in the keyring, never here: see
+    :mod:`app.crypto`), destroyed when the dataset is deleted.
 
     The associated data binds the ciphertext to its dataset and row, so a ciphertext
     copied to another row or dataset does not decrypt.
@@ -210,6 +256,7 @@ class Document(Base):
     key_id: Mapped[str] = mapped_column(String(16))
     nonce: Mapped[bytes] = mapped_column(LargeBinary(12))
     ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    unit: Mapped[bytes | None] = mapped_column(LargeBinary)  # sealed apart: nonce || ciphertext
 
 
 class Vocabulary(Base):
@@ -252,16 +299,49 @@ class Job(Base):
     texts_done: Mapped[int] = mapped_column(default=0)
     texts_failed: Mapped[int] = mapped_column(default=0)
     llm_calls: Mapped[int] = mapped_column(default=0)
+    # LLM work: calls, prompt_tokens, completion_tokens, wall_seconds (public: the LLM
+    # sees public prompts and synthetic texts only); None until a stage adds to it.
+    llm_costs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(String(1000))  # never private text
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # public, from the engine
     private_vocabulary: Mapped[list[str] | None] = deferred(mapped_column(JSON))  # DP output
     task_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     request_id: Mapped[str | None] = mapped_column(String(64))
+    # The worker process running the job's current stage (a ``workers`` id), empty while
+    # none does (app.jobs.recovery). Internal bookkeeping: never shown.
+    worker_id: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Worker(Base):
+    """A worker process that ran a stage of a job: ``host:pid:start time``, alive until
+    ``expires_at`` unless it renews it (app.jobs.recovery)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+
+
+class JobCheckpoint(Base):
+    """A DP output a method saved mid-run under a key (a noisy histogram, a population
+    selected from it: ``workers.methods.checkpoints``), so a redelivered or recovered
+    task resumes without drawing noise or spending again. Never a clean count, an
+    embedding of a private document or a private text (the method's allow-list)."""
+
+    __tablename__ = "job_checkpoints"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class KeyphraseSequence(Base):
@@ -296,9 +376,32 @@ class LedgerEntry(Base):
     dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"))
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"))
     kind: Mapped[str] = mapped_column(String(16))
-    epsilon: Mapped[float] = mapped_column(Float)
-    delta: Mapped[float] = mapped_column(Float, default=0.0)
+    # The job's releases composed at the dataset's δ cap (δ = 0 when all are pure ε-DP),
+    # exact, by ``accountant``.
+    epsilon: Mapped[Decimal] = mapped_column(EpsilonAmount)
+    delta: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
     epsilon_by_mechanism: Mapped[dict[str, Any]]
+    # Every release the entry stands for, as planned (app.ledger.events).
+    events: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    accountant: Mapped[str] = mapped_column(String(200))
+    actor: Mapped[str] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LedgerReport(Base):
+    """The releases a job's engine reports it made, as it recorded them (one per job,
+    once the mechanisms have run). Append-only like the ledger, and beside it: a report
+    moves no budget, it lets an auditor reconcile the job's entries (app.ledger.events)."""
+
+    __tablename__ = "ledger_reports"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    # The realised releases composed like the job's entries (at their δ), exact.
+    epsilon: Mapped[Decimal] = mapped_column(EpsilonAmount)
+    delta: Mapped[Decimal] = mapped_column(DeltaAmount, default=Decimal(0))
+    events: Mapped[list[Any]] = mapped_column(JSON)
     accountant: Mapped[str] = mapped_column(String(200))
     actor: Mapped[str] = mapped_column(String(80))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

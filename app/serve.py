@@ -12,7 +12,7 @@ process group:
 * the packaged LLM server (``python -m workers.llm.local``; ``--no-llm`` leaves it
   out, and a job naming the ``local`` LLM then starts one for its prompting);
 * a real Celery worker on every queue (``--workers`` processes);
-* uvicorn serving the API (``--host``, ``--port``).
+* the API (``keyseed api``: uvicorn with the settings' limits; ``--host``, ``--port``).
 
 SIGINT or SIGTERM stops them in order (API, worker, LLM), each first asked politely and
 killed after a grace period; if one child dies, the others are stopped too and the
@@ -62,6 +62,21 @@ def register(subparsers: Any) -> None:
         "--data-dir", type=Path, default=None, help="data folder ($KEYSEED_DATA_DIR or ./var)"
     )
     serve.set_defaults(handler=f"{HANDLER}:main")
+    api = subparsers.add_parser(
+        "api",
+        help="run the API alone (as in production), with the limits of the settings",
+        description="Run the API under uvicorn with the settings' limits (header size, "
+        "request timeout, trusted proxies); database and broker as the settings say.",
+    )
+    api.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    api.add_argument("--port", type=int, default=8000, help="port (8000)")
+    api.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("UVICORN_WORKERS", "1")),
+        help="uvicorn processes ($UVICORN_WORKERS or 1)",
+    )
+    api.set_defaults(handler="app.server:main")
 
 
 def worker_command(
@@ -93,6 +108,12 @@ def worker_command(
         "--loglevel",
         log_level,
     ]
+
+
+def api_command(host: str, port: int, *, python: str = sys.executable) -> list[str]:
+    """The command of the API, as ``keyseed serve`` runs it: ``keyseed api``, uvicorn with
+    the limits of the settings (:mod:`app.server`)."""
+    return [python, "-m", "app.cli", "api", "--host", host, "--port", str(port)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -265,21 +286,7 @@ def main(args: argparse.Namespace) -> int:
             ),
             grace=60.0,
         )
-        api = supervisor.start(
-            "API",
-            [
-                python,
-                "-m",
-                "uvicorn",
-                "--factory",
-                "app.main:create_app",
-                "--host",
-                args.host,
-                "--port",
-                str(args.port),
-                "--no-access-log",
-            ],
-        )
+        api = supervisor.start("API", api_command(args.host, args.port, python=python))
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host  # noqa: S104
         if not _wait_http(f"http://{host}:{args.port}/readyz", timeout=180.0, child=api):
             _say("the API did not become ready")

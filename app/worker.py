@@ -2,8 +2,9 @@
 
 Tasks take ids, never rows or text; messages are JSON only. Job state lives in the
 database, not in Celery results (there is no result backend). ``acks_late`` with
-``reject_on_worker_lost`` puts a task back on its queue when a worker dies, and the soft
-time limit lets a task mark its job failed before the hard limit kills it.
+``reject_on_worker_lost`` puts a task back on its queue when a pool process dies, and
+the soft time limit lets a task mark its job failed before the hard limit kills it. A
+job whose whole worker died is sent again by the next worker (``app.jobs.recovery``).
 
 Queues: ``cpu`` and ``gpu`` for the stages that read private data (extraction, private
 vocabulary, embedding, DP-KDE, sampling; ``KEYSEED_SEQUENCES_QUEUE`` picks which),
@@ -16,6 +17,7 @@ The tasks themselves are in :mod:`app.jobs.tasks`, which a worker imports at sta
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -122,6 +124,30 @@ def declares_queues(settings: Settings) -> bool:
     """Whether this broker needs :func:`declare_queues` at start (the SQL transports)."""
     scheme = url_to_parts(settings.celery_broker_url).scheme or ""
     return scheme.startswith("sqla+")
+
+
+def redelivers(settings: Settings) -> bool:
+    """Whether the broker gives a task whose worker died to another worker: Redis does,
+    once the visibility timeout has passed; kombu's SQL transports forget a message as
+    soon as a worker takes it (``app.jobs.recovery`` makes up for it)."""
+    return not declares_queues(settings)
+
+
+def waiting_task_ids(app: Celery) -> set[str] | None:
+    """Ids of the task messages that wait in the broker for a worker to take them, where
+    the broker can list them (kombu's SQL transports keep a message as a row, marked
+    invisible once taken); None where it cannot."""
+    if not (url_to_parts(app.conf.broker_url).scheme or "").startswith("sqla+"):
+        return None
+    with app.connection_for_read() as connection:
+        channel: Any = connection.default_channel
+        session = channel.session
+        try:
+            message = channel.message_cls
+            rows = session.query(message.payload).filter(message.visible.is_(True)).all()
+        finally:
+            session.rollback()  # end the read
+    return {str(json.loads(payload)["headers"]["id"]) for (payload,) in rows}
 
 
 def _declare_at_worker_start(sender: Any = None, **_: Any) -> None:

@@ -582,6 +582,8 @@ def run_load(
     began = time.perf_counter()
     prefix = f"keyseed_load_{uuid.uuid4().hex[:10]}:"
     env = service_env(database_url, prefix, workdir)
+    # the worker reads the datasets app_client uploads: their keys are in its keyring
+    env["KEYSEED_KEYRING_DIR"] = str(app_client.app.state.cipher.keyring)  # type: ignore[attr-defined]
     worker_env = env | {"KEYSEED_LOG_LEVEL": "INFO"}  # its "ready." line is at INFO
     port = free_port()
     base = f"http://127.0.0.1:{port}"

@@ -9,7 +9,7 @@
     * **old**: llama-cpp-python's server (``engine="llama-cpp-python"``), one completion at
       a time, half the CPUs as threads (what ``llm: local`` ran before);
     * **new**: the default, :mod:`workers.llm.serve` (continuous batching on llama.cpp,
-      8 slots, one lane per CPU, weights converted once to BF16/F16).
+      8 slots, one lane per CPU, weights converted once to Q8_0).
 
     Both servers run at once and the measurements alternate (old c1, new c1, old c8, new
     c8, twice), so a neighbour's load on the shared machine hits both alike; the table
@@ -35,9 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.fake_llm` from a checkout
 
 from tests.fake_llm import FakeLLM
-from workers.dpkps.prompting import PromptSpec, run_prompts
 from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.llm.local import LocalLLMServer
+from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
 FAKE_LEVELS = (1, 8, 32)
 FAKE_LATENCY = 0.2

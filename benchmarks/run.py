@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-SECTIONS = ("bench_utility", "bench_scoring", "bench_prompting", "bench_load")
+SECTIONS = ("bench_utility", "bench_scoring", "bench_prompting", "bench_methods", "bench_load")
 
 
 def machine() -> str:

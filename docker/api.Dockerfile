@@ -1,5 +1,6 @@
-# keyseed API: uvicorn serving app.main:create_app on port 8000. The same image runs the
-# one-shot `keyseed admin migrate` of docker-compose.yml.
+# keyseed API: `keyseed api` (uvicorn serving app.main:create_app with the settings'
+# limits) on port 8000. The same image runs the one-shot `keyseed admin migrate` of
+# docker-compose.yml.
 #
 #   docker build -f docker/api.Dockerfile -t keyseed/api .      (from the repository root)
 #
@@ -35,7 +36,7 @@ COPY app /src/app
 COPY workers /src/workers
 COPY migrations /src/migrations
 RUN pip install --no-deps /src \
- && python -c "import app.main, migrations, workers.dpkps"
+ && python -c "import app.main, migrations, workers.methods.dpkps"
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE} AS runtime
@@ -63,4 +64,4 @@ USER keyseed
 WORKDIR /home/keyseed
 EXPOSE 8000
 ENTRYPOINT ["keyseed-entrypoint"]
-CMD ["uvicorn", "--factory", "app.main:create_app", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["keyseed", "api", "--host", "0.0.0.0", "--port", "8000"]

@@ -1101,6 +1101,7 @@ def test_api_runs_natively_and_passes_its_health_check(
     redis_url: str,
 ) -> None:
     env = stack_env("api", services, parsed, stack_root, stack_secrets, migrated, redis_url)
+    env["KEYSEED_METRICS_TOKEN"] = "compose-metrics-token"  # what a Prometheus scraper sends
     port = free_port()
     argv = with_option(services["api"]["command"], "--port", str(port))
     argv = with_option(argv, "--host", "127.0.0.1")
@@ -1114,7 +1115,12 @@ def test_api_runs_natively_and_passes_its_health_check(
         assert ready["checks"] == {"database": "ok", "broker": "ok"}
         # the uvicorn processes (UVICORN_WORKERS) report through PROMETHEUS_MULTIPROC_DIR
         assert int(env["UVICORN_WORKERS"]) > 1
-        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 401
+        metrics = httpx.get(
+            f"http://127.0.0.1:{port}/metrics",
+            headers={"Authorization": "Bearer compose-metrics-token"},
+            timeout=10,
+        )
         assert metrics.status_code == 200
         assert 'route="/readyz"' in metrics.text
         assert list(Path(env["PROMETHEUS_MULTIPROC_DIR"]).glob("*.db"))

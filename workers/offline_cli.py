@@ -1,11 +1,20 @@
 """``keyseed generate`` and ``keyseed evaluate``: the engine on files, without the service.
 
 ``generate`` is for a data owner on their own machine: it reads a labelled CSV (or
-JSONL), runs DP-KPS, optionally prompts an LLM, and writes ``OUT.jsonl`` (one synthetic
-document a line) and ``OUT.manifest.json`` (every parameter, the models, and the ε spent
-by mechanism). Both files appear only when the run succeeded: they are written under
-temporary names and renamed at the end, so an interrupted or failed run leaves nothing
-that looks complete.
+JSONL), runs a method (``--method dpkps``, the default: DP-KPS, optionally prompting an
+LLM; ``--method aug-pe``: Private Evolution for text, which needs an LLM), and writes
+``OUT.jsonl`` (one synthetic document a line) and ``OUT.manifest.json`` (every
+parameter, the models, the privacy events and their composed (ε, δ), LLM costs). Both
+files appear only when the run succeeded: they are written under temporary names and
+renamed at the end, so an interrupted or failed run leaves nothing that looks complete.
+
+Aug-PE's options are generated from :class:`~workers.methods.aug_pe.params.AugPEParams`
+(a field ``variation_folds`` is ``--variation-folds``; ``temperature`` and
+``concurrency`` are the LLM's, ``--llm-temperature`` and ``--llm-concurrency``), so
+the model is the one list of them and its errors name the option. An Aug-PE run keeps
+its DP outputs in ``OUT.checkpoints/`` as it goes: a killed run, started again with the
+same arguments, resumes at the next iteration without drawing (or spending) again. The
+folder is removed once the outputs are in place.
 
 What reaches the terminal: progress bars and errors on stderr. Errors name the option
 (``--epsilon-kde: must be finite and > 0``) or the row of the input, never a document's
@@ -24,34 +33,65 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
+import types
+import typing
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workers.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
-from workers.dpkps.errors import ConfigError, KeyseedError
+from workers.errors import ConfigError, KeyseedError
 from workers.llm.client import LLMCosts
+from workers.methods.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
 
 HANDLER = "workers.offline_cli"
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
+METHODS = ("dpkps", "aug-pe")
+
+# Aug-PE fields that reuse an option DP-KPS already has (same meaning), by option dest.
+AUG_PE_SHARED = {
+    "epsilon": "epsilon",
+    "delta": "delta",
+    "seed": "seed",
+    "document_type": "document_type",
+    "concurrency": "llm_concurrency",
+}
+# Aug-PE fields whose option name says they are the LLM's (DP-KPS's --temperature is τ).
+AUG_PE_RENAMED = {"temperature": "llm_temperature"}
+AUG_PE_PREFIX = "aug_pe_"  # dest of a generated option: aug_pe_<field>
+# DP-KPS options without a default value, refused with --method aug-pe when given.
+DPKPS_ONLY = (
+    "epsilon_vocab",
+    "epsilon_kde",
+    "epsilon_count",
+    "per_class",
+    "total",
+    "few_shot",
+    "max_llm_calls",
+)
 
 
 def _option(field: str | None) -> str:
     """The command-line option of a configuration field (``epsilon_kde`` -> ``--epsilon-kde``)."""
     if not field:
         return "keyseed"
-    known = {"documents": "--input", "labels": "--label-column", "phrases": "--vocabulary"}
+    known = {
+        "documents": "--input",
+        "labels": "--label-column",
+        "declared_labels": "--labels",
+        "phrases": "--vocabulary",
+    }
     if field in known:
         return known[field]
     return "--" + field.replace("_", "-")
 
 
 def _defaults() -> dict[str, Any]:
-    from workers.dpkps.config import GenerationConfig
+    from workers.methods.dpkps.config import GenerationConfig
 
     return {
         f.name: f.default
@@ -67,6 +107,13 @@ def register(sub: Any) -> None:
         description="Run DP-KPS on a labelled private corpus and write a synthetic one.",
     )
     gen.set_defaults(handler=f"{HANDLER}:generate")
+    gen.add_argument(
+        "--method",
+        choices=METHODS,
+        default="dpkps",
+        help="dpkps: DP keyphrase sequences (optionally turned into text by an LLM); "
+        "aug-pe: Private Evolution for text (Xie et al., 2024), needs --llm local|openai",
+    )
     io = gen.add_argument_group("input and output")
     io.add_argument("--input", required=True, type=Path, help="labelled CSV or JSONL file")
     io.add_argument(
@@ -80,8 +127,8 @@ def register(sub: Any) -> None:
     io.add_argument(
         "--labels",
         default=None,
-        help="declared label set, comma-separated (public schema); default: the "
-        "labels found in the input, which the output then reveals",
+        help="declared label set, comma-separated (public schema; required: the labels found "
+        "in the data are private, one added row could add a class)",
     )
     io.add_argument(
         "--vocabulary",
@@ -89,16 +136,50 @@ def register(sub: Any) -> None:
         help="english, medical, or a UTF-8 file with one phrase a line",
     )
     io.add_argument("--output", required=True, type=Path, help="OUT.jsonl")
-    priv = gen.add_argument_group("privacy (ε is spent once per run)")
-    priv.add_argument("--epsilon-vocab", type=float, required=True)
-    priv.add_argument("--epsilon-kde", type=float, required=True)
+    io.add_argument(
+        "--unit-column",
+        default=None,
+        help="privacy unit column (e.g. a patient id): every mechanism bounds one unit's "
+        "documents together; default: one row is one unit",
+    )
+    d = _defaults()
+    priv = gen.add_argument_group(
+        "privacy (spent once per run): a total --epsilon [--delta], or per-mechanism ε"
+    )
+    priv.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help="total ε, split among the mechanisms by the shares (see --share-*)",
+    )
+    priv.add_argument(
+        "--delta",
+        type=float,
+        default=0.0,
+        help="total δ; > 0 selects Gaussian noise (e.g. 1e-6), 0 Laplace (pure ε)",
+    )
+    priv.add_argument(
+        "--noise",
+        choices=("laplace", "gaussian"),
+        default=None,
+        help="default: gaussian when --delta > 0, else laplace",
+    )
+    for name in ("vocab", "kde", "count"):
+        priv.add_argument(f"--share-{name}", type=float, default=d[f"share_{name}"])
+    priv.add_argument("--epsilon-vocab", type=float, default=None, help="per-mechanism ε")
+    priv.add_argument("--epsilon-kde", type=float, default=None, help="per-mechanism ε")
     priv.add_argument(
         "--epsilon-count",
         type=float,
         default=None,
         help="spend this ε on noisy class counts and split --total by them",
     )
-    d = _defaults()
+    priv.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the planned releases, their noise and the composed (ε, δ) as JSON, "
+        "without reading --input",
+    )
     eng = gen.add_argument_group("engine")
     eng.add_argument(
         "--per-class",
@@ -106,7 +187,9 @@ def register(sub: Any) -> None:
         default=None,
         help=f"sequences per declared label (default {d['per_class']})",
     )
-    eng.add_argument("--total", type=int, default=None, help="sequences in all (--epsilon-count)")
+    eng.add_argument(
+        "--total", type=int, default=None, help="sequences in all, split by noisy class counts"
+    )
     eng.add_argument("--sequence-length", type=int, default=d["sequence_length"])
     eng.add_argument("--mode", choices=("independent", "iterative"), default=d["mode"])
     eng.add_argument("--ensemble", choices=("log", "linear"), default=d["ensemble"])
@@ -164,6 +247,7 @@ def register(sub: Any) -> None:
     )
     llm.add_argument("--llm-concurrency", type=int, default=None)
     llm.add_argument("--max-llm-calls", type=int, default=None)
+    _register_aug_pe(gen)
 
     ev = sub.add_parser(
         "evaluate",
@@ -195,6 +279,94 @@ def register(sub: Any) -> None:
         help="weight of the CORAL term with --unlabeled (default 100)",
     )
     ev.add_argument("--seed", type=int, default=0)
+
+
+def _aug_pe_dest(field: str) -> str:
+    """The option, as a field name, of an AugPEParams field (``temperature`` ->
+    ``llm_temperature``): what a ConfigError names so that :func:`_option` prints it."""
+    return AUG_PE_SHARED.get(field) or AUG_PE_RENAMED.get(field) or field
+
+
+def _aug_pe_option(field: str) -> str:
+    """The option of an AugPEParams field (``variation_folds`` -> ``--variation-folds``)."""
+    return _option(_aug_pe_dest(field))
+
+
+def _optional(annotation: Any) -> tuple[Any, bool]:
+    """``(X, True)`` for ``X | None``, else ``(annotation, False)``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(annotation)) == 2:
+            return args[0], True
+    return annotation, False
+
+
+def _register_aug_pe(gen: Any) -> None:
+    """One option per AugPEParams field not already an option (module docstring).
+
+    Values stay strings (``none`` for an optional field left empty) and are validated by
+    the model itself, so a bad value is reported as ``--option: what is wrong``.
+    """
+    from workers.methods.aug_pe.params import AugPEParams
+
+    group = gen.add_argument_group(
+        "Aug-PE (--method aug-pe; also --epsilon, --delta, --seed, --document-type, "
+        "--llm-concurrency)"
+    )
+    for name, info in AugPEParams.model_fields.items():
+        if name in AUG_PE_SHARED:
+            continue
+        kind, optional = _optional(info.annotation)
+        default = "required" if info.is_required() else f"default {info.default}"
+        options: dict[str, Any] = {"dest": AUG_PE_PREFIX + name, "default": None}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is typing.Literal:
+            options["choices"] = typing.get_args(kind)
+        else:
+            options["metavar"] = kind.__name__.upper() + ("|none" if optional else "")
+        group.add_argument(_aug_pe_option(name), help=f"Aug-PE {name} ({default})", **options)
+
+
+def _aug_pe_params(args: argparse.Namespace) -> Any:
+    """The run's AugPEParams from the options given; errors name the option."""
+    from pydantic import ValidationError
+
+    from workers.methods.aug_pe.params import AugPEParams
+
+    data: dict[str, Any] = {}
+    for name, info in AugPEParams.model_fields.items():
+        dest = AUG_PE_SHARED.get(name, AUG_PE_PREFIX + name)
+        value = getattr(args, dest)
+        if value is None:
+            continue  # the model's default (or its "field required")
+        if isinstance(value, str) and _optional(info.annotation)[1] and value.lower() == "none":
+            value = None
+        data[name] = value
+    try:
+        return AugPEParams.model_validate(data, strict=False)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        option = _aug_pe_dest(field) if field else None
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "missing":
+            message = "required with --method aug-pe"
+        raise ConfigError(message, field=option) from None
+
+
+def _refuse_other_methods_options(args: argparse.Namespace) -> None:
+    """An option of the other method is a mistake, never silently ignored."""
+    if args.method == "aug-pe":
+        given = [name for name in DPKPS_ONLY if getattr(args, name) is not None]
+        if given:
+            raise ConfigError("an option of --method dpkps, not of aug-pe", field=given[0])
+        return
+    for name, value in vars(args).items():
+        if name.startswith(AUG_PE_PREFIX) and value is not None:
+            raise ConfigError(
+                "an option of --method aug-pe", field=_aug_pe_dest(name[len(AUG_PE_PREFIX) :])
+            )
 
 
 def _fail(exc: KeyseedError) -> int:
@@ -252,7 +424,7 @@ class _Progress:
 def _read_few_shot(path: Path | None) -> tuple[str, ...]:
     if path is None:
         return ()
-    from workers.dpkps.errors import InputDataError
+    from workers.errors import InputDataError
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -262,17 +434,22 @@ def _read_few_shot(path: Path | None) -> tuple[str, ...]:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from workers.dpkps.config import GenerationConfig
+    from workers.methods.dpkps.config import GenerationConfig
 
     per_class = args.per_class
-    if args.epsilon_count is None and per_class is None:
+    if args.total is None and per_class is None:
         per_class = _defaults()["per_class"]
-    if args.epsilon_count is not None:
-        per_class = None if args.per_class is None else args.per_class
+    noise = args.noise or ("gaussian" if args.delta else "laplace")
     return GenerationConfig(
         epsilon_vocab=args.epsilon_vocab,
         epsilon_kde=args.epsilon_kde,
         epsilon_count=args.epsilon_count,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        noise=noise,
+        share_vocab=args.share_vocab,
+        share_kde=args.share_kde,
+        share_count=args.share_count,
         per_class=per_class,
         total=args.total,
         vocabulary_size=args.vocabulary_size,
@@ -340,8 +517,8 @@ def _prompt(
 ) -> tuple[list[str | None], dict[str, Any]]:
     """Texts for every sequence (None where the LLM failed) and a public summary; what
     the calls cost is added to ``costs``."""
-    from workers.dpkps.prompting import PromptSpec, run_prompts
     from workers.llm.local import LocalLLMServer
+    from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
     spec = PromptSpec(
         document_type=args.document_type, few_shot=_read_few_shot(args.few_shot)
@@ -382,6 +559,23 @@ def _prompt(
     return [o.text for o in outcomes], summary
 
 
+def _declared_labels(args: argparse.Namespace) -> list[str]:
+    if args.labels is None:
+        raise ConfigError(
+            "declare the label set (public schema), e.g. --labels World,Sports; the labels "
+            "found in the data are private and are never used",
+            field="declared_labels",
+        )
+    label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
+    if not label_set:
+        raise ConfigError("declare at least one label", field="declared_labels")
+    return label_set
+
+
+def _manifest_path(output: Path) -> Path:
+    return output.with_name(output.name[: -len(".jsonl")] + ".manifest.json")
+
+
 def generate(args: argparse.Namespace) -> int:
     started = time.time()
     try:
@@ -391,14 +585,15 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, started: float) -> int:
-    from workers.dpkps.corpus import read_labelled
-    from workers.dpkps.embeddings import EmbeddingCache, SentenceEmbedder
-    from workers.dpkps.errors import InputDataError
-    from workers.dpkps.pipeline import generate_sequences, shuffled
-    from workers.dpkps.vocabulary import load_vocabulary
+    from workers.methods.dpkps.config import method_description
+    from workers.methods.dpkps.pipeline import generate_sequences, shuffled
+    from workers.methods.dpkps.plan import plan
     from workers.settings import CoreSettings
+    from workers.text.corpus import read_labelled
+    from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
+    from workers.text.vocabulary import load_vocabulary
 
-    config = _config(args)
+    _refuse_other_methods_options(args)
     if args.output.suffix.lower() != ".jsonl":
         raise ConfigError("must name a .jsonl file", field="output")
     if not args.output.parent.is_dir():
@@ -407,22 +602,25 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         raise ConfigError("must be between 1 and 256", field="llm_concurrency")
     if args.max_llm_calls is not None and args.max_llm_calls < 1:
         raise ConfigError("must be ≥ 1", field="max_llm_calls")
+    if args.method == "aug-pe":
+        return _generate_aug_pe(args, started)
+    config = _config(args)
     settings = CoreSettings()
-    corpus = read_labelled(
-        args.input, text_columns=args.text_columns, label_column=args.label_column
-    )
-    if args.labels is not None:
-        label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
-        if not label_set:
-            raise ConfigError("declare at least one label", field="labels")
-        label_source = "declared"
-    else:
-        label_set = sorted(corpus.label_set())
-        label_source = "input"
+    label_set = _declared_labels(args)
     if len(label_set) < 2:
-        raise InputDataError("a labelled corpus needs at least two labels", field="labels")
+        raise ConfigError("a labelled corpus needs at least two labels", field="declared_labels")
     vocabulary = load_vocabulary(args.vocabulary)
     config.check_vocabulary(vocabulary.name, len(vocabulary))
+    planned = plan(config, label_set, len(vocabulary))
+    if args.dry_run:  # public inputs only: --input is not opened
+        print(json.dumps({"method": method_description(config), **planned.to_dict()}, indent=2))
+        return 0
+    corpus = read_labelled(
+        args.input,
+        text_columns=args.text_columns,
+        label_column=args.label_column,
+        unit_column=args.unit_column,
+    )
     embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
     cache = EmbeddingCache(settings.embedding_cache_dir)
     progress = _Progress()
@@ -436,6 +634,9 @@ def _generate(args: argparse.Namespace, started: float) -> int:
             embedder=embedder,
             cache=cache,
             progress=progress,
+            units=corpus.units,
+            unit_name=args.unit_column,
+            planned=planned,
         )
         progress.close()
         _warn_owner(result)
@@ -447,15 +648,18 @@ def _generate(args: argparse.Namespace, started: float) -> int:
             texts, prompting = _prompt(args, sequences, settings, progress, costs)
     finally:
         progress.close()
-    manifest_path = args.output.with_name(args.output.name[: -len(".jsonl")] + ".manifest.json")
+    manifest_path = _manifest_path(args.output)
     manifest = {
         **result.manifest(),
-        "labels": {"names": label_set, "source": label_source},
+        "labels": {"names": label_set, "source": "declared"},
         "prompting": prompting,
         "llm_costs": {"method": "dpkps", **costs.as_dict()},
-        "input": {"text_columns": args.text_columns, "label_column": args.label_column},
+        "input": {
+            "text_columns": args.text_columns,
+            "label_column": args.label_column,
+            "unit_column": args.unit_column,
+        },
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "seconds": round(time.time() - started, 1),
     }
     written = 0
     with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
@@ -472,14 +676,121 @@ def _generate(args: argparse.Namespace, started: float) -> int:
             raise KeyseedError("the language model produced no text for any sequence", field="llm")
     print(
         f"wrote {written} synthetic documents to {args.output} "
-        f"(ε spent: {result.report.total:g}; manifest {manifest_path})",
+        f"(ε = {float(result.report.epsilon):.6g}, δ = {result.report.delta:g} spent; "
+        f"manifest {manifest_path}; "
+        f"{time.time() - started:.1f} s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _checkpoint_dir(output: Path) -> Path:
+    """``OUT.checkpoints/`` beside ``OUT.jsonl``."""
+    return output.with_name(output.name[: -len(".jsonl")] + ".checkpoints")
+
+
+def _generate_aug_pe(args: argparse.Namespace, started: float) -> int:
+    from workers.llm.local import LocalLLMServer
+    from workers.methods.aug_pe import plan_aug_pe, run_aug_pe
+    from workers.methods.aug_pe.accounting import noise_plan
+    from workers.methods.aug_pe.runner import DESCRIPTION, METHOD
+    from workers.methods.checkpoints import DirectoryCheckpoints
+    from workers.privacy.accountant import compose
+    from workers.settings import CoreSettings
+    from workers.text.corpus import read_labelled
+    from workers.text.embeddings import SentenceEmbedder
+
+    params = _aug_pe_params(args)
+    label_set = _declared_labels(args)
+    plan = noise_plan(params, label_set)
+    if args.dry_run:  # public inputs only: --input is not opened
+        events = plan_aug_pe(params, label_set)
+        planned = {
+            "method": METHOD,
+            "description": DESCRIPTION,
+            "parameters": params.to_dict(),
+            "labels": label_set,
+            "noise": {"histogram_sigma": plan.histogram_sigma, "count_sigma": plan.count_sigma},
+            "planned_llm_calls": params.planned_calls(),
+            "privacy": compose(events).to_dict(delta=params.delta),
+        }
+        print(json.dumps(planned, indent=2, ensure_ascii=False))
+        return 0
+    if args.llm == "none":
+        raise ConfigError("aug-pe writes texts with an LLM: choose local or openai", field="llm")
+    settings = CoreSettings()
+    endpoint = None if args.llm == "local" else _endpoint_for(args.llm, settings)
+    corpus = read_labelled(
+        args.input,
+        text_columns=args.text_columns,
+        label_column=args.label_column,
+        unit_column=args.unit_column,
+    )
+    checkpoint_dir = _checkpoint_dir(args.output)
+    if checkpoint_dir.is_dir():
+        print(f"resuming from {checkpoint_dir}", file=sys.stderr)
+    embedder = SentenceEmbedder(settings.embedding_model, device=args.device)
+    progress = _Progress()
+
+    def run(llm: Any) -> Any:
+        return run_aug_pe(
+            corpus.texts,
+            corpus.labels,
+            label_set=label_set,
+            units=corpus.units,
+            params=params,
+            llm=llm,
+            embedder=embedder,
+            checkpoints=DirectoryCheckpoints(checkpoint_dir),
+            progress=progress,
+        )
+
+    try:
+        if endpoint is None:
+            with LocalLLMServer(max_tokens=params.max_tokens) as server:
+                endpoint = server.endpoint
+                result = run(endpoint)
+        else:
+            result = run(endpoint)
+    finally:
+        progress.close()
+    manifest_path = _manifest_path(args.output)
+    manifest = {
+        **result.manifest,
+        "labels": {"names": label_set, "source": "declared"},
+        "llm": {
+            "llm": args.llm,
+            "base_url": endpoint.base_url if args.llm == "openai" else "local",
+            "model": endpoint.model,
+        },
+        "input": {
+            "text_columns": args.text_columns,
+            "label_column": args.label_column,
+            "unit_column": args.unit_column,
+        },
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "documents_written": len(result.records),
+    }
+    with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
+        with open(out_tmp, "w", encoding="utf-8") as out:
+            for label, text in result.records:
+                out.write(json.dumps({"label": label, "text": text}, ensure_ascii=False) + "\n")
+        manifest_tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # the outputs hold the run now
+    privacy = manifest["privacy"]
+    costs = manifest["llm_costs"]
+    print(
+        f"wrote {len(result.records)} synthetic documents to {args.output} "
+        f"(ε = {float(privacy['epsilon']):.6g}, δ = {privacy['delta']:g} spent; "
+        f"{costs['calls']} LLM calls; manifest {manifest_path}; "
+        f"{time.time() - started:.1f} s)",
         file=sys.stderr,
     )
     return 0
 
 
 def _read_synthetic(path: Path) -> tuple[list[str], list[str]]:
-    from workers.dpkps.errors import InputDataError
+    from workers.errors import InputDataError
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -525,9 +836,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from workers.dpkps.corpus import read_labelled
-    from workers.dpkps.embeddings import SentenceEmbedder
-    from workers.dpkps.evaluation import DEFAULT_CLASSIFIER, train_and_score
+    from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+    from workers.text.corpus import read_labelled
+    from workers.text.embeddings import SentenceEmbedder
 
     classifier = args.classifier or DEFAULT_CLASSIFIER
     texts, labels = _read_synthetic(args.synthetic)

@@ -54,16 +54,21 @@ def _points(points: Sequence[tuple[float, float]]) -> str:
     return " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
 
 
-def cumulative_chart(cap: float, delta_cap: float, entries: Sequence[LedgerEntry]) -> Chart | None:
-    """The step lines of ε spent and ε spent + reserved over time, with the cap; None when
-    the ledger is empty."""
+def cumulative_chart(budget_cap: ledger.Amount, entries: Sequence[LedgerEntry]) -> Chart | None:
+    """The step lines of ε spent and ε spent + reserved over time (each point the
+    accountant's composition at the cap's δ), with the cap; None when the ledger is
+    empty."""
     if not entries:
         return None
-    history = list(ledger.running_budgets(cap, delta_cap, entries))
+    history = [
+        (float(f.spent), float(f.spent + f.reserved))
+        for f in ledger.running_budgets(budget_cap, entries)
+    ]
+    cap = float(budget_cap.epsilon)
     start: datetime = entries[0].created_at
     end: datetime = max(entries[-1].created_at, start + timedelta(seconds=1))
     span = (end - start).total_seconds()
-    top_value = max([cap, *(f.spent + f.reserved for f in history)]) * 1.08
+    top_value = max([cap, *(held for _, held in history)]) * 1.08
     right, bottom = WIDTH - RIGHT, HEIGHT - BOTTOM
 
     def x(at: datetime) -> float:
@@ -75,17 +80,18 @@ def cumulative_chart(cap: float, delta_cap: float, entries: Sequence[LedgerEntry
     spent = [(float(LEFT), y(0.0))]
     committed = [(float(LEFT), y(0.0))]
     markers = []
-    for entry, figures in zip(entries, history, strict=True):
+    for entry, (spent_now, held_now) in zip(entries, history, strict=True):
         at = x(entry.created_at)
-        spent += [(at, spent[-1][1]), (at, y(figures.spent))]
-        committed += [(at, committed[-1][1]), (at, y(figures.spent + figures.reserved))]
+        spent += [(at, spent[-1][1]), (at, y(spent_now))]
+        committed += [(at, committed[-1][1]), (at, y(held_now))]
         if entry.kind == "commit":
             markers.append(
                 Marker(
                     at,
-                    y(figures.spent),
+                    y(spent_now),
                     f"{entry.created_at:%Y-%m-%d %H:%M:%S} UTC: job {str(entry.job_id)[:8]} "
-                    f"spent ε = {epsilon(entry.epsilon)}; ε spent in all {epsilon(figures.spent)}",
+                    f"spent ε = {epsilon(float(entry.epsilon))}; ε spent in all, composed "
+                    f"({entry.accountant}): {epsilon(spent_now)}",
                 )
             )
     spent.append((right, spent[-1][1]))
@@ -109,5 +115,5 @@ def cumulative_chart(cap: float, delta_cap: float, entries: Sequence[LedgerEntry
         y_ticks=y_ticks,
         x_ticks=x_ticks,
         markers=markers,
-        final_spent=history[-1].spent,
+        final_spent=history[-1][0],
     )

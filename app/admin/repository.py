@@ -33,16 +33,29 @@ def prune_sessions(session: Session, user_id: uuid.UUID, now: datetime) -> None:
     )
 
 
-def add_failure(session: Session, address: str, now: datetime) -> None:
-    session.add(SignInFailure(address=address, created_at=now))
+def add_failure(session: Session, address: str, name: str, now: datetime) -> None:
+    session.add(SignInFailure(address=address, name_digest=name, created_at=now))
     session.flush()
 
 
-def failures_since(session: Session, address: str, since: datetime) -> int:
+def failures_since(
+    session: Session, address: str, since: datetime, *, name: str | None = None
+) -> int:
+    """Failed sign-ins from ``address`` since ``since`` (at the name of digest ``name``)."""
     query = select(func.count()).where(
         SignInFailure.address == address, SignInFailure.created_at >= since
     )
+    if name is not None:
+        query = query.where(SignInFailure.name_digest == name)
     return int(session.scalar(query) or 0)
+
+
+def clear_failures(session: Session, address: str, name: str) -> None:
+    session.execute(
+        delete(SignInFailure).where(
+            SignInFailure.address == address, SignInFailure.name_digest == name
+        )
+    )
 
 
 def prune_failures(session: Session, before: datetime) -> None:

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
@@ -25,7 +26,7 @@ from app.admin import service, sessions
 from app.admin.sessions import SignedIn
 from app.admin.templating import error_page, render, root, secured
 from app.config import Settings
-from app.deps import DatabaseDep, SessionDep, SettingsDep
+from app.deps import CipherDep, DatabaseDep, SessionDep, SettingsDep
 from app.errors import (
     Forbidden,
     Problem,
@@ -118,12 +119,13 @@ def may(action: Action) -> Any:
 
 
 def _same_origin(request: Request) -> None:
-    """Browsers name the page a form was posted from; refuse another site's."""
+    """Browsers name the page a form was posted from; refuse another site's. The host is
+    the ``Host`` header (a reverse proxy passes it through); ``X-Forwarded-Host`` would be
+    any client's word."""
     if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
         raise Forbidden("the form was posted from another site")
     origin = request.headers.get("origin")
-    hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")}
-    if origin is not None and urlsplit(origin).netloc not in hosts - {None}:
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
         raise Forbidden("the form was posted from another site")
 
 
@@ -222,14 +224,18 @@ def sign_in_form(
 
 
 @router.post("/sign-in")
-async def sign_in(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+async def sign_in(
+    request: Request, database: DatabaseDep, cipher: CipherDep, settings: SettingsDep
+) -> Response:
     form = await _form(request)
     expected = request.cookies.get(SIGN_IN_COOKIE)
     sessions.check_token(expected if sessions.well_formed(expected) else None, form.get(CSRF_FIELD))
     _same_origin(request)
     address = (request.client.host if request.client else "unknown")[:64]
-    result = sessions.sign_in(
-        session,
+    result = await run_in_threadpool(  # database and argon2: never on the event loop
+        sessions.sign_in,
+        database,
+        cipher,
         username=_text(form, "username").strip(),
         password=_text(form, "password"),
         address=address,

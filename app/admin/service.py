@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,7 +35,16 @@ from app.jobs import service as jobs
 from app.ledger import audit
 from app.ledger import service as ledger
 from app.ledger.audit import EventFilter
-from app.models import ApiKey, AuditEvent, Dataset, Download, Job, LedgerEntry, Release
+from app.models import (
+    ApiKey,
+    AuditEvent,
+    Dataset,
+    Download,
+    Job,
+    LedgerEntry,
+    LedgerReport,
+    Release,
+)
 from app.releases import export
 from app.releases import repository as releases_repo
 
@@ -52,9 +62,9 @@ class BudgetView:
 
     figures: ledger.Budget
 
-    def _share(self, value: float) -> float:
-        cap = self.figures.epsilon_cap
-        return min(max(value / cap, 0.0), 1.0) if cap > 0 else 0.0
+    def _share(self, value: Decimal) -> float:
+        cap = float(self.figures.epsilon_cap)
+        return min(max(float(value) / cap, 0.0), 1.0) if cap > 0 else 0.0
 
     @property
     def spent_share(self) -> float:
@@ -74,7 +84,7 @@ class BudgetView:
 
     @property
     def near_cap(self) -> bool:
-        return self.figures.remaining < NEAR_CAP_SHARE * self.figures.epsilon_cap
+        return float(self.figures.remaining) < NEAR_CAP_SHARE * float(self.figures.epsilon_cap)
 
     @property
     def warning(self) -> str | None:
@@ -175,7 +185,7 @@ class LedgerJob:
     """One job as the ledger sees it: its mechanisms and ε, and where that ε stands."""
 
     job_id: uuid.UUID
-    epsilon: float
+    epsilon: Decimal
     by_mechanism: Mapping[str, Any]
     budget_state: str
     submitted_by: str
@@ -183,6 +193,36 @@ class LedgerJob:
     committed_at: datetime | None
     released_at: datetime | None
     job: Job | None
+    events: Sequence[Mapping[str, Any]] = ()  # planned: what the job is charged for
+    report: LedgerReport | None = None  # what the engine reports it released
+    differences: Sequence[str] | None = None  # None: no report yet
+
+    @property
+    def reconciliation(self) -> str:
+        if self.differences is None:
+            return "no report yet"
+        if not self.differences:
+            return "matches the engine’s report"
+        return "differs: " + "; ".join(self.differences)
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One release of a job, as charged (planned, on its ledger entries) or as made (in
+    the engine's report)."""
+
+    job_id: uuid.UUID
+    source: str  # "charged" | "made"
+    event: Mapping[str, Any]
+
+
+def event_rows(jobs: Sequence[LedgerJob]) -> list[EventRow]:
+    rows: list[EventRow] = []
+    for job in jobs:
+        rows += [EventRow(job.job_id, "charged", e) for e in job.events]
+        if job.report is not None:
+            rows += [EventRow(job.job_id, "made", e) for e in job.report.events]
+    return rows
 
 
 @dataclass(frozen=True)
@@ -204,8 +244,10 @@ class DatasetPage:
     dataset: Dataset
     organisation: str
     budget: BudgetView
+    organisation_budget: ledger.OrganisationBudget
     entries: Sequence[LedgerEntry]
     ledger_jobs: Sequence[LedgerJob]
+    events: Sequence[EventRow]
     chart: Chart | None
     jobs: Sequence[Job]
     releases: Sequence[ReleaseRow]
@@ -215,7 +257,9 @@ class DatasetPage:
 
 
 def _ledger_jobs(
-    entries: Sequence[LedgerEntry], jobs_by_id: Mapping[uuid.UUID, Job]
+    entries: Sequence[LedgerEntry],
+    jobs_by_id: Mapping[uuid.UUID, Job],
+    reports: Mapping[uuid.UUID, LedgerReport],
 ) -> list[LedgerJob]:
     by_job: dict[uuid.UUID, dict[str, LedgerEntry]] = {}
     for entry in entries:
@@ -235,6 +279,9 @@ def _ledger_jobs(
                 committed_at=kinds["commit"].created_at if "commit" in kinds else None,
                 released_at=kinds["release"].created_at if "release" in kinds else None,
                 job=job,
+                events=first.events,
+                report=reports.get(job_id),
+                differences=ledger.reconciliation(kinds, reports.get(job_id)),
             )
         )
     return rows
@@ -257,7 +304,8 @@ def dataset_page(session: Session, principal: Principal, dataset_id: uuid.UUID) 
         before_id=None,
         limit=100,
     )
-    ledger_jobs = _ledger_jobs(entries, {j.id: j for j in job_list})
+    reports = {r.job_id: r for r in ledger.reports_of(session, dataset)}
+    ledger_jobs = _ledger_jobs(entries, {j.id: j for j in job_list}, reports)
     refs = {
         *(e.actor for e in entries),
         *(j.submitted_by for j in ledger_jobs),
@@ -270,9 +318,11 @@ def dataset_page(session: Session, principal: Principal, dataset_id: uuid.UUID) 
         dataset=dataset,
         organisation=names.get(dataset.organisation_id, "?"),
         budget=BudgetView(figures),
+        organisation_budget=ledger.get_organisation_budget(session, dataset.organisation_id),
         entries=entries,
         ledger_jobs=ledger_jobs,
-        chart=cumulative_chart(dataset.epsilon_cap, dataset.delta_cap, entries),
+        events=event_rows(ledger_jobs),
+        chart=cumulative_chart(ledger.cap_of(dataset), entries),
         jobs=job_list,
         releases=[
             ReleaseRow(

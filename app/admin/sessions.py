@@ -10,12 +10,25 @@ Each session has its own CSRF token, which every form it posts must carry. The s
 form, posted before any session exists, carries a token that must equal the one in a
 short-lived cookie set with the form (double submit).
 
-Failed sign-ins are rate-limited in the database, so that every API process sees them:
+Failed sign-ins are throttled in the database, so that every API process sees them; no
+account is ever locked (an attacker elsewhere cannot lock its owner out):
 
-* per account: :data:`ACCOUNT_LIMIT` consecutive failures lock the account for
-  :data:`ACCOUNT_LOCKOUT` (even the right password is refused meanwhile);
-* per client address: :data:`ADDRESS_LIMIT` failures within :data:`ADDRESS_WINDOW`
-  refuse every further attempt from that address until older failures age out.
+* per name and client address: :data:`NAME_LIMIT` failures within :data:`WINDOW` refuse
+  further attempts at that name from that address (the right password included) until
+  older failures age out; a name that is no account's counts the same way, so the answer
+  never tells whether an account exists;
+* per client address: :data:`ADDRESS_LIMIT` failures within :data:`WINDOW` refuse every
+  attempt from that address.
+
+A failure row holds the address and a keyed digest of the name typed
+(:meth:`~app.crypto.DocumentCipher.digest`), never the name. The client address is the
+peer's, or what a configured proxy forwarded (``KEYSEED_TRUSTED_PROXIES``).
+
+Signing in takes three steps, none on the event loop (the route hands it to a thread):
+a read-only transaction (throttles, the account), the argon2 check outside any
+transaction, then a short writing transaction that counts the throttles again (attempts
+made meanwhile count) and records the outcome. So the database's write lock (SQLite) is
+never held while a password is checked.
 
 Every failed or refused sign-in is an audit event ``user.sign_in_failed`` naming the
 client address, the reason and, when the name is an account's, that account. It never
@@ -35,6 +48,8 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from app.admin import repository
+from app.crypto import DocumentCipher
+from app.db import Database, write_later
 from app.errors import Forbidden
 from app.identity import repository as identity_repo
 from app.identity import service as identity
@@ -43,10 +58,9 @@ from app.ledger import audit
 from app.models import AdminSession, User, utcnow
 
 IDLE_TIMEOUT = timedelta(hours=1)
-ACCOUNT_LIMIT = 5
-ACCOUNT_LOCKOUT = timedelta(minutes=15)
+NAME_LIMIT = 5
 ADDRESS_LIMIT = 20
-ADDRESS_WINDOW = timedelta(minutes=15)
+WINDOW = timedelta(minutes=15)
 MAX_PASSWORD_LENGTH = 1024
 _TOUCH_RESOLUTION = timedelta(minutes=1)
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{43}$")  # secrets.token_urlsafe(32)
@@ -101,83 +115,99 @@ class SignInResult:
 
     signed_in: SignedIn | None = None
     token: str | None = None
-    refused: str | None = None  # bad_credentials | account_locked | rate_limited
+    refused: str | None = None  # bad_credentials | rate_limited
     retry_after: timedelta | None = None
 
 
+def _throttled(session: Session, address: str, name: str, now: datetime) -> bool:
+    since = now - WINDOW
+    return (
+        repository.failures_since(session, address, since) >= ADDRESS_LIMIT
+        or repository.failures_since(session, address, since, name=name) >= NAME_LIMIT
+    )
+
+
 def _refuse(
-    session: Session,
-    user: User | None,
-    address: str,
-    reason: str,
-    now: datetime,
-    retry_after: timedelta | None = None,
+    session: Session, user: User | None, address: str, name: str, reason: str, now: datetime
 ) -> SignInResult:
-    repository.add_failure(session, address, now)
-    details: dict[str, object] = {"address": address, "reason": reason}
-    if user is not None and user.locked_until is not None and user.locked_until > now:
-        details["locked_until"] = user.locked_until.isoformat()
+    repository.add_failure(session, address, name, now)
     audit.record(
         session,
         "user.sign_in_failed",
         DASHBOARD,
         organisation_id=user.organisation_id if user is not None else None,
         target=("user", user.id) if user is not None else None,
-        **details,
+        address=address,
+        reason=reason,
     )
-    return SignInResult(refused=reason, retry_after=retry_after)
+    throttled = reason == "rate_limited"
+    return SignInResult(refused=reason, retry_after=WINDOW if throttled else None)
 
 
 def sign_in(
-    session: Session, *, username: str, password: str, address: str, lifetime: timedelta
+    database: Database,
+    cipher: DocumentCipher,
+    *,
+    username: str,
+    password: str,
+    address: str,
+    lifetime: timedelta,
 ) -> SignInResult:
-    """Check the credentials against both rate limits; a session when they are right.
+    """Check the credentials against both throttles; a session when they are right.
 
-    Failures are written (failure row, account counter, audit event) in ``session``: the
-    caller commits them even though it answers with an error.
+    Blocking (database, argon2): call it from a worker thread. Failures are committed
+    (failure row, audit event) although the caller answers with an error.
     """
     now = utcnow()
-    repository.prune_failures(session, now - ADDRESS_WINDOW)
-    if repository.failures_since(session, address, now - ADDRESS_WINDOW) >= ADDRESS_LIMIT:
-        return _refuse(session, None, address, "rate_limited", now, ADDRESS_WINDOW)
-    user = identity_repo.user_named(session, username, for_update=True) if username else None
-    if user is not None and user.locked_until is not None and user.locked_until > now:
-        return _refuse(session, user, address, "account_locked", now, user.locked_until - now)
-    right = len(password) <= MAX_PASSWORD_LENGTH and identity.check_password(user, password)
-    if user is None or not right or user.disabled_at is not None:
-        if user is not None:
-            user.failed_sign_ins += 1
-            if user.failed_sign_ins >= ACCOUNT_LIMIT:
-                user.failed_sign_ins = 0
-                user.locked_until = now + ACCOUNT_LOCKOUT
-        return _refuse(session, user, address, "bad_credentials", now)
-    user.failed_sign_ins = 0
-    user.locked_until = None
-    user.last_sign_in_at = now
-    repository.prune_sessions(session, user.id, now)
-    token = new_token()
-    record = repository.add_session(
-        session,
-        AdminSession(
-            token_hash=hash_token(token),
-            csrf_token=new_token(),
-            user_id=user.id,
+    name = cipher.digest("sign-in-name", username)
+    with database.transaction(write=False) as session:
+        throttled = _throttled(session, address, name, now)
+        found = identity_repo.user_named(session, username) if username else None
+    # the slow check, in no transaction; a decoy hash for a name that is no account's
+    right = (
+        not throttled
+        and len(password) <= MAX_PASSWORD_LENGTH
+        and identity.check_password(found, password)
+    )
+    with database.transaction() as session:
+        repository.prune_failures(session, now - WINDOW)
+        user = identity_repo.get_user(session, found.id) if found is not None else None
+        if throttled or _throttled(session, address, name, now):
+            return _refuse(session, user, address, name, "rate_limited", now)
+        if (
+            found is None
+            or user is None
+            or not right
+            or user.disabled_at is not None
+            or user.password_hash != found.password_hash  # changed meanwhile
+        ):
+            return _refuse(session, user, address, name, "bad_credentials", now)
+        repository.clear_failures(session, address, name)
+        user.last_sign_in_at = now
+        repository.prune_sessions(session, user.id, now)
+        token = new_token()
+        record = repository.add_session(
+            session,
+            AdminSession(
+                token_hash=hash_token(token),
+                csrf_token=new_token(),
+                user_id=user.id,
+                address=address,
+                created_at=now,
+                last_seen_at=now,
+                expires_at=now + lifetime,
+            ),
+        )
+        signed_in = SignedIn(user, record)
+        audit.record(
+            session,
+            "user.signed_in",
+            signed_in.principal.actor,
+            organisation_id=user.organisation_id,
+            target=("user", user.id),
             address=address,
-            created_at=now,
-            last_seen_at=now,
-            expires_at=now + lifetime,
-        ),
-    )
-    signed_in = SignedIn(user, record)
-    audit.record(
-        session,
-        "user.signed_in",
-        signed_in.principal.actor,
-        organisation_id=user.organisation_id,
-        target=("user", user.id),
-        address=address,
-    )
-    return SignInResult(signed_in=signed_in, token=token)
+        )
+        return SignInResult(signed_in=signed_in, token=token)
 
 
 def resolve(session: Session, token: str | None) -> SignedIn | None:
@@ -199,7 +229,7 @@ def resolve(session: Session, token: str | None) -> SignedIn | None:
     if user is None or user.disabled_at is not None:
         return None
     if now - record.last_seen_at >= _TOUCH_RESOLUTION:
-        record.last_seen_at = now
+        write_later(session, record, last_seen_at=now)
     return SignedIn(user, record)
 
 

@@ -63,18 +63,39 @@ def upload_dataset(
             "give one comma-separated value",
         ),
     ],
-    epsilon_cap: Annotated[float, Form(gt=0, le=MAX_EPSILON, allow_inf_nan=False)],
+    epsilon_cap: Annotated[
+        float,
+        Form(
+            gt=0,
+            le=MAX_EPSILON,
+            allow_inf_nan=False,
+            description="Carved out of the organisation's privacy budget",
+        ),
+    ],
+    delta_cap: Annotated[float, Form(ge=0, lt=1, allow_inf_nan=False)] = 0.0,
     format: Annotated[
         Literal["csv", "jsonl"] | SkipJsonSchema[None],
         Form(description="Detected from the file name and content when not given"),
     ] = None,
     on_empty: Annotated[Literal["skip", "reject"], Form()] = "skip",
     on_duplicate: Annotated[Literal["skip", "reject"], Form()] = "skip",
+    unit_column: Annotated[
+        str | SkipJsonSchema[None],
+        Form(
+            min_length=1,
+            max_length=200,
+            pattern=_NAME,
+            description="The column naming each row's privacy unit (a patient id, say); "
+            "without it every row is its own unit",
+        ),
+    ] = None,
 ) -> DatasetOut:
     """Documents are sealed (AES-256-GCM) before they are stored; the response and any
     error name rows and counts, never a document. Rows whose label is not declared,
     whose label or text column is missing, are refused with their row numbers, and then
-    nothing is stored."""
+    nothing is stored. With ``unit_column``, every row must name a non-empty unit. The cap
+    (ε, δ) is carved out of what the organisation's budget has left (409 naming what
+    remains when it does not fit)."""
     size = file.size if file.size is not None else 0
     if size > settings.max_upload_bytes:
         raise ContentTooLarge(f"the file is larger than {settings.max_upload_bytes} bytes")
@@ -82,6 +103,9 @@ def upload_dataset(
     label_set = _names(labels, field="labels", limit=MAX_LABELS)
     if label_column.strip() in text_columns:
         raise Unprocessable("the label column is also a text column", field="label_column")
+    unit = unit_column.strip() if unit_column is not None else None
+    if unit is not None and unit in (*text_columns, label_column.strip()):
+        raise Unprocessable("the unit column is also a text or label column", field="unit_column")
     head = file.file.read(8192)
     file.file.seek(0)
     spec = UploadSpec(
@@ -91,17 +115,20 @@ def upload_dataset(
         labels=label_set,
         on_empty=on_empty,
         on_duplicate=on_duplicate,
+        unit_column=unit,
     )
-    new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, upload=spec)
+    new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, delta_cap=delta_cap, upload=spec)
     dataset = service.create_dataset(session, principal, cipher, new, file.file, size)
-    return service.to_out(session, dataset)
+    return service.to_out(session, dataset, principal)
 
 
 @router.get("", response_model=list[DatasetOut])
 def list_datasets(
     session: SessionDep, principal: Annotated[Principal, allowed(Action.DATASET_READ)]
 ) -> list[DatasetOut]:
-    return [service.to_out(session, d) for d in service.list_datasets(session, principal)]
+    return [
+        service.to_out(session, d, principal) for d in service.list_datasets(session, principal)
+    ]
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=problems(404))
@@ -110,17 +137,21 @@ def get_dataset(
     session: SessionDep,
     principal: Annotated[Principal, allowed(Action.DATASET_READ)],
 ) -> DatasetOut:
-    return service.to_out(session, service.get_dataset(session, principal, dataset_id))
+    return service.to_out(session, service.get_dataset(session, principal, dataset_id), principal)
 
 
 @router.delete("/{dataset_id}", response_model=DatasetOut, responses=problems(404, 409))
 def delete_dataset(
     dataset_id: uuid.UUID,
     session: SessionDep,
+    cipher: CipherDep,
     principal: Annotated[Principal, allowed(Action.DATASET_DELETE)],
 ) -> DatasetOut:
-    """Purge the documents. The dataset's metadata, jobs, releases and ledger remain."""
-    return service.to_out(session, service.delete_dataset(session, principal, dataset_id))
+    """Purge the documents and destroy the dataset's key, so that no copy of them left
+    anywhere (database WAL, backups) can be opened. The dataset's metadata, jobs,
+    releases and ledger remain."""
+    deleted = service.delete_dataset(session, principal, cipher, dataset_id)
+    return service.to_out(session, deleted, principal)
 
 
 @router.patch("/{dataset_id}", response_model=DatasetOut, responses=problems(400, 404, 409))
@@ -131,8 +162,10 @@ def change_cap(
     principal: Annotated[Principal, allowed(Action.DATASET_SET_CAP)],
 ) -> DatasetOut:
     """Set the dataset's ε cap (admin only; the reason goes to the audit trail)."""
-    dataset = service.set_cap(session, principal, dataset_id, body.epsilon_cap, body.reason)
-    return service.to_out(session, dataset)
+    dataset = service.set_cap(
+        session, principal, dataset_id, body.epsilon_cap, body.reason, body.delta_cap
+    )
+    return service.to_out(session, dataset, principal)
 
 
 @router.get("/{dataset_id}/ledger", response_model=LedgerOut, responses=problems(404))
@@ -147,4 +180,5 @@ def get_ledger(
         dataset_id=dataset.id,
         budget=service.budget_out(figures),
         entries=[LedgerEntryOut.model_validate(e) for e in entries],
+        reports=ledger.reports_out(session, dataset, entries),
     )

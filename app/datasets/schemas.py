@@ -1,4 +1,5 @@
-"""What the API shows of a dataset: metadata, declared labels, sizes, budget; never text."""
+"""What the API shows of a dataset: metadata, declared labels, budget, and to its owner
+alone the sizes of the upload; never text."""
 
 from __future__ import annotations
 
@@ -24,12 +25,20 @@ Epsilon = Annotated[float, Field(gt=0, le=MAX_EPSILON), BeforeValidator(not_a_bo
 
 
 class BudgetOut(BaseModel):
+    """Every ε is the accountant's composition at the cap's δ."""
+
     epsilon_cap: float
     delta_cap: float
-    spent: float
-    reserved: float
+    spent: float = Field(description="ε of the committed jobs' releases, composed")
+    reserved: float = Field(
+        description="ε of the committed and reserved jobs' releases composed, minus spent"
+    )
     remaining: float
-    accountant: str
+    accountant: str = Field(description="What composed the figures")
+
+
+_RAW = "A raw count of the upload (not DP): the owning organisation's keys only, else null"
+RAW_COUNTS = ("documents", "skipped_empty", "skipped_duplicate", "upload_bytes")
 
 
 class DatasetOut(BaseModel):
@@ -42,10 +51,13 @@ class DatasetOut(BaseModel):
     text_columns: list[str]
     label_column: str
     labels: list[str]
-    documents: int
-    skipped_empty: int
-    skipped_duplicate: int
-    upload_bytes: int
+    unit_column: str | None
+    # Raw facts about the private upload (not DP): shown to the owning organisation only,
+    # null for everyone else (docs/privacy.md).
+    documents: int | None = Field(description=_RAW)
+    skipped_empty: int | None = Field(description=_RAW)
+    skipped_duplicate: int | None = Field(description=_RAW)
+    upload_bytes: int | None = Field(description=_RAW)
     created_at: datetime
     deleted_at: datetime | None
     budget: BudgetOut
@@ -55,6 +67,7 @@ class CapChange(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     epsilon_cap: Epsilon
+    delta_cap: Annotated[float | None, Field(ge=0, lt=1), BeforeValidator(not_a_boolean)] = None
     reason: str = Field(min_length=3, max_length=1000, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]+$")
 
 
@@ -64,15 +77,41 @@ class LedgerEntryOut(BaseModel):
     id: int
     job_id: uuid.UUID
     kind: str
-    epsilon: float
+    epsilon: float = Field(description="The job's releases composed at delta")
     delta: float
     epsilon_by_mechanism: dict[str, Any]
+    events: list[dict[str, Any]] = Field(
+        description="Every release the entry stands for: mechanism, noise and its scale, "
+        "sensitivity and its norm, dimension, partition, count and the ε of each"
+    )
+    accountant: str = Field(description="What composed epsilon")
+    actor: str
+    created_at: datetime
+
+
+class LedgerReportOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    job_id: uuid.UUID
+    epsilon: float
+    delta: float
+    events: list[dict[str, Any]]
     accountant: str
     actor: str
     created_at: datetime
+    differences: list[str] = Field(
+        default_factory=list,
+        description="Releases charged but not reported, reported but not charged, or "
+        "costing more than charged (empty: the report matches the ledger)",
+    )
 
 
 class LedgerOut(BaseModel):
     dataset_id: uuid.UUID
     budget: BudgetOut
     entries: list[LedgerEntryOut]
+    reports: list[LedgerReportOut] = Field(
+        description="Per job, the releases its engine made as it recorded them, and how "
+        "they differ from those the job was charged for"
+    )

@@ -4,9 +4,17 @@ Rows are numbered from 1 (the header of a CSV is row 0; blank lines are not rows
 Nothing in an error comes from the file: messages name rows, lines and the columns the
 uploader declared, never a value, a header cell or a label found in the data.
 
+With a ``unit_column`` (a patient id, say) every row must name its unit; the unit is
+stored with the document (sealed like it) so that mechanisms can bound one unit's
+contribution, and a repeat must repeat the unit as well.
+
 Policies the uploader chooses (``on_empty``, ``on_duplicate``): ``skip`` (default) leaves
 empty and repeated documents out and counts them; ``reject`` makes them row errors. A
-repeat is a document whose text equals an earlier one's after whitespace is collapsed.
+repeat is a row whose text (after whitespace is collapsed) AND label equal an earlier
+row's. Keying on the text alone would let one removed row turn a stored ``(text, a)``
+into ``(text, b)`` (the first row kept changes): a substitution, where the privacy
+guarantee is stated for one row added or removed (docs/privacy.md). Keyed on the pair,
+one row added to or removed from the file changes at most one stored document.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ csv.field_size_limit(2**31 - 1)  # the body limit bounds a field; clinical notes
 
 MAX_ROW_ERRORS = 50
 MAX_DOCUMENT_CHARS = 1_000_000
+MAX_NUMBER_DIGITS = 1000  # a JSON integer longer than this is refused, never converted
+MAX_UNIT_CHARS = 200
 FORMATS = ("csv", "jsonl")
 POLICIES = ("skip", "reject")
 _SIGNATURES = {
@@ -50,6 +60,16 @@ class UploadSpec:
     labels: tuple[str, ...]
     on_empty: str = "skip"
     on_duplicate: str = "skip"
+    unit_column: str | None = None
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """Every declared column, and the form field that declared it."""
+        named = {column: "text_column" for column in self.text_columns}
+        named[self.label_column] = "label_column"
+        if self.unit_column is not None:
+            named[self.unit_column] = "unit_column"
+        return named
 
 
 @dataclass
@@ -112,8 +132,7 @@ def _csv_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dic
     if header is None:
         raise Unprocessable("the file is empty", field="file")
     names = [name.strip() for name in header]
-    for column in (*spec.text_columns, spec.label_column):
-        which = "label_column" if column == spec.label_column else "text_column"
+    for column, which in spec.columns.items():
         if column not in names:
             raise Unprocessable(f"column {column!r} is not in the header", field=which)
         if names.count(column) > 1:  # which of them holds the data would be a guess
@@ -129,6 +148,15 @@ def _csv_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dic
         yield row, dict(zip(names, values, strict=True))
 
 
+class _LongNumber:
+    """A JSON integer of more than :data:`MAX_NUMBER_DIGITS` digits (Python would refuse
+    to convert it past 4,300 digits, and no text or label is such a number)."""
+
+
+def _integer(digits: str) -> int | _LongNumber:
+    return _LongNumber() if len(digits.lstrip("-")) > MAX_NUMBER_DIGITS else int(digits)
+
+
 def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
     row = 0
     for line in _lines(stream):
@@ -136,7 +164,7 @@ def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, d
             continue
         row += 1
         try:
-            value = json.loads(line)
+            value = json.loads(line, parse_int=_integer)
         except (json.JSONDecodeError, RecursionError):
             yield row, {"__error__": "is not valid JSON"}
             continue
@@ -144,6 +172,13 @@ def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, d
             yield row, {"__error__": "is not a JSON object"}
             continue
         yield row, value
+
+
+def _unreadable(record: dict[str, Any], column: str) -> str:
+    """Why the text cell ``column`` of a row cannot be read."""
+    if isinstance(record.get(column), _LongNumber):
+        return f"the column is a number of more than {MAX_NUMBER_DIGITS} digits"
+    return "the column is missing or not Unicode text"
 
 
 def _cell(record: dict[str, Any], column: str) -> str | None:
@@ -164,10 +199,18 @@ def _cell(record: dict[str, Any], column: str) -> str | None:
     return text
 
 
-def read_documents(
-    stream: IO[bytes], spec: UploadSpec, report: UploadReport
-) -> Iterator[tuple[int, str, str]]:
-    """``(row, text, label)`` of every row to store; row errors go to ``report``.
+@dataclass(frozen=True)
+class Row:
+    """A document to store: its row in the file, text, label and unit (or None)."""
+
+    row: int
+    text: str
+    label: str
+    unit: str | None = None
+
+
+def read_documents(stream: IO[bytes], spec: UploadSpec, report: UploadReport) -> Iterator[Row]:
+    """Every row to store; row errors go to ``report``.
 
     Once a row error is seen nothing more is yielded (the upload will be refused), but
     the file is read to the end so that the report lists the errors of every row.
@@ -187,17 +230,17 @@ def read_documents(
             for column in spec.text_columns:
                 cell = _cell(record, column)
                 if cell is None:
-                    report.error(row, "the column is missing or not Unicode text", column)
+                    report.error(row, _unreadable(record, column), column)
                     break
                 parts.append(" ".join(cell.split()))
             else:
                 label = _cell(record, spec.label_column)
+                unit = _cell(record, spec.unit_column) if spec.unit_column else None
                 text = ". ".join(p for p in parts if p)
-                if _check_row(report, row, text, label, spec, declared, seen):
-                    assert label is not None
-                    if report.error_count == 0:
-                        report.documents += 1
-                        yield row, text, label.strip()
+                document = _check_row(report, row, text, label, unit, spec, declared, seen)
+                if document is not None and report.error_count == 0:
+                    report.documents += 1
+                    yield document
     except _LineError as exc:
         raise Unprocessable(
             f"line {exc.line} (row {row + 1}) {exc.problem}",
@@ -214,35 +257,51 @@ def _check_row(
     row: int,
     text: str,
     label: str | None,
+    unit: str | None,
     spec: UploadSpec,
     declared: set[str],
     seen: dict[bytes, int],
-) -> bool:
-    """Whether the row is a document to store (errors and skips are recorded)."""
+) -> Row | None:
+    """The row as a document to store, or None (errors and skips are recorded)."""
     if label is None:
         report.error(row, "the label is missing or not Unicode text", spec.label_column)
-        return False
-    if not label.strip():
+        return None
+    label = label.strip()
+    if not label:
         report.error(row, "the label is empty", spec.label_column)
-        return False
-    if label.strip() not in declared:
+        return None
+    if label not in declared:
         report.error(row, "the label is not one of the declared labels", spec.label_column)
-        return False
+        return None
+    if spec.unit_column is not None:
+        if unit is None:
+            report.error(row, "the unit is missing or not Unicode text", spec.unit_column)
+            return None
+        unit = unit.strip()
+        if not unit:
+            report.error(row, "the unit is empty", spec.unit_column)
+            return None
+        if len(unit) > MAX_UNIT_CHARS:
+            report.error(
+                row, f"the unit is longer than {MAX_UNIT_CHARS} characters", spec.unit_column
+            )
+            return None
     if len(text) > MAX_DOCUMENT_CHARS:
         report.error(row, f"the document is longer than {MAX_DOCUMENT_CHARS} characters")
-        return False
+        return None
     if not text:
         if spec.on_empty == "reject":
             report.error(row, "the document is empty")
         else:
             report.skipped_empty += 1
-        return False
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
-    first = seen.setdefault(digest, row)
+        return None
+    # A repeat repeats the text, the label and the unit (see the module docstring).
+    key = json.dumps([text, label, unit], ensure_ascii=False).encode("utf-8")
+    first = seen.setdefault(hashlib.blake2b(key, digest_size=16).digest(), row)
     if first != row:
         if spec.on_duplicate == "reject":
             report.error(row, f"the document repeats row {first}")
         else:
             report.skipped_duplicate += 1
-        return False
-    return True
+        return None
+    return Row(row, text, label, unit)

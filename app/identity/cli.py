@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
     org = commands.add_parser("create-org", help="create an organisation; prints its id")
     org.add_argument("name")
     org.add_argument("--kind", choices=("owner", "client"), required=True)
+    org.add_argument(
+        "--epsilon-budget", type=float, help="an owner's privacy budget ε (default: the setting)"
+    )
+    org.add_argument(
+        "--delta-budget", type=float, help="an owner's privacy budget δ (default: the setting)"
+    )
     org.set_defaults(handler=f"{HANDLER}:create_org")
 
     key = commands.add_parser("create-key", help="create an API key; prints the key")
@@ -111,12 +117,34 @@ def bootstrap(args: argparse.Namespace) -> int:
 
 
 def create_org(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from app.config import get_settings
     from app.identity import service
     from app.identity.policy import Actor
+    from app.identity.schemas import OrganisationIn
+    from app.ledger import service as ledger
+
+    try:
+        body = OrganisationIn(
+            name=args.name,
+            kind=args.kind,
+            epsilon_budget=args.epsilon_budget,
+            delta_budget=args.delta_budget,
+        )
+    except ValidationError as exc:
+        field = exc.errors()[0]["loc"][0]
+        return _fail(f"--{str(field).replace('_', '-')}: {exc.errors()[0]['msg']}")
+    budget = ledger.initial_budget(get_settings(), body.epsilon_budget, body.delta_budget)
 
     def action(session: Any) -> str:
         organisation = service.create_organisation(
-            session, Actor.system("cli"), name=args.name, kind=args.kind
+            session,
+            Actor.system("cli"),
+            name=body.name,
+            kind=body.kind,
+            epsilon_budget=budget.epsilon,
+            delta_budget=budget.delta,
         )
         return str(organisation.id)
 

@@ -56,6 +56,8 @@ class Principal:
 class Action(StrEnum):
     ORGANISATION_CREATE = "organisation.create"
     ORGANISATION_LIST = "organisation.list"
+    ORGANISATION_READ_BUDGET = "organisation.read_budget"
+    ORGANISATION_SET_BUDGET = "organisation.set_budget"
     KEY_CREATE = "key.create"
     KEY_LIST = "key.list"
     KEY_REVOKE = "key.revoke"
@@ -75,6 +77,7 @@ class Action(StrEnum):
     RELEASE_DOWNLOAD = "release.download"
     AUDIT_READ = "audit.read"
     DASHBOARD_USE = "dashboard.use"
+    METRICS_READ = "metrics.read"
 
 
 _OWNER, _CLIENT, _ADMIN, _AUDITOR = "owner", "client", "admin", "auditor"
@@ -82,6 +85,9 @@ _OWNER, _CLIENT, _ADMIN, _AUDITOR = "owner", "client", "admin", "auditor"
 RULES: dict[Action, frozenset[str]] = {
     Action.ORGANISATION_CREATE: frozenset({_ADMIN}),
     Action.ORGANISATION_LIST: frozenset({_ADMIN, _AUDITOR}),
+    # An owner reads its own organisation's budget (others: 404); only admins set one.
+    Action.ORGANISATION_READ_BUDGET: frozenset({_OWNER, _ADMIN, _AUDITOR}),
+    Action.ORGANISATION_SET_BUDGET: frozenset({_ADMIN}),
     Action.KEY_CREATE: frozenset({_ADMIN}),
     Action.KEY_LIST: frozenset({_ADMIN, _AUDITOR, _OWNER, _CLIENT}),  # others: own org
     Action.KEY_REVOKE: frozenset({_ADMIN}),
@@ -104,6 +110,8 @@ RULES: dict[Action, frozenset[str]] = {
     Action.AUDIT_READ: frozenset({_ADMIN, _AUDITOR}),
     # The admin dashboard is for people (signed in, never an API key) of the platform.
     Action.DASHBOARD_USE: frozenset({_ADMIN, _AUDITOR}),
+    # /metrics (or the configured metrics token): operations data of every organisation.
+    Action.METRICS_READ: frozenset({_ADMIN, _AUDITOR}),
 }
 
 

@@ -7,11 +7,13 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, status
 
-from app.deps import SessionDep, allowed
+from app.deps import SessionDep, SettingsDep, allowed
 from app.errors import problems
-from app.identity import service
+from app.identity import policy, service
 from app.identity.policy import Action, Principal
 from app.identity.schemas import KeyCreated, KeyIn, KeyOut, OrganisationIn, OrganisationOut
+from app.ledger import service as ledger
+from app.ledger.schemas import BudgetChange, OrganisationBudgetOut
 
 router = APIRouter(prefix="/v1", tags=["identity"], responses=problems(401, 403, 413, 422))
 
@@ -25,10 +27,18 @@ router = APIRouter(prefix="/v1", tags=["identity"], responses=problems(401, 403,
 def create_organisation(
     body: OrganisationIn,
     session: SessionDep,
+    settings: SettingsDep,
     principal: Annotated[Principal, allowed(Action.ORGANISATION_CREATE)],
 ) -> OrganisationOut:
+    """An owner organisation gets the privacy budget given, else the server's default."""
+    budget = ledger.initial_budget(settings, body.epsilon_budget, body.delta_budget)
     organisation = service.create_organisation(
-        session, principal.actor, name=body.name, kind=body.kind
+        session,
+        principal.actor,
+        name=body.name,
+        kind=body.kind,
+        epsilon_budget=budget.epsilon,
+        delta_budget=budget.delta,
     )
     return OrganisationOut.model_validate(organisation)
 
@@ -40,6 +50,42 @@ def list_organisations(
     kind: Annotated[Literal["platform", "owner", "client"] | None, Query()] = None,
 ) -> list[OrganisationOut]:
     return [OrganisationOut.model_validate(o) for o in service.list_organisations(session, kind)]
+
+
+@router.get(
+    "/organisations/{organisation_id}/budget",
+    response_model=OrganisationBudgetOut,
+    responses=problems(404),
+)
+def get_organisation_budget(
+    organisation_id: uuid.UUID,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.ORGANISATION_READ_BUDGET)],
+) -> OrganisationBudgetOut:
+    """The budget, what the organisation's datasets carve out of it, and their spend.
+    Owners read their own organisation's."""
+    policy.ensure_visible(principal, organisation_id, "organisation")
+    return ledger.organisation_budget_out(ledger.get_organisation_budget(session, organisation_id))
+
+
+@router.patch(
+    "/organisations/{organisation_id}/budget",
+    response_model=OrganisationBudgetOut,
+    responses=problems(400, 404, 409),
+)
+def set_organisation_budget(
+    organisation_id: uuid.UUID,
+    body: BudgetChange,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.ORGANISATION_SET_BUDGET)],
+) -> OrganisationBudgetOut:
+    """Set an owner organisation's privacy budget (admin only; the reason goes to the
+    audit trail). Its datasets' caps are carved out of it, so it cannot go below them."""
+    budget = ledger.Amount.granted(body.epsilon, body.delta)
+    figures = ledger.set_organisation_budget(
+        session, principal.actor, organisation_id, budget, body.reason
+    )
+    return ledger.organisation_budget_out(figures)
 
 
 @router.post(

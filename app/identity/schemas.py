@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from app.datasets.schemas import not_a_boolean
 
 # A name is printable text on one line: no control character (C0, DEL, C1), and no
 # invisible format character that makes one name display as another (zero-width
@@ -21,10 +23,15 @@ Name = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
 
 
 class OrganisationIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Name
     kind: Literal["owner", "client"]
+    # An owner organisation's privacy budget; the server's default when not given.
+    epsilon_budget: Annotated[float | None, Field(gt=0, le=1e6), BeforeValidator(not_a_boolean)] = (
+        None
+    )
+    delta_budget: Annotated[float | None, Field(ge=0, lt=1), BeforeValidator(not_a_boolean)] = None
 
 
 class OrganisationOut(BaseModel):
@@ -33,6 +40,8 @@ class OrganisationOut(BaseModel):
     id: uuid.UUID
     name: str
     kind: Literal["platform", "owner", "client"]
+    epsilon_budget: float = Field(description="Owner organisations: the privacy budget's ε")
+    delta_budget: float
     created_at: datetime
 
 

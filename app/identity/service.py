@@ -12,15 +12,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import os
 import re
 import secrets
+import threading
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
+from decimal import Decimal
 
 from argon2 import PasswordHasher
 from sqlalchemy.orm import Session
 
+from app.db import write_later
 from app.errors import Conflict, NotFound, Unauthorized, Unprocessable
 from app.identity import repository
 from app.identity.policy import Actor, Principal, organisation_scope
@@ -31,6 +35,7 @@ PLATFORM_ORGANISATION = "platform"
 ROLE_KIND = {"owner": "owner", "client": "client", "admin": "platform", "auditor": "platform"}
 _LAST_USED_RESOLUTION = timedelta(minutes=5)
 _password_hasher = PasswordHasher()
+_CHECKS = threading.BoundedSemaphore(max(1, (os.cpu_count() or 2) - 1))
 _KEY_FORMAT = re.compile(r"^ks_(?P<prefix>[0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 
 
@@ -43,11 +48,26 @@ def _new_key() -> tuple[str, str]:
     return prefix, f"ks_{prefix}_{secrets.token_urlsafe(32)}"
 
 
-def create_organisation(session: Session, actor: Actor, *, name: str, kind: str) -> Organisation:
+def create_organisation(
+    session: Session,
+    actor: Actor,
+    *,
+    name: str,
+    kind: str,
+    epsilon_budget: Decimal = Decimal(0),
+    delta_budget: Decimal = Decimal(0),
+) -> Organisation:
+    """A new organisation; an owner organisation gets its privacy budget (ε, δ) here,
+    exact decimals (:mod:`app.ledger.amounts`); other kinds hold none."""
     if name == PLATFORM_ORGANISATION or repository.organisation_named(session, name):
         raise Conflict("an organisation of that name exists", field="name")
-    organisation = Organisation(name=name, kind=kind)
+    if kind != "owner":
+        epsilon_budget = delta_budget = Decimal(0)
+    organisation = Organisation(
+        name=name, kind=kind, epsilon_budget=epsilon_budget, delta_budget=delta_budget
+    )
     repository.add(session, organisation)
+    budget = {"epsilon": float(epsilon_budget), "delta": float(delta_budget)}
     audit.record(
         session,
         "organisation.created",
@@ -55,6 +75,7 @@ def create_organisation(session: Session, actor: Actor, *, name: str, kind: str)
         organisation_id=organisation.id,
         target=("organisation", organisation.id),
         organisation_kind=kind,
+        **({"budget": budget} if kind == "owner" else {}),
     )
     return organisation
 
@@ -161,7 +182,7 @@ def authenticate(session: Session, token: str) -> Principal:
         raise Unauthorized("the API key was revoked", invalid=True)
     now = utcnow()
     if key.last_used_at is None or now - key.last_used_at > _LAST_USED_RESOLUTION:
-        key.last_used_at = now
+        write_later(session, key, last_used_at=now)
     return Principal("key", key.id, key.role, key.organisation_id)
 
 
@@ -185,11 +206,16 @@ def _decoy_hash() -> str:
 
 def check_password(user: User | None, password: str) -> bool:
     """Whether ``password`` is the user's. With no user, a decoy hash is verified all the
-    same, so that an unknown name takes as long to refuse as a wrong password."""
-    if user is None:
-        verify_password(User(password_hash=_decoy_hash()), password)
-        return False
-    return verify_password(user, password)
+    same, so that an unknown name takes as long to refuse as a wrong password.
+
+    Blocking and CPU-bound (argon2: ~0.2-0.7 s, 64 MiB): never call it on the event loop.
+    At most :data:`_CHECKS` run at once in a process, the rest wait their turn, so that a
+    burst of sign-ins cannot take every core from the requests beside them."""
+    with _CHECKS:
+        if user is None:
+            verify_password(User(password_hash=_decoy_hash()), password)
+            return False
+        return verify_password(user, password)
 
 
 def create_user(

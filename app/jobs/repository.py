@@ -1,15 +1,17 @@
-"""SQL for jobs and their keyphrase sequences."""
+"""SQL for jobs, their keyphrase sequences (or released texts) and method checkpoints."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import Job, KeyphraseSequence
+from app.models import Job, JobCheckpoint, KeyphraseSequence, Worker
 
 ACTIVE_STATES = ("queued", "running")
 
@@ -35,6 +37,35 @@ def list_for_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[Job]:
 def active_of_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[Job]:
     query = select(Job).where(Job.dataset_id == dataset_id, Job.state.in_(ACTIVE_STATES))
     return session.scalars(query.execution_options(populate_existing=True)).all()
+
+
+def active(session: Session) -> Sequence[Job]:
+    """Every queued or running job, oldest first."""
+    query = select(Job).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.created_at)
+    return session.scalars(query.execution_options(populate_existing=True)).all()
+
+
+def worker_expiry(session: Session, worker_id: str) -> datetime | None:
+    """Until when a worker process counts as alive (None: no such process)."""
+    return session.scalar(select(Worker.expires_at).where(Worker.id == worker_id))
+
+
+def renew_worker(session: Session, worker_id: str, until: datetime) -> None:
+    """The worker process counts as alive until ``until`` (its row is made if need be)."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(Worker).values(id=worker_id, expires_at=until)
+    session.execute(
+        statement.on_conflict_do_update(index_elements=[Worker.id], set_={"expires_at": until})
+    )
+
+
+def prune_workers(session: Session, before: datetime) -> int:
+    """Forget the worker processes dead since before ``before`` that hold no job."""
+    holding = select(Job.worker_id).where(Job.worker_id.is_not(None))
+    result = session.execute(
+        delete(Worker).where(Worker.expires_at < before, Worker.id.not_in(holding))
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def counts_by_state(session: Session) -> dict[str, int]:
@@ -89,3 +120,22 @@ def missing_texts_by_error(session: Session, job_id: uuid.UUID) -> dict[str, int
         .group_by(KeyphraseSequence.error)
     )
     return {error or "not_attempted": int(count) for error, count in session.execute(query).all()}
+
+
+def get_checkpoint(session: Session, job_id: uuid.UUID, key: str) -> JobCheckpoint | None:
+    return session.get(JobCheckpoint, (job_id, key))
+
+
+def put_checkpoint(session: Session, job_id: uuid.UUID, key: str, data: bytes) -> None:
+    """Insert or replace the checkpoint ``key`` of the job (the caller holds its row lock)."""
+    existing = get_checkpoint(session, job_id, key)
+    if existing is None:
+        session.add(JobCheckpoint(job_id=job_id, key=key, data=data))
+    else:
+        existing.data = data
+    session.flush()
+
+
+def count_checkpoints(session: Session, job_id: uuid.UUID) -> int:
+    query = select(func.count()).select_from(JobCheckpoint).where(JobCheckpoint.job_id == job_id)
+    return int(session.scalar(query) or 0)

@@ -13,7 +13,12 @@ What is here is the bookkeeping around the engine, not the engine call itself:
 * :func:`save_sequences` persists the DP keyphrase sequences before any prompt;
 * :func:`pending_prompts` / :func:`save_outcome` let the prompting stage resume;
 * :func:`report_progress`, :func:`cancel_requested`, :func:`finish` and :func:`fail`
-  record the rest of the life cycle.
+  record the rest of the life cycle;
+* :func:`start_sequences` and :func:`claim` (for prompting) make the calling process
+  the job's holder (:mod:`app.jobs.recovery`), or raise
+  :class:`~app.jobs.recovery.LeaseLost` when another live process holds it; every write
+  above raises it too, so a process that lost the job stops. The job is released when
+  it ends and when its sequences are saved (the prompting task claims it anew).
 
 Each function takes a session and leaves committing to its caller (one transaction per
 step), except that :func:`start_sequences` must be committed before the first document
@@ -29,15 +34,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.config import LEASE_SECONDS
 from app.crypto import DocumentCipher
 from app.datasets import repository as datasets_repo
-from app.db import enqueue_after_commit
 from app.errors import Conflict, NotFound
 from app.identity.policy import Actor
-from app.jobs import repository
+from app.jobs import recovery, repository
 from app.ledger import service as ledger
 from app.models import Dataset, Job, utcnow
-from app.worker import RUN_PROMPTS
+from workers.llm.client import LLMCosts
 
 WORKER = Actor.system("worker")
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -62,6 +67,31 @@ def _job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
     return job
 
 
+def _held_job(session: Session, job_id: uuid.UUID) -> Job:
+    """The job, locked, unless another live process holds it (:class:`LeaseLost`)."""
+    job = _job(session, job_id, lock=True)
+    _check_holder(session, job)
+    return job
+
+
+def _check_holder(session: Session, job: Job) -> None:
+    if recovery.held_by_another(session, job):
+        raise recovery.LeaseLost("another worker process holds the job")
+
+
+def _claim(session: Session, job: Job, seconds: float) -> None:
+    if not recovery.take(session, job, seconds):
+        raise recovery.LeaseLost("another worker process holds the job")
+
+
+def claim(session: Session, job_id: uuid.UUID, seconds: float = LEASE_SECONDS) -> Job:
+    """The job, locked and held by this process (alive for ``seconds`` at least), before
+    it prompts; :class:`LeaseLost` when another live process holds it."""
+    job = _job(session, job_id, lock=True)
+    _claim(session, job, seconds)
+    return job
+
+
 def _lock(session: Session, job_id: uuid.UUID) -> tuple[Job, Dataset | None]:
     """Lock the job's dataset, then the job (the order every ledger change uses)."""
     dataset = datasets_repo.get(session, _job(session, job_id).dataset_id, for_update=True)
@@ -69,18 +99,25 @@ def _lock(session: Session, job_id: uuid.UUID) -> tuple[Job, Dataset | None]:
 
 
 def start_sequences(
-    session: Session, job_id: uuid.UUID, actor: Actor = WORKER
+    session: Session,
+    job_id: uuid.UUID,
+    actor: Actor = WORKER,
+    *,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> StartedJob | None:
-    """queued → running with the job's ε committed, or None if it must not run."""
+    """queued → running with the job's ε committed and the job held by this process
+    (alive for ``lease_seconds`` at least), or None if it must not run;
+    :class:`LeaseLost` when another live process holds it."""
     job, dataset = _lock(session, job_id)
     if job.state in TERMINAL_STATES:
         return None
+    _claim(session, job, lease_seconds)
     if job.sequences_total > 0:
         # A redelivery after the sequences were saved. The prompting task is sent once
         # that save commits, so the worker may have died before sending it: send it
         # again (it prompts only the sequences that have no text yet).
         if job.state == "running" and job.spec.get("llm") != "none":
-            enqueue_after_commit(session, RUN_PROMPTS, str(job.id))
+            recovery.dispatch(session, job)
         return None
     if dataset is None or dataset.deleted_at is not None:
         _end(job, "failed", "dataset_deleted", "the dataset was deleted")
@@ -108,8 +145,9 @@ def start_sequences(
 
 def private_documents(
     session: Session, cipher: DocumentCipher, job_id: uuid.UUID
-) -> Iterator[tuple[str, str]]:
-    """``(text, label)`` of the job's dataset, in row order, decrypted one at a time.
+) -> Iterator[tuple[str, str, str | None]]:
+    """``(text, label, unit)`` of the job's dataset, in row order, decrypted one at a
+    time (``unit`` is None unless the upload named a unit column).
 
     Refuses (:class:`Conflict`) unless the job's spend is committed: no private read is
     ever uncharged. The text must stay in the worker's memory: never log, persist or
@@ -118,18 +156,29 @@ def private_documents(
     job = _job(session, job_id)
     if ledger.job_budget_state(session, job.id) != "committed":
         raise Conflict("the job's budget is not committed: it may not read private data")
+    key = cipher.dataset_key(job.dataset_id)
     for document in datasets_repo.iter_documents(session, job.dataset_id):
-        yield cipher.open(
+        text, label = key.open(
             document.dataset_id,
             document.row,
             document.key_id,
             document.nonce,
             document.ciphertext,
         )
+        sealed_unit = document.unit
+        yield (
+            text,
+            label,
+            (
+                None
+                if sealed_unit is None
+                else key.open_unit(document.dataset_id, document.row, document.key_id, sealed_unit)
+            ),
+        )
 
 
 def report_progress(session: Session, job_id: uuid.UUID, stage: str, fraction: float) -> None:
-    job = _job(session, job_id)
+    job = _held_job(session, job_id)
     job.stage, job.progress = stage, min(max(float(fraction), 0.0), 1.0)
 
 
@@ -138,9 +187,10 @@ def save_sequences(
     job_id: uuid.UUID,
     sequences: Iterable[tuple[str, Sequence[str]]],
     *,
-    private_vocabulary: Sequence[str],
+    private_vocabulary: Sequence[str] | None,
     manifest: dict[str, Any],
     texts_from_keyphrases: bool = False,
+    texts: Sequence[str] | None = None,
 ) -> int:
     """Persist the DP outputs of stages 1-6 (label, keyphrases) and the public manifest,
     and queue the prompting stage for when this commits (unless the job has no LLM).
@@ -148,9 +198,10 @@ def save_sequences(
     ``manifest`` is the engine's ``GenerationResult.manifest()``; the owner diagnostics
     of a run are raw facts about private data and must not be passed here. With
     ``texts_from_keyphrases`` (a job without LLM) each text is its keyphrases joined by
-    spaces.
+    spaces. ``texts`` (a method that releases texts itself, Aug-PE) are the released
+    texts, one per sequence (whose keyphrases are then empty): nothing is left to prompt.
     """
-    job = _job(session, job_id, lock=True)
+    job = _held_job(session, job_id)
     if job.sequences_total > 0:
         raise Conflict("the job's sequences are persisted already")
     rows = [
@@ -164,15 +215,45 @@ def save_sequences(
         }
         for i, (label, phrases) in enumerate(sequences)
     ]
+    if texts is not None:
+        if len(texts) != len(rows):
+            raise ValueError("give one text per sequence")
+        for row, text in zip(rows, texts, strict=True):
+            row["text"] = text
     repository.insert_sequences(session, rows)
+    done = texts_from_keyphrases or texts is not None
     job.sequences_total = len(rows)
-    job.texts_done = len(rows) if texts_from_keyphrases else 0
-    job.private_vocabulary = list(private_vocabulary)
+    job.texts_done = len(rows) if done else 0
+    job.private_vocabulary = None if private_vocabulary is None else list(private_vocabulary)
     job.manifest = manifest
+    ledger.record_report(session, job, manifest.get("privacy"), WORKER)
     job.stage, job.progress = "prompts", 0.0
-    if job.spec.get("llm") != "none":
-        enqueue_after_commit(session, RUN_PROMPTS, str(job.id))
+    if not done and job.spec.get("llm") != "none":
+        recovery.dispatch(session, job)  # frees the lease for the prompting task
     return len(rows)
+
+
+def load_checkpoint(session: Session, job_id: uuid.UUID, key: str) -> bytes | None:
+    found = repository.get_checkpoint(session, job_id, key)
+    return None if found is None else bytes(found.data)
+
+
+def save_checkpoint(session: Session, job_id: uuid.UUID, key: str, data: bytes) -> None:
+    """Save a DP output of the running method under ``key`` (held jobs only)."""
+    _held_job(session, job_id)
+    repository.put_checkpoint(session, job_id, key, data)
+
+
+def add_llm_costs(session: Session, job_id: uuid.UUID, costs: LLMCosts) -> None:
+    """Add ``costs`` to the job's recorded LLM work."""
+    job = _held_job(session, job_id)
+    total = LLMCosts(**(job.llm_costs or {})).add(costs)
+    job.llm_costs = total.as_dict()
+
+
+def set_llm_costs(session: Session, job_id: uuid.UUID, costs: LLMCosts) -> None:
+    """Record the job's LLM work as ``costs`` (a method that totals its own runs)."""
+    _held_job(session, job_id).llm_costs = costs.as_dict()
 
 
 def pending_prompts(
@@ -205,7 +286,7 @@ def save_outcome(
     The job row is locked first: outcomes are saved concurrently, and each one updates
     the job's counters.
     """
-    job = _job(session, job_id, lock=True)
+    job = _held_job(session, job_id)
     sequence = repository.get_sequence(session, job_id, position)
     if sequence is None:
         raise NotFound("no such sequence")
@@ -223,7 +304,7 @@ def save_outcome(
 
 def cancel_requested(session: Session, job_id: uuid.UUID) -> bool:
     """Whether the job was asked to stop; if so it is marked cancelled (spend stays)."""
-    job = _job(session, job_id, lock=True)
+    job = _held_job(session, job_id)
     if job.cancel_requested and job.state not in TERMINAL_STATES:
         _end(job, "cancelled")
     return job.cancel_requested
@@ -232,12 +313,13 @@ def cancel_requested(session: Session, job_id: uuid.UUID) -> bool:
 def _end(job: Job, state: str, code: str | None = None, message: str | None = None) -> None:
     job.state, job.finished_at = state, utcnow()
     job.error_code, job.error_message = code, message
+    recovery.release(job)
     if state == "succeeded":
         job.progress, job.stage = 1.0, None
 
 
 def finish(session: Session, job_id: uuid.UUID) -> None:
-    job = _job(session, job_id, lock=True)
+    job = _held_job(session, job_id)
     if job.state != "running":
         raise Conflict(f"only a running job can succeed (this one is {job.state})")
     _end(job, "succeeded")
@@ -252,6 +334,7 @@ def fail(session: Session, job_id: uuid.UUID, code: str, message: str) -> None:
     job, _ = _lock(session, job_id)
     if job.state in TERMINAL_STATES:
         return
+    _check_holder(session, job)
     _end(job, "failed", code[:64], message[:1000])
     if ledger.job_budget_state(session, job.id) == "reserved":
         ledger.release_reservation(session, job.id, WORKER)

@@ -12,22 +12,33 @@ import dataclasses
 import math
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
+    TypeAdapter,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from app.datasets.schemas import Epsilon, not_a_boolean
+from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
-from workers.dpkps.config import LIMITS, GenerationConfig
-from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
+from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.dpkps.config import (
+    DELTA_CEILING,
+    EPSILON_CEILING,
+    EPSILON_FLOOR,
+    LIMITS,
+    GenerationConfig,
+)
+from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
 
 Example = Annotated[
     str,
@@ -38,27 +49,46 @@ Example = Annotated[
 
 _BOOLEAN_FIELDS = frozenset({"distinct"})
 
+# ε of one mechanism, within the engine's floor and ceiling (see ``check_epsilon``): a
+# job at a negligible ε could only serve to probe the data at no charge.
+MechanismEpsilon = Annotated[
+    float, Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING), BeforeValidator(not_a_boolean)
+]
+
 # Every engine parameter but the device, which is the worker's business.
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "device")
 _ENGINE: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
 
 
+DPKPS: Final = "dpkps"
+AUG_PE: Final = "aug-pe"
+METHODS = (DPKPS, AUG_PE)
+
+LLMName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        description="'none' (keyphrase sequences only, DP-KPS), 'local' (the packaged "
+        "model) or the name of an endpoint configured on the server",
+    ),
+]
+MaxLLMCalls = Annotated[int | None, Field(ge=1, le=10**9)]
+
+
 class JobSpec(BaseModel):
+    """A DP-KPS job (``method`` absent or ``dpkps``)."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    method: Literal["dpkps"] = "dpkps"
     vocabulary: str = Field(
         min_length=1,
         max_length=64,
         description="A built-in vocabulary name ('english', 'medical') or the id of an "
         "uploaded vocabulary",
     )
-    llm: str = Field(
-        default="local",
-        min_length=1,
-        max_length=64,
-        description="'none' (keyphrase sequences only), 'local' (the packaged model) or "
-        "the name of an endpoint configured on the server",
-    )
+    llm: LLMName = "local"
     document_type: str = Field(
         min_length=1, max_length=PROMPT_LIMITS["document_type_chars"], pattern=NAME_PATTERN
     )
@@ -70,11 +100,21 @@ class JobSpec(BaseModel):
     template: str | None = Field(
         default=None, max_length=PROMPT_LIMITS["template_chars"], pattern=TEXT_PATTERN
     )
-    max_llm_calls: int | None = Field(default=None, ge=1, le=10**9)
+    max_llm_calls: MaxLLMCalls = None
 
-    epsilon_vocab: Epsilon
-    epsilon_kde: Epsilon
-    epsilon_count: Epsilon | None = None
+    # The budget: a total ``epsilon`` (and ``delta``: > 0 selects Gaussian noise) split
+    # among the mechanisms by the shares, or per-mechanism ε (Laplace, pure).
+    epsilon: MechanismEpsilon | None = None
+    delta: float = Field(default=0.0, ge=0, le=DELTA_CEILING)
+    noise: Literal["laplace", "gaussian"] | None = Field(
+        default=None, description="default: gaussian when delta > 0, else laplace"
+    )
+    share_vocab: float = Field(default=_ENGINE["share_vocab"], gt=0, le=1000)
+    share_kde: float = Field(default=_ENGINE["share_kde"], gt=0, le=1000)
+    share_count: float = Field(default=_ENGINE["share_count"], gt=0, le=1000)
+    epsilon_vocab: MechanismEpsilon | None = None
+    epsilon_kde: MechanismEpsilon | None = None
+    epsilon_count: MechanismEpsilon | None = None
     # Defaults are the engine's own (chosen by measurement; see BENCHMARKS.md).
     per_class: int | None = Field(default=_ENGINE["per_class"], ge=1, le=LIMITS["per_class"])
     total: int | None = Field(default=_ENGINE["total"], ge=1, le=LIMITS["total"])
@@ -113,9 +153,17 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _counts_replace_per_class(self) -> JobSpec:
         # With noisy class counts, `total` is split by them and `per_class` means nothing.
-        if self.epsilon_count is not None and "per_class" not in self.model_fields_set:
+        if self.total is not None and "per_class" not in self.model_fields_set:
             self.per_class = None
+        if self.noise is None:
+            self.noise = "gaussian" if self.delta > 0 else "laplace"
         return self
+
+    def sequences_requested(self, labels: int) -> int:
+        """How many keyphrase sequences the job asks for over ``labels`` declared labels."""
+        if self.total is not None:
+            return self.total
+        return (self.per_class or 0) * labels
 
     def engine_parameters(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in ENGINE_FIELDS}
@@ -123,6 +171,51 @@ class JobSpec(BaseModel):
     def generation_config(self) -> GenerationConfig:
         """The engine's configuration; raises ``ConfigError`` naming the field."""
         return GenerationConfig(**self.engine_parameters()).validate()
+
+
+class AugPEJobSpec(AugPEParams):
+    """An Aug-PE job (``method: aug-pe``): the LLM, a cap on its calls and every
+    :class:`~workers.methods.aug_pe.params.AugPEParams` field (``epsilon`` and ``delta``
+    are the run's total; ``concurrency`` is capped by the server's LLM concurrency)."""
+
+    method: Literal["aug-pe"]
+    llm: LLMName = "local"
+    max_llm_calls: MaxLLMCalls = None
+
+    def params(self) -> AugPEParams:
+        """The method's own parameters (what the engine and its checkpoints see)."""
+        fields = self.model_dump(exclude={"method", "llm", "max_llm_calls"})
+        return AugPEParams.model_validate(fields)
+
+
+def _method(value: Any) -> str:
+    """The branch of a job spec: its ``method``, DP-KPS when it names none."""
+    method = value.get("method", DPKPS) if isinstance(value, dict) else DPKPS
+    return f"method={method}"
+
+
+AnyJobSpec = Annotated[
+    Annotated[JobSpec, Tag(f"method={DPKPS}")] | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")],
+    Discriminator(
+        _method,
+        custom_error_type="unknown_method",
+        custom_error_message=f"method must be one of {', '.join(METHODS)}",
+    ),
+]
+JOB_SPEC: TypeAdapter[JobSpec | AugPEJobSpec] = TypeAdapter(AnyJobSpec)
+
+
+class JobPlanOut(BaseModel):
+    """A dry run: what a job would release and spend (nothing stored, nothing read)."""
+
+    dry_run: Literal[True]
+    dataset_id: uuid.UUID
+    method: str
+    epsilon: float
+    delta: float
+    accountant: str
+    by_mechanism: dict[str, float]
+    events: list[dict[str, Any]]
 
 
 class JobCounts(BaseModel):
@@ -137,21 +230,44 @@ class JobError(BaseModel):
     message: str | None
 
 
+class JobCharge(BaseModel):
+    """What the ledger charges the job: its releases composed at the dataset's δ cap."""
+
+    epsilon: float
+    delta: float
+    accountant: str
+
+
 class JobEpsilon(BaseModel):
     requested: float
     by_mechanism: dict[str, float]
     budget_state: Literal["reserved", "committed", "released"]
+    charged: JobCharge | None = Field(
+        default=None, description="The ledger's figure (null: not reserved, e.g. a dry run)"
+    )
+
+
+class JobLLMCosts(BaseModel):
+    """LLM work of the job: HTTP calls (retries included), tokens the endpoint reported,
+    wall time of the LLM stages (seconds)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
 
 
 class JobOut(BaseModel):
     id: uuid.UUID
     dataset_id: uuid.UUID
     organisation_id: uuid.UUID
+    method: str
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
     stage: str | None
     progress: float
     cancel_requested: bool
     counts: JobCounts
+    llm_costs: JobLLMCosts
     error: JobError | None
     epsilon: JobEpsilon
     spec: dict[str, Any]

@@ -7,8 +7,11 @@ written, and its first task is sent to the broker only once all of that has comm
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -18,33 +21,53 @@ from app.db import enqueue_after_commit
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
-from app.jobs import repository
-from app.jobs.schemas import JobCounts, JobEpsilon, JobError, JobOut, JobSpec
+from app.jobs import recovery, repository
+from app.jobs.schemas import (
+    DPKPS,
+    AugPEJobSpec,
+    JobCharge,
+    JobCounts,
+    JobEpsilon,
+    JobError,
+    JobLLMCosts,
+    JobOut,
+    JobSpec,
+)
 from app.ledger import audit
 from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
-from app.worker import RUN_PROMPTS, RUN_SEQUENCES
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from app.worker import RUN_SEQUENCES
+from workers.methods.aug_pe import plan_aug_pe
+from workers.methods.aug_pe.runner import DESCRIPTION as AUG_PE_DESCRIPTION
+from workers.methods.dpkps.accounting import epsilon_by_mechanism
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.plan import Plan, plan
+from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from workers.privacy.accountant import compose
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
-def epsilon_by_mechanism(config: GenerationConfig) -> dict[str, float]:
-    """What a run of ``config`` may spend, by mechanism (known before it runs).
-
-    The vocabulary histogram and the class counts use the whole corpus; the DP-KDE
-    ensembles are per class, on disjoint documents, so ``kde`` is charged once.
-    """
-    spend = {"vocabulary": float(config.epsilon_vocab), "kde": float(config.epsilon_kde)}
-    if config.epsilon_count is not None:
-        spend["class_counts"] = float(config.epsilon_count)
-    return spend
+def planned(config: GenerationConfig, labels: list[str], vocabulary_size: int) -> Plan:
+    """Every release a run of ``config`` will make (public inputs only, before it runs)."""
+    return plan(config, labels, vocabulary_size)
 
 
-def _check_prompting(spec: JobSpec, settings: Settings) -> None:
+def planned_aug_pe(spec: AugPEJobSpec, labels: list[str]) -> Plan:
+    """Every release an Aug-PE run of ``spec`` will make, composed at the spec's δ."""
+    events = tuple(plan_aug_pe(spec.params(), labels))
+    composition = compose(events)
+    return Plan(events, composition.epsilon(spec.delta), spec.delta, composition.name)
+
+
+def method_of(spec: Mapping[str, Any]) -> str:
+    """The method of a stored spec (specs stored before there were methods are DP-KPS)."""
+    return str(spec.get("method", DPKPS))
+
+
+def _check_llm(spec: JobSpec | AugPEJobSpec, settings: Settings) -> None:
     if spec.llm not in settings.llm_names:
         raise Unprocessable(
             f"unknown LLM endpoint; this server offers {', '.join(settings.llm_names)}",
@@ -54,20 +77,84 @@ def _check_prompting(spec: JobSpec, settings: Settings) -> None:
         raise Unprocessable(
             f"must be at most {settings.llm_max_calls} on this server", field="max_llm_calls"
         )
+
+
+def _check_aug_pe(spec: AugPEJobSpec, settings: Settings) -> None:
+    if spec.llm == "none":
+        raise Unprocessable("Aug-PE needs an LLM: name one", field="llm")
+    _check_llm(spec, settings)
+    if spec.num_released > settings.max_sequences_per_job:
+        raise Unprocessable(
+            f"asks for {spec.num_released} documents; this server makes at most "
+            f"{settings.max_sequences_per_job} per job",
+            field="num_released",
+        )
+    calls = spec.params().planned_calls()
+    allowed = spec.max_llm_calls or settings.llm_max_calls
+    if calls > allowed:
+        raise Unprocessable(
+            f"the run makes {calls} LLM calls, more than the {allowed} allowed",
+            field="max_llm_calls" if spec.max_llm_calls else "population",
+        )
+
+
+def _check_prompting(spec: JobSpec, settings: Settings) -> None:
+    _check_llm(spec, settings)
     PromptSpec(
         spec.document_type, tuple(spec.few_shot), spec.template or DEFAULT_TEMPLATE
     ).validate()
 
 
-def submit(
+def _check_size(spec: JobSpec, labels: int, settings: Settings) -> None:
+    wanted = spec.sequences_requested(labels)
+    if wanted > settings.max_sequences_per_job:
+        field = "total" if spec.total is not None else "per_class"
+        raise Unprocessable(
+            f"asks for {wanted} keyphrase sequences; this server makes at most "
+            f"{settings.max_sequences_per_job} per job",
+            field=field,
+        )
+
+
+def prompt_provenance(spec: JobSpec, actor: Actor) -> dict[str, Any]:
+    """Who supplied the job's few-shot examples and prompt template, and a SHA-256 of
+    each (for the audit trail: the texts themselves are in the spec, not the event)."""
+    supplied: dict[str, Any] = {}
+    if spec.few_shot:
+        supplied["few_shot"] = {
+            "supplied_by": actor.ref,
+            "organisation_id": str(actor.organisation_id),
+            "examples": len(spec.few_shot),
+            "sha256": _sha256(json.dumps(spec.few_shot, ensure_ascii=False)),
+        }
+    if spec.template:
+        supplied["template"] = {
+            "supplied_by": actor.ref,
+            "organisation_id": str(actor.organisation_id),
+            "sha256": _sha256(spec.template),
+        }
+    return supplied
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _prepare(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
-    spec: JobSpec,
+    spec: JobSpec | AugPEJobSpec,
     settings: Settings,
-) -> Job:
+) -> tuple[Any, Any, Plan]:
+    """Every check of a job spec, and its planned releases (public inputs only); the
+    vocabulary is DP-KPS's (None for Aug-PE)."""
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
+    if isinstance(spec, AugPEJobSpec):
+        _check_aug_pe(spec, settings)
+        return dataset, None, planned_aug_pe(spec, list(dataset.labels))
     config = spec.generation_config()
+    _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
     vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
     if config.vocabulary_size > vocabulary.size:
@@ -76,15 +163,57 @@ def submit(
             f"has {vocabulary.size}",
             field="vocabulary_size",
         )
-    by_mechanism = epsilon_by_mechanism(config)
-    stored_spec = spec.model_dump(mode="json")
-    stored_spec["vocabulary_ref"] = {
-        "kind": vocabulary.kind,
-        "id": vocabulary.id,
-        "name": vocabulary.name,
-        "size": vocabulary.size,
-        "fingerprint": vocabulary.fingerprint,
+    return dataset, vocabulary, planned(config, list(dataset.labels), vocabulary.size)
+
+
+def description(spec: JobSpec | AugPEJobSpec) -> str:
+    """What the method of ``spec`` runs, in words (dry runs, release manifests)."""
+    if isinstance(spec, AugPEJobSpec):
+        return AUG_PE_DESCRIPTION
+    return method_description(spec.generation_config())
+
+
+def dry_run(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    spec: JobSpec | AugPEJobSpec,
+    settings: Settings,
+) -> dict[str, Any]:
+    """What a job of ``spec`` would release and spend, checked like a submission but with
+    no job, no reservation and no private read: the planned releases with their noise,
+    the composed (ε, δ) and the accountant that composed them."""
+    dataset, _, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    return {
+        "dry_run": True,
+        "dataset_id": str(dataset.id),
+        "method": description(spec),
+        "epsilon": float(the_plan.epsilon),
+        "delta": the_plan.delta,
+        "accountant": the_plan.accountant,
+        "by_mechanism": epsilon_by_mechanism(the_plan.events, the_plan.delta),
+        "events": [e.to_dict() for e in the_plan.events],
     }
+
+
+def submit(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    spec: JobSpec | AugPEJobSpec,
+    settings: Settings,
+) -> Job:
+    dataset, vocabulary, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    by_mechanism = epsilon_by_mechanism(the_plan.events, the_plan.delta)
+    stored_spec = spec.model_dump(mode="json")
+    if vocabulary is not None:
+        stored_spec["vocabulary_ref"] = {
+            "kind": vocabulary.kind,
+            "id": vocabulary.id,
+            "name": vocabulary.name,
+            "size": vocabulary.size,
+            "fingerprint": vocabulary.fingerprint,
+        }
     task_id = str(uuid.uuid4())
     job = Job(
         id=uuid.uuid4(),
@@ -93,12 +222,12 @@ def submit(
         submitted_by=principal.actor.ref,
         spec=stored_spec,
         state="queued",
-        epsilon=ledger.total(by_mechanism.values()),
+        epsilon=float(the_plan.epsilon),
         epsilon_by_mechanism=by_mechanism,
         task_ids=[task_id],
         request_id=current_request_id(),
     )
-    ledger.reserve(session, job, principal.actor)
+    ledger.reserve(session, job, principal.actor, the_plan.events)
     audit.record(
         session,
         "job.submitted",
@@ -108,7 +237,9 @@ def submit(
         dataset_id=str(dataset.id),
         epsilon=job.epsilon,
         epsilon_by_mechanism=by_mechanism,
+        method=spec.method,
         llm=spec.llm,
+        **(prompt_provenance(spec, principal.actor) if isinstance(spec, JobSpec) else {}),
     )
     enqueue_after_commit(session, RUN_SEQUENCES, str(job.id), task_id=task_id)
     return job
@@ -125,7 +256,9 @@ def list_jobs(session: Session, principal: Principal, dataset_id: uuid.UUID) -> 
 
 def stop(session: Session, job: Job, actor: Actor) -> Job:
     """Cancel a job: at once when it has not read private data (its reservation is
-    released), else by request (the worker observes it; the spend stays committed).
+    released) or when no live worker process holds it (its spend stays committed: a
+    job whose worker died), else by request (the worker observes it; the spend stays
+    committed).
 
     Takes the dataset lock first, like every change to the ledger, so that it cannot
     interleave with a worker committing the spend.
@@ -136,16 +269,19 @@ def stop(session: Session, job: Job, actor: Actor) -> Job:
     if current.state in TERMINAL_STATES:
         raise Conflict(f"the job has ended ({current.state})")
     target = ("job", current.id)
-    if ledger.job_budget_state(session, current.id) == "reserved":
+    reserved = ledger.job_budget_state(session, current.id) == "reserved"
+    if reserved or not recovery.held(session, current):
         current.state, current.finished_at, current.stage = "cancelled", utcnow(), None
-        ledger.release_reservation(session, current.id, actor)
+        recovery.release(current)  # a late task of the job finds it ended
+        if reserved:
+            ledger.release_reservation(session, current.id, actor)
         audit.record(
             session,
             "job.cancelled",
             actor,
             organisation_id=current.organisation_id,
             target=target,
-            epsilon_released=current.epsilon,
+            epsilon_released=current.epsilon if reserved else 0.0,
         )
     elif not current.cancel_requested:
         current.cancel_requested = True
@@ -165,16 +301,22 @@ def cancel(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
 
 
 def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
-    """Prompt again the sequences of a failed job that have no text yet.
+    """Prompt again the sequences of a failed job that have no text yet, or resume a
+    queued or running job whose worker process died.
 
-    Only the prompting stage runs again, from the persisted DP keyphrase sequences: no
-    private document is read and no budget is reserved or spent (LLM calls are
-    post-processing). Takes the dataset lock first, like :func:`stop`.
+    For a failed job, only the prompting stage runs again, from the persisted DP
+    keyphrase sequences: no private document is read and no budget is reserved or spent
+    (LLM calls are post-processing). A job whose worker died is sent the task that
+    continues it from what is persisted (:func:`recovery.dispatch`): its reservation or
+    spend stands as it is, and nothing saved is drawn again. Takes the dataset lock
+    first, like :func:`stop`.
     """
     job = get_job(session, principal, job_id)
     dataset = datasets_repo.get(session, job.dataset_id, for_update=True)
     current = repository.get(session, job.id, for_update=True)
     assert current is not None
+    if current.state in repository.ACTIVE_STATES:
+        return _resume(session, principal, current)
     if current.sequences_total == 0:
         raise Conflict("the job has no saved keyphrase sequences to prompt again; submit a new job")
     if current.state != "failed":
@@ -186,11 +328,9 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
     )
     if missing == 0 or current.spec.get("llm") == "none":
         raise Conflict("every sequence of the job has a text already")
-    task_id = str(uuid.uuid4())
     current.state, current.stage, current.finished_at = "running", "prompts", None
     current.error_code = current.error_message = None
     current.cancel_requested = False  # asking again supersedes an earlier stop
-    current.task_ids = [*current.task_ids, task_id]
     audit.record(
         session,
         "job.retried",
@@ -199,9 +339,31 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
         target=("job", current.id),
         sequences_without_text=missing,
     )
-    enqueue_after_commit(session, RUN_PROMPTS, str(current.id), task_id=task_id)
+    recovery.dispatch(session, current)
     session.flush()
     return current
+
+
+def _resume(session: Session, principal: Principal, job: Job) -> Job:
+    if not recovery.is_orphan(session, job, unheld=False):
+        if recovery.held(session, job):
+            raise Conflict("the job is running on a live worker; cancel it to stop it")
+        raise Conflict(
+            f"the job is {job.state} and waits for a worker; only a failed job with saved "
+            "keyphrase sequences, or one whose worker died, can be retried"
+        )
+    job.cancel_requested = False  # asking again supersedes an earlier stop
+    task = recovery.dispatch(session, job)
+    audit.record(
+        session,
+        "job.retried",
+        principal.actor,
+        organisation_id=job.organisation_id,
+        target=("job", job.id),
+        resumed_with=task,
+    )
+    session.flush()
+    return job
 
 
 def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) -> None:
@@ -210,10 +372,12 @@ def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) 
 
 
 def to_out(session: Session, job: Job) -> JobOut:
+    state, charge = ledger.job_charge(session, job.id)
     return JobOut(
         id=job.id,
         dataset_id=job.dataset_id,
         organisation_id=job.organisation_id,
+        method=method_of(job.spec),
         state=job.state,  # type: ignore[arg-type]
         stage=job.stage,
         progress=job.progress,
@@ -224,11 +388,13 @@ def to_out(session: Session, job: Job) -> JobOut:
             texts_failed=job.texts_failed,
             llm_calls=job.llm_calls,
         ),
+        llm_costs=JobLLMCosts(**(job.llm_costs or {})),
         error=JobError(code=job.error_code, message=job.error_message) if job.error_code else None,
         epsilon=JobEpsilon(
             requested=job.epsilon,
             by_mechanism=job.epsilon_by_mechanism,
-            budget_state=ledger.job_budget_state(session, job.id),  # type: ignore[arg-type]
+            budget_state=state,  # type: ignore[arg-type]
+            charged=JobCharge(**charge.shown()) if charge is not None else None,
         ),
         spec=job.spec,
         submitted_by=job.submitted_by,

@@ -5,8 +5,8 @@
 1. :func:`app.jobs.runner.start_sequences` commits the job's ε before anything private
    is read, or says the job must not run;
 2. the documents are decrypted into memory, the engine runs with a progress callback
-   that writes the job's stage and progress (throttled) and stops the run when the job
-   was cancelled;
+   that writes the job's stage at its boundaries only (:class:`StageTracker`) and stops
+   the run when the job was cancelled;
 3. the ε the engine reports, by mechanism, must be the ε the ledger holds for the job;
    otherwise the job fails and nothing is saved (a bug, logged as such);
 4. the DP keyphrase sequences are saved, and the prompting stage is queued once that
@@ -17,8 +17,14 @@ the LLM for them and saves each outcome as it arrives, so a crash, an outage or 
 retry (``POST /v1/jobs/{id}/retry``) resumes where it stopped, with no private read
 and no budget spent.
 
-What reaches logs, job errors and metrics: ids, stages, durations, ε, DP counts and
-short error codes. Never a document, a raw count of documents (the engine's owner
+Both run on a job their process holds (:mod:`app.jobs.recovery`): a task that finds the
+job held by another live process returns ``held`` at once, and one whose job was taken
+over meanwhile (its process was thought dead) stops at its next write, writing nothing
+(``lost``).
+
+What reaches logs, job errors and metrics: ids, stages, ε, DP counts, short error codes
+and the duration of the prompting stage (the private stages' durations depend on the
+data: they are not measured). Never a document, a raw count of documents (the engine's owner
 diagnostics are not even read), or the text of an exception (it may quote data).
 """
 
@@ -42,17 +48,22 @@ from app.db import Database
 from app.errors import Conflict, NotFound
 from app.jobs import llm, runner
 from app.jobs import repository as jobs_repo
-from app.jobs.schemas import JobSpec
-from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, STAGE_DURATION
+from app.jobs.recovery import LeaseLost
+from app.jobs.schemas import JOB_SPEC, AugPEJobSpec, JobSpec
+from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
+from app.models import Dataset
 from app.vocabularies import service as vocabularies
-from workers.dpkps import prompting
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.errors import InputDataError, KeyseedError, LLMError
-from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
+from workers.errors import InputDataError, KeyseedError, LLMError
+from workers.llm.client import LLMCosts
+from workers.methods.checkpoints import check_key
+from workers.methods.dpkps import prompting
+from workers.methods.dpkps.accounting import epsilon_by_mechanism
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
 
 if TYPE_CHECKING:
-    from workers.dpkps.embeddings import SentenceEmbedder
-    from workers.dpkps.vocabulary import Vocabulary
+    from workers.text.embeddings import SentenceEmbedder
+    from workers.text.vocabulary import Vocabulary
 
 log = structlog.get_logger("keyseed.jobs")
 
@@ -86,7 +97,7 @@ class WorkerContext:
     @classmethod
     def from_settings(cls, settings: Settings, *, celery: Any = None) -> WorkerContext:
         database = Database.from_settings(settings, celery=celery)
-        return cls(settings, database, DocumentCipher(settings.document_key()))
+        return cls(settings, database, DocumentCipher.from_settings(settings))
 
 
 # ------------------------------------------------------------------ shared helpers
@@ -101,6 +112,16 @@ def _error_code(exc: KeyseedError) -> str:
 def _end(state: str) -> str:
     JOBS_ENDED.labels(state).inc()
     return state
+
+
+def _held(job_id: uuid.UUID, stage: str) -> str:
+    log.info(f"job.{stage}.held", job_id=str(job_id))  # by a live process: a duplicate
+    return "held"
+
+
+def _lost(job_id: uuid.UUID, stage: str) -> str:
+    log.warning(f"job.{stage}.lost", job_id=str(job_id))  # taken over: nothing written
+    return "lost"
 
 
 def _fail(ctx: WorkerContext, job_id: uuid.UUID, code: str, message: str) -> str:
@@ -142,57 +163,62 @@ def check_accounting(reported: Mapping[str, float], reserved: Mapping[str, float
 
 
 class StageTracker:
-    """The engine's progress callback: stage and progress written to the job (at a
-    stage change, else at most every ``progress_interval`` seconds), cancellation
-    checked at each write, and wall time summed per stage for the metrics."""
+    """The engine's progress callback.
+
+    Every stage the engine reports runs after the first private read, so what others
+    see of it must not depend on the data (docs/privacy.md): the job shows a stage's
+    start (progress 0) and its end (1), never a fraction within it (extraction's i/n
+    would give the number of documents), and no stage's duration is measured. The
+    reports are the engine's; which of them change what is written depends only on the
+    configuration and the declared labels. Cancellation is checked at each write and
+    otherwise at most every ``progress_interval`` seconds.
+    """
 
     def __init__(self, ctx: WorkerContext, job_id: uuid.UUID) -> None:
         self.ctx = ctx
         self.job_id = job_id
         self.stage: str | None = None
-        self.mark = time.monotonic()
-        self.last_write = float("-inf")
-        self.durations: dict[str, float] = {}
+        self.shown: tuple[str, float] | None = None
+        self.last_check = float("-inf")
 
     def __call__(self, stage: str, fraction: float) -> None:
-        now = time.monotonic()
-        # the engine reports a stage when work of it is done: the time since the last
-        # report belongs to the stage reported now
-        self.durations[stage] = self.durations.get(stage, 0.0) + (now - self.mark)
-        self.mark = now
-        if stage == self.stage and now - self.last_write < self.ctx.settings.progress_interval:
-            return
-        self.stage = stage
-        self.write(stage, fraction)
-        self.last_write = time.monotonic()
+        shown = (stage, 1.0 if fraction >= 1.0 else 0.0)
+        if shown != self.shown:
+            self.stage, self.shown = stage, shown
+            self.write(*shown)
+        elif time.monotonic() - self.last_check >= self.ctx.settings.progress_interval:
+            self.check_cancelled()
+
+    def check_cancelled(self) -> None:
+        with self.ctx.database.transaction() as session:
+            cancelled = runner.cancel_requested(session, self.job_id)
+        self.last_check = time.monotonic()
+        if cancelled:
+            raise JobCancelled
 
     def write(self, stage: str, fraction: float) -> None:
         with self.ctx.database.transaction() as session:
             cancelled = runner.cancel_requested(session, self.job_id)
             if not cancelled:
                 runner.report_progress(session, self.job_id, stage, fraction)
+        self.last_check = time.monotonic()
         if cancelled:
             raise JobCancelled
         for hook in self.ctx.stage_hooks:
             hook(self.job_id, stage, fraction)
 
-    def close(self) -> None:
-        for stage, seconds in self.durations.items():
-            STAGE_DURATION.labels(stage).observe(seconds)
-        self.durations.clear()
-
 
 @functools.cache
 def _embedder(model: str, device: str) -> SentenceEmbedder:
     """One embedding model per worker process (loading it takes seconds)."""
-    from workers.dpkps.embeddings import SentenceEmbedder
+    from workers.text.embeddings import SentenceEmbedder
 
     return SentenceEmbedder(model, device=device)
 
 
 @functools.cache
 def _builtin_vocabulary(name: str) -> Vocabulary:
-    from workers.dpkps.vocabulary import load_vocabulary
+    from workers.text.vocabulary import load_vocabulary
 
     return load_vocabulary(name)
 
@@ -212,19 +238,66 @@ def _vocabulary(ctx: WorkerContext, spec: Mapping[str, Any]) -> Vocabulary:
     return vocabulary
 
 
-def job_spec(stored: Mapping[str, Any]) -> JobSpec:
+def job_spec(stored: Mapping[str, Any]) -> JobSpec | AugPEJobSpec:
     """The spec as submitted (the stored copy also records the vocabulary it resolved)."""
-    return JobSpec.model_validate({k: v for k, v in stored.items() if k != "vocabulary_ref"})
+    return JOB_SPEC.validate_python({k: v for k, v in stored.items() if k != "vocabulary_ref"})
+
+
+class JobCheckpoints:
+    """A method's checkpoints (:mod:`workers.methods.checkpoints`) in ``job_checkpoints``,
+    one short transaction per load or save; a save by a process that lost the job raises
+    :class:`LeaseLost` and writes nothing."""
+
+    def __init__(self, database: Database, job_id: uuid.UUID) -> None:
+        self.database = database
+        self.job_id = job_id
+
+    def load(self, key: str) -> bytes | None:
+        with self.database.session() as session:
+            return runner.load_checkpoint(session, self.job_id, check_key(key))
+
+    def save(self, key: str, data: bytes) -> None:
+        with self.database.transaction() as session:
+            runner.save_checkpoint(session, self.job_id, check_key(key), bytes(data))
+
+
+@dataclass
+class PrivateCorpus:
+    """A job's documents in the worker's memory, in row order. ``units`` names each
+    document's privacy unit when the upload named a unit column (else None: each row is
+    its own unit); the engine does not pool by unit yet."""
+
+    texts: list[str]
+    labels: list[str]
+    units: list[str] | None
+
+
+def load_corpus(ctx: WorkerContext, job_id: uuid.UUID) -> PrivateCorpus:
+    """Decrypt the job's documents (its spend must be committed: see ``runner``)."""
+    texts: list[str] = []
+    labels: list[str] = []
+    units: list[str | None] = []
+    with ctx.database.session() as session:
+        for text, label, unit in runner.private_documents(session, ctx.cipher, job_id):
+            texts.append(text)
+            labels.append(label)
+            units.append(unit)
+    named = [unit for unit in units if unit is not None]  # all or none: a dataset's rule
+    return PrivateCorpus(texts, labels, named if named and len(named) == len(units) else None)
 
 
 def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     """Stages 1-6 of a job; returns what became of it (for logs and tests)."""
     try:
         with ctx.database.transaction() as session:
-            started = runner.start_sequences(session, job_id)
+            started = runner.start_sequences(
+                session, job_id, lease_seconds=ctx.settings.job_lease_seconds
+            )
     except NotFound:
         log.warning("job.sequences.no_such_job", job_id=str(job_id))
         return "missing"
+    except LeaseLost:
+        return _held(job_id, "sequences")
     if started is None:
         log.info("job.sequences.skipped", job_id=str(job_id))
         return "skipped"
@@ -243,6 +316,8 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except JobCancelled:
         log.info("job.cancelled", job_id=str(job_id), stage=tracker.stage)
         return _end("cancelled")
+    except LeaseLost:
+        return _lost(job_id, "sequences")
     except SoftTimeLimitExceeded:
         return _fail(
             ctx,
@@ -264,36 +339,44 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         return _fail(ctx, job_id, _error_code(exc), exc.message)
     except Exception as exc:
         return _crashed(ctx, job_id, "sequences", exc)
-    finally:
-        tracker.close()
 
 
 def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTracker) -> str:
-    from workers.dpkps.embeddings import EmbeddingCache
-    from workers.dpkps.pipeline import generate_sequences, shuffled
+    """The job's private stages, by its method."""
+    spec = job_spec(started.spec)
+    if isinstance(spec, AugPEJobSpec):
+        return _aug_pe(ctx, started, spec, tracker)
+    return _dpkps(ctx, started, spec, tracker)
+
+
+def _dpkps(
+    ctx: WorkerContext, started: runner.StartedJob, spec: JobSpec, tracker: StageTracker
+) -> str:
+    from workers.methods.dpkps.pipeline import generate_sequences, shuffled
+    from workers.text.embeddings import EmbeddingCache
 
     settings, job_id = ctx.settings, started.job_id
-    spec = job_spec(started.spec)
     config = GenerationConfig(**spec.engine_parameters(), device=settings.device).validate()
     vocabulary = _vocabulary(ctx, started.spec)
     embedder = _embedder(settings.embedding_model, settings.device)
     tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
-    with ctx.database.session() as session:
-        documents = list(runner.private_documents(session, ctx.cipher, job_id))
-    texts = [text for text, _ in documents]
-    labels = [label for _, label in documents]
-    del documents
+    corpus = load_corpus(ctx, job_id)
+    unit_name = _unit_column(ctx, started)
     result = generate_sequences(
-        texts,
-        labels,
+        corpus.texts,
+        corpus.labels,
         label_set=started.labels,
         vocabulary=vocabulary,
         config=config,
         embedder=embedder,
         cache=EmbeddingCache(settings.embedding_cache_dir),
         progress=tracker,
+        units=corpus.units,
+        unit_name=unit_name,
     )
-    del texts, labels
+    del corpus
+    if not result.report.as_planned:
+        raise AccountingMismatch("the run's releases are not the ones its reservation holds")
     check_accounting(result.report.by_mechanism(), started.epsilon_by_mechanism)
     sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
     without_llm = spec.llm == "none"
@@ -322,10 +405,89 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
         "job.sequences.saved",
         job_id=str(job_id),
         sequences=len(sequences),
-        epsilon=result.report.total,
+        epsilon=float(result.report.epsilon),
         next="done" if without_llm else "prompts",
     )
     return _end("succeeded") if without_llm else "prompting"
+
+
+def _aug_pe(
+    ctx: WorkerContext, started: runner.StartedJob, spec: AugPEJobSpec, tracker: StageTracker
+) -> str:
+    """An Aug-PE run from its checkpoints (a redelivered or recovered task draws no noise
+    that was drawn and saved already), its released texts saved as the job's outputs.
+
+    The run's LLM calls carry public prompts and synthetic texts only; its progress
+    reports are stage boundaries and iteration numbers (public parameters)."""
+    from workers.methods.aug_pe import plan_aug_pe, run_aug_pe
+
+    settings, job_id = ctx.settings, started.job_id
+    params = spec.params()
+    params = params.model_copy(
+        update={"concurrency": min(params.concurrency, llm.concurrency(settings, spec.llm))}
+    )
+    embedder = _embedder(settings.embedding_model, settings.device)
+    checkpoints = JobCheckpoints(ctx.database, job_id)
+    unit_name = _unit_column(ctx, started)
+    with llm.endpoint(settings, spec.llm) as endpoint:
+        tracker("class_counts", 0.0)  # a cancel that came while the models loaded stops us
+        corpus = load_corpus(ctx, job_id)
+        result = run_aug_pe(
+            corpus.texts,
+            corpus.labels,
+            label_set=started.labels,
+            units=corpus.units,
+            params=params,
+            llm=endpoint,
+            embedder=embedder,
+            checkpoints=checkpoints,
+            progress=tracker,
+        )
+        del corpus
+    if list(result.events) != plan_aug_pe(params, started.labels):
+        raise AccountingMismatch("the run's releases are not the ones its reservation holds")
+    check_accounting(epsilon_by_mechanism(result.events, spec.delta), started.epsilon_by_mechanism)
+    manifest = dict(result.manifest)
+    manifest["privacy"] = {
+        **manifest["privacy"],
+        "unit": unit_name or "row",
+        "planned": {"events": [e.to_dict() for e in result.events]},
+    }
+    try:
+        with ctx.database.transaction() as session:
+            if runner.cancel_requested(session, job_id):
+                cancelled = True
+            else:
+                cancelled = False
+                runner.save_sequences(
+                    session,
+                    job_id,
+                    [(label, ()) for label, _ in result.records],
+                    private_vocabulary=None,
+                    manifest=manifest,
+                    texts=[text for _, text in result.records],
+                )
+                runner.set_llm_costs(session, job_id, result.llm_costs)
+                runner.finish(session, job_id)
+    except Conflict:  # another delivery of the task saved them first
+        log.warning("job.sequences.saved_already", job_id=str(job_id))
+        return "duplicate"
+    if cancelled:
+        raise JobCancelled
+    log.info(
+        "job.aug_pe.saved",
+        job_id=str(job_id),
+        documents=len(result.records),
+        llm_calls=result.llm_costs.calls,
+    )
+    return _end("succeeded")
+
+
+def _unit_column(ctx: WorkerContext, started: runner.StartedJob) -> str | None:
+    """The name of the dataset's unit column (public schema), if it has one."""
+    with ctx.database.session() as session:
+        dataset = session.get(Dataset, started.dataset_id)
+        return dataset.unit_column if dataset is not None else None
 
 
 # ------------------------------------------------------------------ step 7
@@ -364,6 +526,10 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         if job.state != "running" or job.sequences_total == 0:
             log.info("job.prompts.skipped", job_id=str(job_id), state=job.state)
             return "skipped"
+        try:
+            runner.claim(session, job_id, ctx.settings.job_lease_seconds)
+        except LeaseLost:
+            return _held(job_id, "prompts")
         cancelled = runner.cancel_requested(session, job_id)
         spec, total = dict(job.spec), job.sequences_total
     if cancelled:
@@ -374,6 +540,8 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except JobCancelled:
         log.info("job.cancelled", job_id=str(job_id), stage="prompts")
         return _end("cancelled")
+    except LeaseLost:
+        return _lost(job_id, "prompts")
     except SoftTimeLimitExceeded:
         return _fail(
             ctx,
@@ -395,8 +563,11 @@ def run_prompts(ctx: WorkerContext, job_id: uuid.UUID) -> str:
     except Exception as exc:
         return _crashed(ctx, job_id, "prompts", exc)
     finally:
-        STAGE_DURATION.labels("prompts").observe(time.monotonic() - started)
-    return _conclude(ctx, job_id, total, calls)
+        observe_stage("prompts", time.monotonic() - started)
+    try:
+        return _conclude(ctx, job_id, total, calls)
+    except LeaseLost:
+        return _lost(job_id, "prompts")
 
 
 def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, Any]) -> int:
@@ -426,17 +597,23 @@ def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, An
                 if await asyncio.to_thread(_save_outcome, ctx, job_id, position, outcome):
                     raise JobCancelled
 
-            prompting.run_prompts(
-                [keyphrases for _, keyphrases in batch],
-                endpoint=endpoint,
-                spec=prompt,
-                concurrency=llm.concurrency(settings, name),
-                max_calls=max_calls - used,
-                max_retries=settings.llm_max_retries,
-                backoff_base=settings.llm_backoff_base,
-                backoff_max=max(settings.llm_backoff_max, settings.llm_backoff_base),
-                on_result=on_result,
-            )
+            costs = LLMCosts()
+            try:
+                prompting.run_prompts(
+                    [keyphrases for _, keyphrases in batch],
+                    endpoint=endpoint,
+                    spec=prompt,
+                    concurrency=llm.concurrency(settings, name),
+                    max_calls=max_calls - used,
+                    max_retries=settings.llm_max_retries,
+                    backoff_base=settings.llm_backoff_base,
+                    backoff_max=max(settings.llm_backoff_max, settings.llm_backoff_base),
+                    on_result=on_result,
+                    costs=costs,
+                )
+            finally:  # what was spent on the LLM is recorded, whatever stopped the batch
+                with ctx.database.transaction() as session:
+                    runner.add_llm_costs(session, job_id, costs)
             with ctx.database.session() as session:
                 batch = runner.pending_prompts(
                     session, job_id, after=positions[-1], limit=PROMPT_BATCH

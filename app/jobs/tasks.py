@@ -11,7 +11,10 @@ makes a task mark its job failed; the stages catch it.
 
 A worker process builds its :class:`~app.jobs.stages.WorkerContext` (settings, database
 with this Celery app, so that saving the sequences queues the prompting stage after the
-commit, and the document key) on its first task.
+commit, and the document key) on its first task, and from then on says that it is alive
+(:class:`~app.jobs.recovery.Heartbeat`), so that the jobs it holds are not taken for
+orphans. A worker's main process, before it takes a task, sends again the jobs whose
+worker died, then looks for such jobs every half lease (:class:`~app.jobs.recovery.Sweeper`).
 """
 
 from __future__ import annotations
@@ -23,18 +26,22 @@ import structlog
 from celery import signals
 
 from app.config import get_settings
-from app.jobs import stages
-from app.worker import RUN_PROMPTS, RUN_SEQUENCES, celery_app
+from app.db import Database
+from app.jobs import recovery, stages
+from app.worker import RUN_PROMPTS, RUN_SEQUENCES, celery_app, redelivers, waiting_task_ids
 
 log = structlog.get_logger("keyseed.jobs")
 _context: stages.WorkerContext | None = None
+_sweeper: recovery.Sweeper | None = None
 
 
 def worker_context() -> stages.WorkerContext:
-    """This process's context, made on first use (after the pool has forked)."""
+    """This process's context, made on first use (after the pool has forked), and its
+    heartbeat started."""
     global _context
     if _context is None:
         _context = stages.WorkerContext.from_settings(get_settings(), celery=celery_app)
+        recovery.Heartbeat(_context.database, _context.settings.job_lease_seconds).start()
     return _context
 
 
@@ -43,7 +50,36 @@ def _forget_context(**_: Any) -> None:
     _context = None  # a forked child must not share its parent's connections
 
 
+def _recover_at_start(**_: Any) -> None:
+    """Before the worker takes a task: send again the jobs whose worker died, and on a
+    broker that forgets taken messages those nobody holds that have no task waiting."""
+    global _sweeper
+    settings = get_settings()
+    database = Database.from_settings(settings, celery=celery_app)
+    _sweeper = recovery.Sweeper(
+        database,
+        settings.job_lease_seconds,
+        unheld=not redelivers(settings),
+        waiting=lambda: waiting_task_ids(celery_app),
+    )
+    _sweeper.sweep()
+    database.engine.dispose()  # no connection of it crosses the fork of the pool
+
+
+def _recover_periodically(**_: Any) -> None:
+    if _sweeper is not None:
+        _sweeper.start()
+
+
+def _stop_recovery(**_: Any) -> None:
+    if _sweeper is not None:
+        _sweeper.stop()
+
+
 signals.worker_process_init.connect(_forget_context, weak=False)
+signals.celeryd_after_setup.connect(_recover_at_start, weak=False)
+signals.worker_ready.connect(_recover_periodically, weak=False)
+signals.worker_shutdown.connect(_stop_recovery, weak=False)
 
 
 def _job_id(value: object) -> uuid.UUID | None:

@@ -1,5 +1,5 @@
 """The audit trail: one event per upload, job, release, download, key event, cap change,
-and dashboard sign-in, failed sign-in and sign-out.
+organisation budget change, and dashboard sign-in, failed sign-in and sign-out.
 
 ``details`` holds ids, figures and names the caller chose (a dataset name, a reason),
 never a document or a label of a private row.
@@ -22,6 +22,7 @@ from app.models import AuditEvent
 
 EVENT_KINDS = (
     "organisation.created",
+    "organisation.budget_changed",
     "key.created",
     "key.revoked",
     "user.created",

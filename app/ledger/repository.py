@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.models import AuditEvent, LedgerEntry
+from app.models import AuditEvent, Dataset, LedgerEntry, LedgerReport, Organisation
 
 
 def add_entry(session: Session, entry: LedgerEntry) -> LedgerEntry:
@@ -28,7 +29,48 @@ def entries_of_job(session: Session, job_id: uuid.UUID) -> dict[str, LedgerEntry
     return {entry.kind: entry for entry in session.scalars(query)}
 
 
-def committed_epsilons(session: Session) -> Sequence[float]:
+def add_report(session: Session, report: LedgerReport) -> LedgerReport:
+    session.add(report)
+    session.flush()
+    return report
+
+
+def report_of_job(session: Session, job_id: uuid.UUID) -> LedgerReport | None:
+    return session.scalar(select(LedgerReport).where(LedgerReport.job_id == job_id))
+
+
+def reports_of_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[LedgerReport]:
+    query = select(LedgerReport).where(LedgerReport.dataset_id == dataset_id)
+    return session.scalars(query.order_by(LedgerReport.id)).all()
+
+
+def organisation(
+    session: Session, organisation_id: uuid.UUID, *, for_update: bool = False
+) -> Organisation | None:
+    """The organisation; with ``for_update`` its row is locked (every change to what its
+    datasets carve out of its budget takes this lock first)."""
+    query = select(Organisation).where(Organisation.id == organisation_id)
+    if for_update:
+        query = query.with_for_update().execution_options(populate_existing=True)
+    return session.scalar(query)
+
+
+def datasets_of_organisation(session: Session, organisation_id: uuid.UUID) -> Sequence[Dataset]:
+    query = select(Dataset).where(Dataset.organisation_id == organisation_id)
+    return session.scalars(query.order_by(Dataset.created_at, Dataset.id)).all()
+
+
+def entries_of_organisation(session: Session, organisation_id: uuid.UUID) -> Sequence[LedgerEntry]:
+    query = (
+        select(LedgerEntry)
+        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+        .where(Dataset.organisation_id == organisation_id)
+        .order_by(LedgerEntry.id)
+    )
+    return session.scalars(query).all()
+
+
+def committed_epsilons(session: Session) -> Sequence[Decimal]:
     query = select(LedgerEntry.epsilon).where(LedgerEntry.kind == "commit")
     return session.scalars(query).all()
 

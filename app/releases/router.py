@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, status
 from fastapi.responses import StreamingResponse
 
-from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed
+from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed, writing
 from app.errors import problems
 from app.identity.policy import Action, Principal
 from app.releases import export, service
@@ -65,6 +65,7 @@ def get_release(
         },
     },
 )
+@writing
 def download_release(
     release_id: uuid.UUID,
     session: SessionDep,
@@ -72,8 +73,10 @@ def download_release(
     principal: Annotated[Principal, allowed(Action.RELEASE_DOWNLOAD)],
     format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl",
 ) -> StreamingResponse:
-    """Every download is an audit event, recorded before the first byte is sent."""
-    release, _ = service.get_release(session, principal, release_id)
+    """Only the owner organisation and the grantees download; every download is an audit
+    event, recorded before the first byte is sent."""
+    release, grantees = service.get_release(session, principal, release_id)
+    service.ensure_downloadable(principal, release, grantees)
     job_id, texts_only = service.record_download(session, principal, release, format)
     chunks = export.csv_chunks if format == "csv" else export.jsonl_chunks
     return StreamingResponse(

@@ -1,8 +1,10 @@
 """Releasing a finished job's corpus to client organisations, and downloading it.
 
-A release carries its manifest: the method, every parameter, the vocabulary, the
-models, the ε charged by mechanism (and the engine's exact per-mechanism report when
-the worker recorded one), and the time. All of it is public: DP outputs and settings.
+A release carries its manifest: the method and the density estimate that ran (derived
+from the job's configuration), every parameter, the vocabulary (built in or uploaded,
+with its fingerprint), the models, the ε charged by mechanism (and the engine's exact
+per-mechanism report when the worker recorded one), and the time. All of it is public:
+DP outputs and settings.
 """
 
 from __future__ import annotations
@@ -14,38 +16,99 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, Forbidden, NotFound, Unprocessable
 from app.identity import policy
 from app.identity import repository as identity_repo
 from app.identity.policy import Principal
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs
-from app.jobs.schemas import ENGINE_FIELDS
+from app.jobs.schemas import AUG_PE, DPKPS, ENGINE_FIELDS, JobLLMCosts
 from app.ledger import audit
 from app.models import Download, Job, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
-from workers.dpkps.accounting import ACCOUNTANT
+from workers.methods.aug_pe.runner import DESCRIPTION as AUG_PE_DESCRIPTION
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 
-METHOD = "DP-KPS (Nagesh et al., 2024) with DP-KDE by random Fourier features"
+ADJACENCY = "one row of the uploaded file added or removed"
+VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
+FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
+
+
+def _config(spec: dict[str, Any]) -> GenerationConfig:
+    """The job's engine configuration, from its stored spec (validated at submission)."""
+    return GenerationConfig(**{name: spec[name] for name in ENGINE_FIELDS if name in spec})
+
+
+def density(config: GenerationConfig) -> dict[str, Any]:
+    """How the class densities were estimated and released."""
+    described: dict[str, Any] = {
+        "method": config.density_method,
+        "kernel": "gaussian",
+        "bandwidth": config.bandwidth,
+    }
+    if config.density_method == "random_features":
+        described["num_features"] = config.num_features
+        described["contribution_bound"] = config.contribution_bound
+    return described
+
+
+def privacy_of(job: Job, report: dict[str, Any]) -> dict[str, Any]:
+    """The privacy block: adjacency, (ε, δ) charged, the accountant, every event."""
+    unit = report.get("unit", "row")
+    adjacency = ADJACENCY if unit == "row" else f"one unit ({unit}) added or removed"
+    planned = report.get("planned") or {}
+    return {
+        "adjacency": adjacency,
+        "unit": unit,
+        "accountant": report.get("accountant", ACCOUNTANT),
+        "epsilon_charged": job.epsilon,
+        "delta": report.get("delta", 0.0),
+        "epsilon_by_mechanism": job.epsilon_by_mechanism,
+        "events_charged": planned.get("events", []),
+        "events_released": report.get("events", []),
+    }
+
+
+def vocabulary_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """The public vocabulary the job drew from: built in or uploaded, and its fingerprint."""
+    ref = spec["vocabulary_ref"]
+    return {
+        "source": VOCABULARY_SOURCES[ref["kind"]],
+        "id": ref["id"],
+        "name": ref["name"],
+        "size": ref["size"],
+        "fingerprint": ref["fingerprint"],
+        "fingerprint_algorithm": FINGERPRINT,
+    }
 
 
 def _texts_only(job: Job) -> bool:
     return job.spec.get("llm") != "none"
 
 
+def llm_costs_of(job: Job) -> dict[str, Any]:
+    """The job's LLM work (calls, tokens, wall time) and the method that did it."""
+    return {"method": jobs.method_of(job.spec), **JobLLMCosts(**(job.llm_costs or {})).model_dump()}
+
+
 def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
+    if jobs.method_of(job.spec) == AUG_PE:
+        return _aug_pe_manifest(job, settings, documents)
     spec = job.spec
     engine = job.manifest or {}
-    ran = engine.get("parameters") or {}
+    config = _config(spec)
+    resolved = config.to_dict()  # the defaults that depend on the mode, resolved
     llm = spec.get("llm", "none")
     endpoint = settings.llm_endpoints.get(llm)
     return {
-        "method": engine.get("method", METHOD),
+        "method": method_description(config),
+        "method_id": DPKPS,
         "job_id": str(job.id),
-        # What the engine ran with (defaults such as the temperature resolved), else the spec.
-        "parameters": {name: ran.get(name, spec.get(name)) for name in ENGINE_FIELDS},
-        "vocabulary": engine.get("vocabulary", spec.get("vocabulary_ref")),
+        "parameters": {name: resolved[name] for name in ENGINE_FIELDS},
+        "density": density(config),
+        "vocabulary": vocabulary_of(spec),
         "prompt": {
             "document_type": spec.get("document_type"),
             "few_shot_examples": len(spec.get("few_shot") or []),
@@ -55,13 +118,39 @@ def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
             "embedding": engine.get("embedding_model", settings.embedding_model),
             "llm": {"endpoint": llm, "model": endpoint.model if endpoint else None},
         },
-        "privacy": {
-            "accountant": ACCOUNTANT,
-            "epsilon_charged": job.epsilon,
-            "delta": 0.0,
-            "epsilon_by_mechanism": job.epsilon_by_mechanism,
-            "engine_report": engine.get("privacy"),
+        "privacy": privacy_of(job, engine.get("privacy") or {}),
+        "llm_costs": llm_costs_of(job),
+        "documents": documents,
+        "created_at": utcnow().isoformat(),
+    }
+
+
+def _aug_pe_manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
+    """An Aug-PE release: the run's own public manifest (parameters, models, noise,
+    released sizes) with the service's privacy block and LLM costs."""
+    spec = job.spec
+    engine = job.manifest or {}
+    llm = spec.get("llm", "local")
+    endpoint = settings.llm_endpoints.get(llm)
+    return {
+        "method": engine.get("description", AUG_PE_DESCRIPTION),
+        "method_id": AUG_PE,
+        "job_id": str(job.id),
+        "parameters": engine.get("parameters", {}),
+        "labels": engine.get("labels", []),
+        "noise": engine.get("noise", {}),
+        "released_per_class": engine.get("released_per_class", {}),
+        "prompt": {"document_type": spec.get("document_type")},
+        "models": {
+            "embedding": (engine.get("models") or {}).get("embedding", settings.embedding_model),
+            "llm": {
+                "endpoint": llm,
+                "model": (engine.get("models") or {}).get("llm")
+                or (endpoint.model if endpoint else None),
+            },
         },
+        "privacy": privacy_of(job, engine.get("privacy") or {}),
+        "llm_costs": llm_costs_of(job),
         "documents": documents,
         "created_at": utcnow().isoformat(),
     }
@@ -126,6 +215,18 @@ def list_releases(session: Session, principal: Principal) -> Sequence[Release]:
     if principal.role == "client":
         return repository.list_releases(session, grantee=principal.organisation_id)
     return repository.list_releases(session, owner=principal.organisation_id)
+
+
+def ensure_downloadable(
+    principal: Principal, release: Release, grantees: Sequence[uuid.UUID]
+) -> None:
+    """A released corpus is read by its owner organisation and its grantees only: never
+    with a platform key (admin, auditor), whatever reach those roles have elsewhere."""
+    if principal.platform or principal.organisation_id not in (
+        release.organisation_id,
+        *grantees,
+    ):
+        raise Forbidden("only the owner organisation and the grantees download a release")
 
 
 def record_download(

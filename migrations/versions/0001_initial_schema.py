@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.append_only import append_only
+
 revision: str = "0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
@@ -288,18 +290,8 @@ def _append_only() -> None:
             END $$
             """
         )
-        for table in APPEND_ONLY:
-            op.execute(
-                f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
-                "FOR EACH ROW EXECUTE FUNCTION keyseed_append_only()"
-            )
-    else:
-        for table in APPEND_ONLY:
-            for event in ("UPDATE", "DELETE"):
-                op.execute(
-                    f"CREATE TRIGGER {table}_no_{event.lower()} BEFORE {event} ON {table} "
-                    f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
-                )
+    for table in APPEND_ONLY:
+        append_only(table)
 
 
 def downgrade() -> None:

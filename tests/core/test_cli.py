@@ -68,6 +68,8 @@ def generate_args(small: dict[str, Path], *extra: str) -> list[str]:
         "body",
         "--label-column",
         "class",
+        "--labels",
+        ",".join(LABELS),
         "--vocabulary",
         str(small["vocab"]),
         "--epsilon-vocab",
@@ -108,7 +110,9 @@ def test_generate_writes_records_and_manifest(small: dict[str, Path]) -> None:
         {"vocabulary": 2.0, "kde": 4.0}
     )
     assert manifest["parameters"]["seed"] == 3
-    assert manifest["labels"]["source"] == "input"
+    assert manifest["labels"] == {"names": list(LABELS), "source": "declared"}
+    assert "seconds" not in manifest  # wall time is a timing side channel: stderr only
+    assert "exact Gaussian kernel" in manifest["method"]  # what ran, from the configuration
     assert manifest["prompting"] == {"llm": "none"}
     assert manifest["llm_costs"] == {
         "method": "dpkps",
@@ -140,6 +144,8 @@ def test_declared_labels_are_used_and_reported(small: dict[str, Path]) -> None:
         (["--epsilon-kde", "-1"], "--epsilon-kde"),
         (["--epsilon-vocab", "inf"], "--epsilon-vocab"),
         (["--epsilon-vocab", "nan"], "--epsilon-vocab"),
+        (["--epsilon-vocab", "1e-9"], "--epsilon-vocab"),
+        (["--epsilon-kde", "1000"], "--epsilon-kde"),
         (["--vocabulary-size", "500"], "--vocabulary-size"),
         (["--temperature", "0"], "--temperature"),
         (["--mode", "iterative", "--kde-method", "exact"], "--kde-method"),
@@ -188,13 +194,32 @@ def test_bad_input_files(
     assert outputs_absent(small["out"])
 
 
-def test_no_document_matches_the_vocabulary(
+def test_no_document_matching_the_vocabulary_is_not_an_error(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # Success or failure after the private read must not depend on the data: the run
+    # releases noise (DP on an all-zero histogram) and warns its owner on stderr only.
     small["vocab"].write_text("\n".join(f"zzz{i}" for i in range(20)))
-    assert main(generate_args(small)) != 0
-    assert "error: --vocabulary: no document contains a phrase" in capsys.readouterr().err
+    assert main(generate_args(small)) == 0
+    assert "48 of 48 documents contain no phrase" in capsys.readouterr().err
+    assert len(small["out"].read_text().splitlines()) == 5 * len(LABELS)
+
+
+def test_the_label_set_must_be_declared(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = generate_args(small)
+    at = args.index("--labels")
+    del args[at : at + 2]
+    assert main(args) != 0
+    assert capsys.readouterr().err.startswith("error: --labels: declare the label set")
     assert outputs_absent(small["out"])
+
+
+def test_random_features_are_named_in_the_manifest(small: dict[str, Path]) -> None:
+    assert main(generate_args(small, "--kde-method", "random_features")) == 0
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    assert "random Fourier features" in manifest["method"]
 
 
 def test_small_class_and_unmatched_documents_warn_the_owner(
@@ -202,7 +227,7 @@ def test_small_class_and_unmatched_documents_warn_the_owner(
 ) -> None:
     with open(small["input"], "a", encoding="utf-8") as handle:
         handle.write("nothing known,here either,World\nshares up,profit,Health\n")
-    assert main(generate_args(small)) == 0
+    assert main(generate_args(small, "--labels", ",".join([*LABELS, "Health"]))) == 0
     err = capsys.readouterr().err
     assert "1 of 50 documents contain no phrase" in err
     assert "label 'Health' has 1 document(s)" in err
@@ -254,6 +279,8 @@ def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) ->
         "description",
         "--label-column",
         "class",
+        "--labels",
+        ",".join(LABELS),
         "--vocabulary",
         "english",
         "--epsilon-vocab",
@@ -390,3 +417,66 @@ def test_evaluate_errors_name_the_option(
     )
     assert code != 0
     assert capsys.readouterr().err.startswith(message)
+
+
+def _without(args: list[str], *options: str) -> list[str]:
+    out = list(args)
+    for option in options:
+        at = out.index(option)
+        del out[at : at + 2]
+    return out
+
+
+def test_a_total_epsilon_delta_gives_gaussian_noise_and_a_full_privacy_block(
+    small: dict[str, Path],
+) -> None:
+    args = _without(generate_args(small), "--epsilon-vocab", "--epsilon-kde")
+    assert main([*args, "--epsilon", "1", "--delta", "1e-6"]) == 0
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    privacy = manifest["privacy"]
+    assert privacy["epsilon"] <= 1.0 and privacy["delta"] <= 1e-6
+    assert privacy["accountant"].startswith("pld(dp-accounting")
+    assert privacy["unit"] == "row"
+    assert {e["mechanism"] for e in privacy["events"]} == {"vocabulary", "kde"}
+    assert {e["noise"] for e in privacy["events"]} == {"discrete_gaussian", "gaussian"}
+    assert all(e["scale"] > 0 and e["sensitivity"] > 0 for e in privacy["events"])
+
+
+def test_dry_run_prints_the_plan_without_reading_the_input(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    small["input"].unlink()  # the dry run never opens it
+    args = _without(generate_args(small), "--epsilon-vocab", "--epsilon-kde")
+    assert main([*args, "--epsilon", "0.25", "--delta", "1e-6", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert float(plan["epsilon"]) <= 0.25 and plan["delta"] == 1e-6
+    assert plan["accountant"].startswith("pld(")
+    kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
+    assert {e["partition"] for e in kde} == set(LABELS)  # one per class, in parallel
+    assert outputs_absent(small["out"])
+
+
+def test_unit_column_pools_a_patients_rows(small: dict[str, Path]) -> None:
+    rows = list(csv.DictReader(small["input"].open(encoding="utf-8")))
+    for i, row in enumerate(rows):
+        row["patient"] = f"p{i // 3}"
+    write_csv(small["input"], rows, ["title", "body", "class", "patient"])
+    assert main(generate_args(small, "--unit-column", "patient")) == 0
+    manifest = json.loads(small["out"].with_name("out.manifest.json").read_text())
+    assert manifest["privacy"]["unit"] == "unit column 'patient'"
+    assert manifest["input"]["unit_column"] == "patient"
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        (["--epsilon", "1"], "--epsilon-vocab"),  # a total and per-mechanism ε together
+        (["--delta", "1e-6"], "--noise"),  # per-mechanism ε is pure
+        (["--noise", "gaussian"], "--noise"),
+    ],
+)
+def test_budget_options_that_do_not_fit_together(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], extra: list[str], option: str
+) -> None:
+    assert main(generate_args(small, *extra)) != 0
+    assert capsys.readouterr().err.startswith(f"error: {option}:")

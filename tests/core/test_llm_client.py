@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fake_llm import Behaviour, FakeLLM
-from workers.dpkps.prompting import PromptSpec, build_messages, run_prompts
 from workers.llm.client import LLMCosts, complete, run_sync
+from workers.methods.dpkps.prompting import PromptSpec, build_messages, run_prompts
 
 SPEC = PromptSpec(document_type="news article")
 FAST = {"backoff_base": 0.01, "backoff_max": 0.05}

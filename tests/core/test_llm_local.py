@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workers.dpkps.prompting import PromptSpec, run_prompts
 from workers.llm.client import LLMCosts
 from workers.llm.engine import (
     BatchEngine,
@@ -28,6 +27,7 @@ from workers.llm.engine import (
     convert_weights,
 )
 from workers.llm.local import LocalLLMServer, packaged_gguf_path
+from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow, pytest.mark.timeout(600)]
 

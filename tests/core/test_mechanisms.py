@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import (
+from tests.privacy_audit import planned
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.features import RandomFourierFeatures
+from workers.methods.dpkps.kde import (
     ExactKernel,
     bag_sum,
     build_class_ensemble,
@@ -26,9 +28,9 @@ from workers.dpkps.kde import (
     phrase_weights,
     sequence_sum,
 )
-from workers.dpkps.noise import discrete_laplace_counts, laplace_vector
-from workers.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
-from workers.dpkps.proportions import noisy_class_counts
+from workers.methods.dpkps.noise import release_counts, release_vector
+from workers.methods.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
+from workers.methods.dpkps.proportions import noisy_class_counts
 
 
 def discrete_laplace_std(scale: float) -> float:
@@ -47,30 +49,30 @@ def unit_rows(n: int, d: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
 def test_discrete_laplace_has_scale_sensitivity_over_epsilon(epsilon: float) -> None:
-    noisy, spend = discrete_laplace_counts(
-        np.zeros(40_000, dtype=np.int64), sensitivity=5, epsilon=epsilon, mechanism="t", name="t"
-    )
+    plan = planned("discrete_laplace", 1.0, epsilon=epsilon, dimension=40_000)
+    noisy, spend = release_counts(np.zeros(40_000, dtype=np.int64), plan, sensitivity=5, name="t")
     assert spend.scale == pytest.approx(5 / epsilon, rel=1e-9)
-    assert spend.epsilon <= epsilon
-    assert spend.epsilon == pytest.approx(epsilon, rel=1e-9)
+    assert float(spend.epsilon) == pytest.approx(epsilon, rel=1e-9)
     assert noisy.std() == pytest.approx(discrete_laplace_std(5 / epsilon), rel=0.04)
     assert abs(noisy.mean()) < 0.1 * noisy.std()
 
 
 def test_float_laplace_has_scale_sensitivity_over_epsilon() -> None:
-    noisy, spend = laplace_vector(
-        np.zeros(40_000), sensitivity=3.0, epsilon=1.5, mechanism="t", name="t"
-    )
-    assert spend.scale == pytest.approx(2.0, rel=1e-6)
-    assert spend.epsilon <= 1.5
+    plan = planned("laplace", 1.0, epsilon=1.5, dimension=40_000)
+    noisy, spend = release_vector(np.zeros(40_000), plan, sensitivity=3.0, name="t")
+    assert spend.scale == pytest.approx(2.0, rel=1e-5)
+    assert float(spend.epsilon) == pytest.approx(1.5, rel=1e-9)
     # mean absolute deviation of Laplace(b) is b
     assert np.abs(noisy).mean() == pytest.approx(2.0, rel=0.03)
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
-def test_epsilon_must_be_finite_and_positive(bad: float) -> None:
-    with pytest.raises(ConfigError, match="finite and > 0") as err:
-        laplace_vector(np.zeros(3), sensitivity=1.0, epsilon=bad, mechanism="t", name="t")
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan, 2e-9, 9.9e-4, 100.5])
+def test_epsilon_must_lie_between_the_floor_and_the_ceiling(bad: float) -> None:
+    with pytest.raises(ConfigError, match=r"between 0\.001 and 100") as err:
+        GenerationConfig(epsilon_vocab=1.0, epsilon_kde=bad).validate()
+    assert err.value.field == "epsilon_kde"
+    with pytest.raises(ConfigError, match=r"between 0\.001 and 100") as err:
+        GenerationConfig(epsilon=bad, delta=1e-6, noise="gaussian").validate()
     assert err.value.field == "epsilon"
 
 
@@ -101,11 +103,15 @@ def test_private_vocabulary_noise_scale(s: int, epsilon: float) -> None:
     # Keep every entry, so the noisy counts of an empty corpus are the noise itself.
     size = 30_000
     chosen = select_private_vocabulary(
-        [[1]], vocabulary_size=size, size=size, epsilon=epsilon, max_per_document=s
+        [[1]],
+        vocabulary_size=size,
+        size=size,
+        planned=planned("discrete_laplace", s, epsilon=epsilon, dimension=size),
+        max_per_document=s,
     )
-    assert chosen.spend.sensitivity == s
-    assert chosen.spend.scale == pytest.approx(s / epsilon, rel=1e-9)
-    assert chosen.spend.dimension == size  # every public phrase is noised, zeros included
+    assert chosen.event.sensitivity == s
+    assert chosen.event.scale == pytest.approx(s / epsilon, rel=1e-9)
+    assert chosen.event.dimension == size  # every public phrase is noised, zeros included
     noise = chosen.noisy_counts.astype(float)
     noise[chosen.indices == 1] -= 1
     assert noise.std() == pytest.approx(discrete_laplace_std(s / epsilon), rel=0.05)
@@ -114,7 +120,11 @@ def test_private_vocabulary_noise_scale(s: int, epsilon: float) -> None:
 def test_private_vocabulary_keeps_largest_noisy_counts() -> None:
     docs = [[0] * 10 for _ in range(500)] + [[1] * 10 for _ in range(300)]
     chosen = select_private_vocabulary(
-        docs, vocabulary_size=1000, size=2, epsilon=5.0, max_per_document=10
+        docs,
+        vocabulary_size=1000,
+        size=2,
+        planned=planned("discrete_laplace", 10, epsilon=5.0, dimension=1000),
+        max_per_document=10,
     )
     assert chosen.indices.tolist() == [0, 1]
     assert list(chosen.noisy_counts) == sorted(chosen.noisy_counts, reverse=True)
@@ -122,7 +132,13 @@ def test_private_vocabulary_keeps_largest_noisy_counts() -> None:
 
 def test_private_vocabulary_larger_than_public_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
-        select_private_vocabulary([[0]], vocabulary_size=10, size=11, epsilon=1, max_per_document=1)
+        select_private_vocabulary(
+            [[0]],
+            vocabulary_size=10,
+            size=11,
+            planned=planned("discrete_laplace", 1, epsilon=1.0, dimension=10),
+            max_per_document=1,
+        )
     assert err.value.field == "vocabulary_size"
 
 
@@ -181,27 +197,34 @@ def test_kde_noise_scale_and_ensemble_split(
         mode=mode,
         ensemble=ensemble,
         length=length,
-        epsilon=3.0,
+        planned=planned(
+            "laplace", 1.0, epsilon=3.0 / n_structures, dimension=features, count=n_structures
+        ),
         num_features=features,
     )
     assert len(structures) == n_structures
     share = 3.0 / n_structures
     for kde in structures:
         b = math.sqrt(2) * features / share
-        assert kde.spend.sensitivity == pytest.approx(math.sqrt(2) * features)
-        assert kde.spend.scale == pytest.approx(b, rel=1e-6)
-        assert kde.spend.partition == "a"
+        assert kde.event.sensitivity == pytest.approx(math.sqrt(2) * features)
+        assert kde.event.scale == pytest.approx(b, rel=1e-5)
+        assert kde.event.partition == "a"
         # an empty class: the release is the noise; mean |Laplace(b)| = b
         assert np.abs(kde.noisy_sum).mean() == pytest.approx(b, rel=0.06)
-    assert sum(k.spend.epsilon for k in structures) == pytest.approx(3.0, rel=1e-9)
-    assert sum(k.spend.epsilon for k in structures) <= 3.0 + 1e-12
+    assert sum(float(k.event.epsilon) for k in structures) == pytest.approx(3.0, rel=1e-9)
 
 
 def test_structure_refuses_more_features_than_drawn() -> None:
     rff = RandomFourierFeatures(dim=4, num_features=8, max_blocks=1)
     with pytest.raises(ConfigError) as err:
         build_structure(
-            [], unit_rows(3, 4, 0).float(), rff, label="a", blocks=1, num_features=9, epsilon=1.0
+            [],
+            unit_rows(3, 4, 0).float(),
+            rff,
+            label="a",
+            blocks=1,
+            num_features=9,
+            planned=planned("laplace", 1.0, epsilon=1.0, dimension=9),
         )
     assert err.value.field == "num_features"
 
@@ -211,13 +234,14 @@ def test_structure_refuses_more_features_than_drawn() -> None:
 
 def test_class_counts_sensitivity_one_and_scale() -> None:
     labels = ["a"] * 30 + ["b"] * 10
+    plan = planned("discrete_laplace", 1.0, epsilon=0.5, dimension=3)
     draws = np.array(
         [
-            list(noisy_class_counts(labels, label_set=["a", "b", "c"], epsilon=0.5)[0].values())
+            list(noisy_class_counts(labels, label_set=["a", "b", "c"], planned=plan)[0].values())
             for _ in range(3000)
         ]
     )
-    _, spend = noisy_class_counts(labels, label_set=["a", "b", "c"], epsilon=0.5)
+    _, spend = noisy_class_counts(labels, label_set=["a", "b", "c"], planned=plan)
     assert spend.sensitivity == 1
     assert spend.scale == pytest.approx(2.0)
     assert spend.dimension == 3  # declared labels, including one with no document
@@ -265,10 +289,17 @@ def test_clipped_structure_noise_scale() -> None:
     emb = unit_rows(20, 8, 16)
     rff = RandomFourierFeatures(dim=8, num_features=4096, max_blocks=1, seed=17)
     kde = build_structure(
-        [], emb.float(), rff, label="a", blocks=0, num_features=4096, epsilon=2.0, bound=0.5
+        [],
+        emb.float(),
+        rff,
+        label="a",
+        blocks=0,
+        num_features=4096,
+        planned=planned("laplace", 1.0, epsilon=2.0, dimension=4096),
+        bound=0.5,
     )
-    assert kde.spend.sensitivity == pytest.approx(0.5 * 4096)
-    assert kde.spend.scale == pytest.approx(0.5 * 4096 / 2.0, rel=1e-6)
+    assert kde.event.sensitivity == pytest.approx(0.5 * 4096)
+    assert kde.event.scale == pytest.approx(0.5 * 4096 / 2.0, rel=1e-5)
     assert np.abs(kde.noisy_sum).mean() == pytest.approx(0.5 * 4096 / 2.0, rel=0.06)
 
 
@@ -327,13 +358,14 @@ def test_exact_kde_noise_scale() -> None:
     kernel = ExactKernel(emb, 0.3)
     delta = kernel.sensitivity
     assert 1.0 <= delta == pytest.approx(float(gaussian_kernel(emb, 0.3).sum(dim=0).max()))
-    kde = build_exact_structure([], kernel, label="a", epsilon=2.0, max_phrases=8)
-    assert kde.spend.sensitivity == pytest.approx(delta)
-    assert kde.spend.scale == pytest.approx(delta / 2.0, rel=1e-6)
-    assert kde.spend.partition == "a" and kde.spend.dimension == 4000
+    plan = planned("laplace", 1.0, epsilon=2.0, dimension=4000)
+    kde = build_exact_structure([], kernel, label="a", planned=plan, max_phrases=8)
+    assert kde.event.sensitivity == pytest.approx(delta, rel=1e-5)
+    assert kde.event.scale == pytest.approx(delta / 2.0, rel=1e-5)
+    assert kde.event.partition == "a" and kde.event.dimension == 4000
     # an empty class: the release is the noise; mean |Laplace(b)| = b
     assert np.abs(kde.noisy_density).mean() == pytest.approx(delta / 2.0, rel=0.06)
-    assert kde.noise_std == pytest.approx(math.sqrt(2) * delta / 2.0, rel=1e-6)
+    assert kde.noise_std == pytest.approx(math.sqrt(2) * delta / 2.0, rel=1e-5)
 
 
 def test_exact_kde_refuses_bad_parameters() -> None:
@@ -341,7 +373,5 @@ def test_exact_kde_refuses_bad_parameters() -> None:
         ExactKernel(unit_rows(3, 4, 1), 0.0)
     assert err.value.field == "bandwidth"
     with pytest.raises(ConfigError) as err:
-        build_exact_structure(
-            [[0]], ExactKernel(unit_rows(3, 4, 1), 0.3), label="a", epsilon=math.inf, max_phrases=8
-        )
+        GenerationConfig(epsilon_vocab=1.0, epsilon_kde=math.inf).validate()
     assert err.value.field == "epsilon_kde"

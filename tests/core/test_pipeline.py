@@ -9,6 +9,7 @@ the per-class structures.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from typing import Any
@@ -17,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from workers.dpkps import noise
-from workers.dpkps.config import DEFAULT_TEMPERATURE, GenerationConfig
-from workers.dpkps.embeddings import SentenceEmbedder
-from workers.dpkps.errors import ConfigError, InputDataError
-from workers.dpkps.pipeline import generate_sequences
-from workers.dpkps.vocabulary import Vocabulary
+from workers.errors import ConfigError, InputDataError
+from workers.methods.dpkps.config import DEFAULT_TEMPERATURE, GenerationConfig
+from workers.methods.dpkps.pipeline import generate_sequences
+from workers.privacy import noise as samplers
+from workers.text.embeddings import SentenceEmbedder
+from workers.text.vocabulary import Vocabulary
 
 TOPICS = {
     "cardiology": ["heart failure", "chest pain", "arrhythmia", "blood pressure", "stent"],
@@ -72,24 +73,22 @@ def config(**overrides: Any) -> GenerationConfig:
     return GenerationConfig(**base)
 
 
-class MeasurementSpy:
-    """Records each OpenDP Laplace measurement built, and its map at the declared d_in."""
+class NoiseSpy:
+    """Records every noise draw of the shared OpenDP samplers: the noise, scale and size."""
 
     def __init__(self) -> None:
-        self.built: list[dict[str, float]] = []
+        self.built: list[dict[str, Any]] = []
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        real_calibrated = noise._calibrated
-        spy = self
+        for noise_name in ("laplace", "gaussian", "discrete_laplace", "discrete_gaussian"):
+            attribute = f"{noise_name}_noise"
+            real = getattr(samplers, attribute)
 
-        def calibrated(make: Any, d_in: float, epsilon: float) -> tuple[Any, float]:
-            meas, scale = real_calibrated(make, d_in, epsilon)
-            spy.built.append(
-                {"scale": scale, "d_in": float(d_in), "epsilon": float(meas.map(d_in))}
-            )
-            return meas, scale
+            def spied(values: Any, *, scale: float, _real: Any = real, _n: str = noise_name) -> Any:
+                self.built.append({"noise": _n, "scale": scale, "size": int(np.size(values))})
+                return _real(values, scale=scale)
 
-        monkeypatch.setattr(noise, "_calibrated", calibrated)
+            monkeypatch.setattr(samplers, attribute, spied)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +109,7 @@ def test_reported_spend_equals_the_mechanisms_built(
     kde_method: str | None,
     structures_per_class: int,
 ) -> None:
-    spy = MeasurementSpy()
+    spy = NoiseSpy()
     spy.install(monkeypatch)
     texts, labels = corpus()
     cfg = config(mode=mode, ensemble=ensemble, kde_method=kde_method, contribution_bound=0.7)
@@ -121,7 +120,7 @@ def test_reported_spend_equals_the_mechanisms_built(
     assert len(spy.built) == 1 + classes * structures_per_class
     vocab_built, kde_built = spy.built[0], spy.built[1:]
     # the vocabulary histogram: sensitivity S, noised on every public phrase
-    assert vocab_built["d_in"] == cfg.max_matches_per_document
+    assert vocab_built["noise"] == "discrete_laplace" and vocab_built["size"] == len(vocabulary)
     assert vocab_built["scale"] == pytest.approx(cfg.max_matches_per_document / cfg.epsilon_vocab)
     # each KDE: sensitivity c·I for random features, the largest column sum of the
     # kernel over Ṽ for the exact kernel (plus the float margin); scale that over ε_share
@@ -134,20 +133,21 @@ def test_reported_spend_equals_the_mechanisms_built(
     else:
         sensitivity = 0.7 * cfg.num_features
     for built in kde_built:
-        assert built["d_in"] == pytest.approx(sensitivity, rel=1e-6)
-        assert built["scale"] == pytest.approx(sensitivity / share, rel=1e-6)
-    per_class = [sum(b["epsilon"] for b in kde_built[i::classes]) for i in range(classes)]
-    recomputed = vocab_built["epsilon"] + max(per_class)
+        assert built["noise"] == "laplace"
+        assert built["scale"] == pytest.approx(sensitivity / share, rel=1e-5)
     report = result.report
-    assert report.total == pytest.approx(recomputed, rel=1e-12)
-    assert report.total <= cfg.epsilon_total + 1e-9
-    assert report.total == pytest.approx(cfg.epsilon_total, rel=1e-9)
-    assert report.by_mechanism() == pytest.approx(
-        {"vocabulary": cfg.epsilon_vocab, "kde": cfg.epsilon_kde}, rel=1e-9
-    )
+    assert report.as_planned
+    events = [e for e in report.events if e.mechanism == "kde"]
+    assert len(events) == len(kde_built)
+    for event in events:
+        assert event.sensitivity == pytest.approx(sensitivity, rel=1e-5)
+        assert float(event.epsilon) == pytest.approx(share, rel=1e-9)
+    assert report.accountant == "exact-sum"
+    assert float(report.epsilon) == pytest.approx(cfg.epsilon_vocab + cfg.epsilon_kde, rel=1e-9)
     manifest = result.manifest()
-    assert manifest["privacy"]["epsilon_total"] == report.total
-    assert len(manifest["privacy"]["mechanisms"]) == len(spy.built)
+    assert manifest["privacy"]["epsilon"] == float(report.epsilon)
+    assert manifest["privacy"]["unit"] == "row"
+    assert len(manifest["privacy"]["events"]) == len(spy.built)
 
 
 def test_class_counts_are_charged_and_drive_the_split(
@@ -155,7 +155,7 @@ def test_class_counts_are_charged_and_drive_the_split(
     vocabulary: Vocabulary,
     embedder: SentenceEmbedder,
 ) -> None:
-    spy = MeasurementSpy()
+    spy = NoiseSpy()
     spy.install(monkeypatch)
     texts, labels = corpus()
     # an uneven corpus: cardiology three times as large
@@ -164,13 +164,68 @@ def test_class_counts_are_charged_and_drive_the_split(
     result = generate_sequences(
         texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg, embedder=embedder
     )
-    counts = [b for b in spy.built if b["d_in"] == 1]
+    counts = [b for b in spy.built if b["size"] == len(TOPICS)]
     assert len(counts) == 1 and counts[0]["scale"] == pytest.approx(1 / 5.0)
-    assert result.report.by_mechanism()["class_counts"] == pytest.approx(5.0)
-    assert result.report.total == pytest.approx(4.0 + 8.0 + 5.0)
+    assert float(result.report.epsilon) == pytest.approx(4.0 + 8.0 + 5.0)
     split = Counter(s.label for s in result.sequences)
     assert sum(split.values()) == 120
     assert split["cardiology"] > split["dermatology"]
+
+
+@pytest.mark.parametrize("kde_method", ["exact", "random_features"])
+def test_a_total_gaussian_budget_is_met_and_every_release_recorded(
+    vocabulary: Vocabulary, embedder: SentenceEmbedder, kde_method: str
+) -> None:
+    texts, labels = corpus()
+    cfg = config(
+        epsilon_vocab=None,
+        epsilon_kde=None,
+        epsilon=1.0,
+        delta=1e-6,
+        noise="gaussian",
+        per_class=None,
+        total=60,
+        kde_method=kde_method,
+    )
+    result = generate_sequences(
+        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg, embedder=embedder
+    )
+    report = result.report
+    assert report.as_planned
+    assert report.accountant.startswith("pld(dp-accounting")
+    assert float(report.epsilon) <= 1.0 and report.delta == 1e-6
+    noises = {e.mechanism: e.noise for e in report.events}
+    assert noises == {
+        "vocabulary": "discrete_gaussian",
+        "class_counts": "discrete_gaussian",
+        "kde": "gaussian",
+    }
+    kde = [e for e in report.events if e.mechanism == "kde"]
+    assert {e.partition for e in kde} == set(TOPICS)
+    if kde_method == "random_features":  # L2 bound c·√I, not c·I
+        assert kde[0].sensitivity == pytest.approx(0.5 * math.sqrt(256), rel=1e-5)
+    assert len(result.sequences) == 60
+
+
+def test_units_pool_a_patients_documents(
+    vocabulary: Vocabulary, embedder: SentenceEmbedder
+) -> None:
+    texts, labels = corpus()
+    units = [f"p{i // 4}" for i in range(len(texts))]  # four notes per patient
+    cfg = config(per_class=None, epsilon_count=5.0, total=40)
+    result = generate_sequences(
+        texts,
+        labels,
+        label_set=list(TOPICS),
+        vocabulary=vocabulary,
+        config=cfg,
+        embedder=embedder,
+        units=units,
+        unit_name="patient",
+    )
+    assert result.owner_diagnostics.units == len(set(units))
+    assert result.manifest()["privacy"]["unit"] == "unit column 'patient'"
+    assert result.report.as_planned
 
 
 def test_sequences_follow_their_class(vocabulary: Vocabulary, embedder: SentenceEmbedder) -> None:
@@ -240,19 +295,22 @@ def test_bad_configuration_names_the_field(
     assert err.value.field == field
 
 
-def test_corpus_without_any_match_is_refused(
+def test_corpus_without_any_match_runs_and_tells_the_owner_only(
     vocabulary: Vocabulary, embedder: SentenceEmbedder
 ) -> None:
-    with pytest.raises(InputDataError) as err:
-        generate_sequences(
-            ["nothing here", "or here"],
-            ["cardiology", "neurology"],
-            label_set=list(TOPICS),
-            vocabulary=vocabulary,
-            config=config(),
-            embedder=embedder,
-        )
-    assert err.value.field == "vocabulary"
+    # No data-dependent failure after the private read: the mechanisms run on all-zero
+    # aggregates (still DP) and the fact stays in the owner-only diagnostics.
+    result = generate_sequences(
+        ["nothing here", "or here"],
+        ["cardiology", "neurology"],
+        label_set=list(TOPICS),
+        vocabulary=vocabulary,
+        config=config(),
+        embedder=embedder,
+    )
+    assert result.owner_diagnostics.documents_without_match == 2
+    assert {s.label for s in result.sequences} == set(TOPICS)
+    assert "documents" not in json.dumps(result.manifest())
 
 
 def test_undeclared_labels_are_named_by_row(

@@ -22,8 +22,9 @@ import pytest
 from pydantic import SecretStr
 
 from tests.fake_llm import Behaviour, FakeLLM, ok
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.prompting import (
+from workers.errors import ConfigError
+from workers.llm.client import LLMEndpoint, backoff_delay, parse_retry_after
+from workers.methods.dpkps.prompting import (
     DEFAULT_TEMPLATE,
     LIMITS,
     SYSTEM_MESSAGE,
@@ -33,7 +34,6 @@ from workers.dpkps.prompting import (
     prompt_sequences,
     run_prompts,
 )
-from workers.llm.client import LLMEndpoint, backoff_delay, parse_retry_after
 from workers.settings import CoreSettings
 
 SPEC = PromptSpec(document_type="news article")

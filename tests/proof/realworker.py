@@ -33,23 +33,28 @@ from app.serve import worker_command
 from tests.service.conftest import DATA_KEY
 from tests.service.test_end_to_end import REDIS_URL, REPO, Worker
 
-__all__ = ["REDIS_URL", "BrokerProxy", "RealWorker", "expire_visibility", "purge", "worker_env"]
+__all__ = [
+    "REDIS_URL",
+    "BrokerProxy",
+    "RealWorker",
+    "base_env",
+    "expire_visibility",
+    "purge",
+    "worker_env",
+]
 
 START_TIMEOUT = 180.0  # seconds; two shared, busy cores
 
 
-def worker_env(database_url: str, prefix: str, cache_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a worker: this process's, without its ``KEYSEED_`` settings."""
+def base_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a worker: this process's, without its ``KEYSEED_`` settings
+    (so an embedded worker, with nothing more, uses SQLite and the SQLite broker)."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith("KEYSEED_") and key not in ("DATABASE_URL", "REDIS_URL")
     }
     env.update(
-        KEYSEED_DATABASE_URL=database_url,
-        KEYSEED_BROKER_URL=REDIS_URL,
-        KEYSEED_BROKER_KEY_PREFIX=prefix,
-        KEYSEED_DATA_KEY=DATA_KEY,
         KEYSEED_CACHE_DIR=str(cache_dir),
         KEYSEED_LOG_JSON="true",
         HF_HUB_OFFLINE="1",
@@ -57,6 +62,18 @@ def worker_env(database_url: str, prefix: str, cache_dir: Path, **extra: str) ->
     )
     env.update(extra)
     return env
+
+
+def worker_env(database_url: str, prefix: str, cache_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a worker on Redis (keys under ``prefix``) and Postgres."""
+    return base_env(
+        cache_dir,
+        KEYSEED_DATABASE_URL=database_url,
+        KEYSEED_BROKER_URL=REDIS_URL,
+        KEYSEED_BROKER_KEY_PREFIX=prefix,
+        KEYSEED_DATA_KEY=DATA_KEY,
+        **extra,
+    )
 
 
 class RealWorker(Worker):

@@ -80,7 +80,7 @@ Row = tuple[str, str, str, Callable[[Scene, str], Call]]
 MATRIX: tuple[Row, ...] = (
     ("GET", "/healthz", "200 200 200 200 200 200", _none),
     ("GET", "/readyz", "200 200 200 200 200 200", _none),
-    ("GET", "/metrics", "200 200 200 200 200 200", _none),
+    ("GET", "/metrics", "200 200 403 403 401 401", _none),
     ("GET", "/openapi.json", "200 200 200 200 200 200", _none),
     ("GET", "/docs", "200 200 200 200 200 200", _none),
     ("GET", "/docs/oauth2-redirect", "200 200 200 200 200 200", _none),
@@ -92,6 +92,21 @@ MATRIX: tuple[Row, ...] = (
         lambda s, scope: Call(json={"name": f"Clinic {uuid.uuid4().hex}", "kind": "owner"}),
     ),
     ("GET", "/v1/organisations", "200 200 403 403 401 401", _none),
+    (
+        "GET",
+        "/v1/organisations/{organisation_id}/budget",
+        "200 200 200/404 403 401 401",
+        lambda s, scope: Call({"organisation_id": str(s.owner(scope).organisation_id)}),
+    ),
+    (
+        "PATCH",
+        "/v1/organisations/{organisation_id}/budget",
+        "200 403 403 403 401 401",
+        lambda s, scope: Call(
+            {"organisation_id": str(s.owner(scope).organisation_id)},
+            json={"epsilon": float(factories.OWNER_BUDGET), "delta": 0, "reason": "matrix"},
+        ),
+    ),
     (
         "POST",
         "/v1/keys",

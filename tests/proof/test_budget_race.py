@@ -1,12 +1,16 @@
-"""Budget races over real HTTP: 50 job submissions at once on one dataset, asking five
+"""Budget races over real HTTP: 50 job submissions at once on one dataset, asking several
 times its cap in total, against several uvicorn processes serving the production app
-(``uvicorn --factory app.main:create_app``), on Postgres and on the embedded SQLite file.
+(``uvicorn --factory app.main:create_app``), on Postgres and on the embedded SQLite file,
+with pure-ε jobs under an ε cap and with Gaussian (ε, δ) jobs under an (ε, δ) cap.
 
-Proved: exactly ⌊cap / ask⌋ jobs are accepted; every other one is a 409 problem naming
-what was asked and what remains; the committed plus reserved spend, sampled from the
-database while the race runs, never exceeds the cap; the final figures are exact; and
-exactly one task message per accepted job reached the broker (none for a refused one).
-No worker runs: the jobs stay queued.
+Proved: exactly as many jobs are accepted as the accountant's composition of their
+releases at the cap's δ allows (⌊cap / ask⌋ for pure jobs, whose composition is the exact
+sum; more for Gaussian ones, whose composition is tighter than the sum); every other one
+is a 409 problem naming what was asked and what remains as (ε, δ); the jobs held
+(committed or reserved), sampled from the database while the race runs, never compose
+to more than the cap; the final figures are exact; and exactly one task message per
+accepted job reached the broker (none for a refused one). No worker runs: the jobs stay
+queued.
 """
 
 from __future__ import annotations
@@ -35,17 +39,50 @@ from sqlalchemy import create_engine, text
 
 from app.config import Settings
 from app.db import Database
+from app.ledger import amounts
 from tests.proof.conftest import PROBLEM_JSON
 from tests.service import factories
 from tests.service.conftest import DATA_KEY
+from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMISSIONS = 50
-CAP = Decimal("3")
-EPSILON_VOCAB, EPSILON_KDE = 0.1, 0.2  # 0.1 + 0.2 != 0.3 in binary floating point
-ASK = Decimal("0.3")
-ACCEPTED = int(CAP // ASK)  # 10
 SERVERS = 3
+
+
+@dataclass(frozen=True)
+class Case:
+    """A dataset cap (ε, δ) and the job spec raced against it."""
+
+    name: str
+    cap: Decimal
+    delta: Decimal
+    spec: dict[str, object]
+
+    def cost(self, jobs: int, events: list[PrivacyEvent]) -> Decimal:
+        """The accountant's ε of ``jobs`` such jobs at the cap's δ (as the ledger rounds)."""
+        if jobs == 0:
+            return Decimal(0)
+        return amounts.epsilon(compose(events * jobs).epsilon(self.delta), charge=True)
+
+    def accepted(self, events: list[PrivacyEvent]) -> int:
+        jobs = 0
+        while self.cost(jobs + 1, events) <= self.cap:
+            jobs += 1
+        return jobs
+
+
+_PURE = {"epsilon_vocab": 0.1, "epsilon_kde": 0.2}  # 0.1 + 0.2 != 0.3 in binary floating point
+PURE = Case("pure", Decimal("3"), Decimal(0), factories.spec(**_PURE))  # ⌊3 / 0.3⌋ = 10 jobs
+_TOTAL = {"epsilon": 0.5, "delta": 1e-7, "noise": "gaussian"}
+GAUSSIAN = Case(
+    "gaussian",
+    Decimal("1.5"),
+    Decimal("1e-6"),
+    {k: v for k, v in factories.spec().items() if not k.startswith("epsilon_")} | _TOTAL,
+)
+CASES = [PURE, GAUSSIAN]
 REDIS_URL = "redis://127.0.0.1:6379/0"
 _SCRUBBED = ("DATABASE_URL", "REDIS_URL", "KEYSEED_DATABASE_URL", "KEYSEED_BROKER_URL")
 
@@ -104,11 +141,12 @@ def _wait_until_up(process: subprocess.Popen[bytes], url: str, log_dir: Path) ->
 
 @dataclass
 class Sampler:
-    """Reads ``spent + reserved`` from the ledger table, again and again, while the
-    race runs (its own connection, each read a fresh snapshot)."""
+    """Reads how many jobs hold budget (committed or reserved) from the ledger table,
+    again and again, while the race runs (its own connection, each read a fresh
+    snapshot). The jobs are alike, so what they compose to follows from their number."""
 
-    read: Callable[[], Decimal]
-    samples: list[tuple[float, Decimal]] = field(default_factory=list)
+    read: Callable[[], int]
+    samples: list[tuple[float, int]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -127,16 +165,13 @@ class Sampler:
         assert self._thread is not None
         self._thread.join(timeout=30)
 
-    def peak(self) -> Decimal:
+    def peak(self) -> int:
         return max(value for _, value in self.samples)
 
 
-def committed_plus_reserved(rows: list[tuple[str, float]]) -> Decimal:
-    """``Σ reserve − Σ release``, i.e. spent (``Σ commit``) plus reserved."""
-    sums = {"reserve": Decimal(0), "commit": Decimal(0), "release": Decimal(0)}
-    for kind, epsilon in rows:
-        sums[kind] += Decimal(repr(float(epsilon)))
-    return sums["reserve"] - sums["release"]
+def held_jobs(kinds: list[str]) -> int:
+    """Reservations not released: the jobs whose ε is spent or reserved."""
+    return kinds.count("reserve") - kinds.count("release")
 
 
 @dataclass
@@ -149,12 +184,11 @@ class Outcome:
     slowest: float
 
 
-def race(urls: list[str], key: str, dataset_id: str) -> Outcome:
+def race(urls: list[str], key: str, dataset_id: str, spec: dict[str, object]) -> Outcome:
     """``SUBMISSIONS`` threads, each with a connection of its own to one of the servers,
     released together by a barrier."""
     barrier = threading.Barrier(SUBMISSIONS)
     results: list[tuple[int, dict[str, object], str, float] | None] = [None] * SUBMISSIONS
-    spec = factories.spec(epsilon_vocab=EPSILON_VOCAB, epsilon_kde=EPSILON_KDE)
     headers = factories.auth(key)
     for url in urls:  # what each process loads once (the built-in vocabularies) is loaded
         assert httpx.get(f"{url}/v1/vocabularies", headers=headers, timeout=120).is_success
@@ -192,10 +226,23 @@ def race(urls: list[str], key: str, dataset_id: str) -> Outcome:
     )
 
 
-def check_outcome(outcome: Outcome, sampler: Sampler) -> list[str]:
-    """The accepted job ids, after checking every figure of the race."""
-    assert sorted(outcome.statuses) == [202] * ACCEPTED + [409] * (SUBMISSIONS - ACCEPTED)
+def check_outcome(
+    outcome: Outcome, sampler: Sampler, case: Case, events: list[PrivacyEvent]
+) -> list[str]:
+    """The accepted job ids, after checking every figure of the race. ``events`` are the
+    releases of one job, as its reservation lists them."""
+    accepted_count = case.accepted(events)
+    assert accepted_count >= 2
+    if case is PURE:
+        assert accepted_count == int(case.cap // Decimal("0.3")) == 10
+    else:  # composing is tighter than adding the jobs' ε up
+        assert accepted_count > int(case.cap // case.cost(1, events))
+    assert sorted(outcome.statuses) == [202] * accepted_count + [409] * (
+        SUBMISSIONS - accepted_count
+    )
     accepted = [b for s, b in zip(outcome.statuses, outcome.bodies, strict=True) if s == 202]
+    asked, held = case.cost(1, events), case.cost(accepted_count, events)
+    delta = float(case.delta)
     for status, body, content_type in zip(
         outcome.statuses, outcome.bodies, outcome.content_types, strict=True
     ):
@@ -203,32 +250,52 @@ def check_outcome(outcome: Outcome, sampler: Sampler) -> list[str]:
             continue
         assert content_type == PROBLEM_JSON
         assert body["title"] == "Privacy budget exceeded"
-        assert body["requested"] == float(ASK) and body["remaining"] == 0.0
-        assert body["epsilon_cap"] == float(CAP) and body["reserved"] == float(CAP)
-        assert "asks for ε = 0.3" in str(body["detail"]) and "ε = 0 left" in str(body["detail"])
+        assert body["requested"] == {"epsilon": float(asked), "delta": delta}
+        assert body["remaining"] == {"epsilon": float(case.cap - held), "delta": delta}
+        assert body["cap"] == {"epsilon": float(case.cap), "delta": delta}
+        assert body["reserved"] == float(held)
+        assert body["accountant"] == ("exact-sum" if case is PURE else compose(events).name)
+        assert f"asks for ε = {float(asked):g} at δ = {delta:g}" in str(body["detail"])
     for body in accepted:
         assert body["state"] == "queued"
-        assert body["epsilon"] == {  # type: ignore[comparison-overlap]
-            "requested": float(ASK),
-            "by_mechanism": {"vocabulary": EPSILON_VOCAB, "kde": EPSILON_KDE},
-            "budget_state": "reserved",
-        }
+        assert body["epsilon"]["budget_state"] == "reserved"  # type: ignore[index]
+        charged = {"epsilon": float(asked), "delta": delta, "accountant": compose(events).name}
+        assert body["epsilon"]["charged"] == charged  # type: ignore[index]
+        if case is PURE:
+            assert body["epsilon"] == {
+                "requested": 0.3,
+                "by_mechanism": {"vocabulary": 0.1, "kde": 0.2},
+                "budget_state": "reserved",
+                "charged": {"epsilon": 0.3, "delta": 0.0, "accountant": "exact-sum"},
+            }
     during = [v for t, v in sampler.samples if outcome.started <= t <= outcome.ended]
     assert len(during) >= 5, "the sampler did not overlap the race"
-    assert sampler.peak() <= CAP
-    assert sampler.samples[-1][1] == ASK * ACCEPTED == CAP
+    assert case.cost(sampler.peak(), events) <= case.cap
+    assert sampler.samples[-1][1] == accepted_count
     return [str(body["id"]) for body in accepted]
 
 
-def check_final_figures(http: httpx.Client, key: str, dataset_id: str, accepted: list[str]) -> None:
+def job_events(http: httpx.Client, key: str, dataset_id: str) -> list[PrivacyEvent]:
+    """The releases of one job of the race, as its reservation lists them (all alike)."""
+    ledger = http.get(f"/v1/datasets/{dataset_id}/ledger", headers=factories.auth(key)).json()
+    kinds = {json.dumps(e["events"], sort_keys=True) for e in ledger["entries"]}
+    assert len(kinds) == 1, "the jobs of the race plan different releases"
+    return [PrivacyEvent.from_dict(e) for e in ledger["entries"][0]["events"]]
+
+
+def check_final_figures(
+    http: httpx.Client, key: str, dataset_id: str, accepted: list[str], case: Case
+) -> None:
     headers = factories.auth(key)
     ledger = http.get(f"/v1/datasets/{dataset_id}/ledger", headers=headers).json()
+    held = case.cost(len(accepted), job_events(http, key, dataset_id))
     assert ledger["budget"] == {
         **ledger["budget"],
-        "epsilon_cap": 3.0,
+        "epsilon_cap": float(case.cap),
+        "delta_cap": float(case.delta),
         "spent": 0.0,
-        "reserved": 3.0,
-        "remaining": 0.0,
+        "reserved": float(held),
+        "remaining": float(case.cap - held),
     }
     assert sorted(e["job_id"] for e in ledger["entries"]) == sorted(accepted)
     assert {e["kind"] for e in ledger["entries"]} == {"reserve"}
@@ -248,9 +315,13 @@ def _job_ids_of_messages(payloads: list[bytes]) -> list[str]:
     return ids
 
 
-def _figures(request: pytest.FixtureRequest, mode: str, outcome: Outcome, sampler: Sampler) -> None:
+def _figures(
+    request: pytest.FixtureRequest, mode: str, case: Case, outcome: Outcome, sampler: Sampler
+) -> None:
     figures = {
         "mode": mode,
+        "budget": case.name,
+        "cap": {"epsilon": str(case.cap), "delta": str(case.delta)},
         "servers": SERVERS,
         "submissions": SUBMISSIONS,
         "accepted": outcome.statuses.count(202),
@@ -258,20 +329,24 @@ def _figures(request: pytest.FixtureRequest, mode: str, outcome: Outcome, sample
         "race_seconds": round(outcome.ended - outcome.started, 2),
         "slowest_request_seconds": round(outcome.slowest, 2),
         "ledger_samples": len(sampler.samples),
-        "peak_spent_plus_reserved": str(sampler.peak()),
+        "peak_jobs_held": sampler.peak(),
     }
     request.node.user_properties.append(("figures", figures))
     print(f"\nbudget race figures: {json.dumps(figures)}")
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_fifty_concurrent_submissions_on_postgres(
     request: pytest.FixtureRequest,
     client: TestClient,
     world: factories.World,
     database_url: str,
     tmp_path: Path,
+    case: Case,
 ) -> None:
-    dataset_id = factories.dataset(client, world.owner, cap=float(CAP))
+    dataset_id = factories.dataset(
+        client, world.owner, cap=str(case.cap), delta_cap=str(case.delta)
+    )
     prefix = f"keyseed_proof_{uuid.uuid4().hex[:12]}:"
     store = redis.Redis.from_url(REDIS_URL)
     try:
@@ -281,21 +356,23 @@ def test_fifty_concurrent_submissions_on_postgres(
         broker = {"KEYSEED_BROKER_URL": "memory://"}  # no Redis here: count nothing
     env = {"KEYSEED_DATABASE_URL": database_url, "KEYSEED_DATA_KEY": DATA_KEY, **broker}
     engine = create_engine(database_url, pool_size=1)
-    query = text("SELECT kind, epsilon FROM ledger_entries WHERE dataset_id = :d")
+    query = text("SELECT kind FROM ledger_entries WHERE dataset_id = :d")
 
-    def read() -> Decimal:
+    def read() -> int:
         with engine.connect() as connection:
-            rows = connection.execute(query, {"d": uuid.UUID(dataset_id)}).all()
-        return committed_plus_reserved([(r[0], r[1]) for r in rows])
+            return held_jobs(
+                list(connection.execute(query, {"d": uuid.UUID(dataset_id)}).scalars())
+            )
 
     try:
         with serving(env, tmp_path) as urls:
             with Sampler(read) as sampler:
-                outcome = race(urls, world.owner.key, dataset_id)
+                outcome = race(urls, world.owner.key, dataset_id, case.spec)
                 time.sleep(0.05)
-            accepted = check_outcome(outcome, sampler)
             with httpx.Client(base_url=urls[0], timeout=60) as http:
-                check_final_figures(http, world.owner.key, dataset_id, accepted)
+                events = job_events(http, world.owner.key, dataset_id)
+                accepted = check_outcome(outcome, sampler, case, events)
+                check_final_figures(http, world.owner.key, dataset_id, accepted, case)
         if "KEYSEED_BROKER_KEY_PREFIX" in broker:
             payloads = store.lrange(f"{prefix}cpu", 0, -1)
             assert sorted(_job_ids_of_messages(payloads)) == sorted(accepted)
@@ -303,11 +380,12 @@ def test_fifty_concurrent_submissions_on_postgres(
         engine.dispose()
         for stale in store.scan_iter(f"{prefix}*"):
             store.delete(stale)
-    _figures(request, "postgres", outcome, sampler)
+    _figures(request, "postgres", case, outcome, sampler)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_fifty_concurrent_submissions_on_embedded_sqlite(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, case: Case
 ) -> None:
     data_dir = tmp_path / "data"
     env = {"KEYSEED_DATA_DIR": str(data_dir), "KEYSEED_DATA_KEY": ""}
@@ -330,16 +408,16 @@ def test_fifty_concurrent_submissions_on_embedded_sqlite(
         database.dispose()
     path = settings.sqlalchemy_url.removeprefix("sqlite:///")
 
-    def read() -> Decimal:
+    def read() -> int:
         connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
         try:
             rows = connection.execute(
-                "SELECT kind, epsilon FROM ledger_entries WHERE dataset_id = ?",
+                "SELECT kind FROM ledger_entries WHERE dataset_id = ?",
                 (uuid.UUID(dataset_id).hex,),
             ).fetchall()
         finally:
             connection.close()
-        return committed_plus_reserved([(r[0], r[1]) for r in rows])
+        return held_jobs([r[0] for r in rows])
 
     with serving(env, tmp_path) as urls:
         with httpx.Client(base_url=urls[0], timeout=60) as http:
@@ -351,18 +429,20 @@ def test_fifty_concurrent_submissions_on_embedded_sqlite(
                     "text_column": "text",
                     "label_column": "label",
                     "labels": "cardio,ortho",
-                    "epsilon_cap": str(CAP),
+                    "epsilon_cap": str(case.cap),
+                    "delta_cap": str(case.delta),
                 },
                 files={"file": ("notes.csv", factories.csv_bytes(factories.ROWS))},
             )
             assert uploaded.status_code == 201, uploaded.text
             dataset_id = str(uploaded.json()["id"])
         with Sampler(read) as sampler:
-            outcome = race(urls, world.owner.key, dataset_id)
+            outcome = race(urls, world.owner.key, dataset_id, case.spec)
             time.sleep(0.05)
-        accepted = check_outcome(outcome, sampler)
         with httpx.Client(base_url=urls[1], timeout=60) as http:
-            check_final_figures(http, world.owner.key, dataset_id, accepted)
+            events = job_events(http, world.owner.key, dataset_id)
+            accepted = check_outcome(outcome, sampler, case, events)
+            check_final_figures(http, world.owner.key, dataset_id, accepted, case)
     broker = sqlite3.connect(str(data_dir / "broker.sqlite3"))
     try:
         payloads = broker.execute(
@@ -372,4 +452,4 @@ def test_fifty_concurrent_submissions_on_embedded_sqlite(
     finally:
         broker.close()
     assert sorted(_job_ids_of_messages([p[0] for p in payloads])) == sorted(accepted)
-    _figures(request, "sqlite", outcome, sampler)
+    _figures(request, "sqlite", case, outcome, sampler)

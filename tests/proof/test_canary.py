@@ -190,7 +190,7 @@ def test_no_canary_leaves_the_boundary(
         ):
             assert client.get(path, headers=caller.headers).status_code == 200
     client.get("/v1/audit/events", headers=world.admin.headers, params={"limit": 500})
-    metrics = client.get("/metrics").text
+    metrics = client.get("/metrics", headers=world.admin.headers).text
     messages = _drain_messages(app)
     assert any(job_id in m for m in messages), "the job's Celery messages were not seen"
     assert debug_logs, "no log line was captured"
@@ -207,6 +207,6 @@ def test_no_canary_leaves_the_boundary(
     # control: the canaries are in the stored corpus, so the search above could find them
     with app.state.database.session() as session:
         texts = [
-            text for text, _ in private_documents(session, app.state.cipher, uuid.UUID(job_id))
+            text for text, _, _ in private_documents(session, app.state.cipher, uuid.UUID(job_id))
         ]
     assert all(any(c in t for t in texts) for c in canaries[:-1])

@@ -13,6 +13,7 @@ import io
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from fastapi import FastAPI
@@ -26,6 +27,9 @@ from app.identity.policy import Actor
 from app.jobs import runner
 
 SYSTEM = Actor.system("tests")
+# Owner organisations of the tests get room for many datasets (tests of the budget
+# itself set their own).
+OWNER_BUDGET, OWNER_DELTA = Decimal(100_000), Decimal("0.001")
 LABELS = ("cardio", "ortho")
 ROWS: tuple[tuple[str, str], ...] = (
     ("Chest pain and heart failure with shortness of breath", "cardio"),
@@ -63,9 +67,23 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def organisation(db: Database, name: str, kind: str) -> uuid.UUID:
+def organisation(
+    db: Database,
+    name: str,
+    kind: str,
+    *,
+    epsilon_budget: Decimal = OWNER_BUDGET,
+    delta_budget: Decimal = OWNER_DELTA,
+) -> uuid.UUID:
     with db.transaction() as session:
-        return identity.create_organisation(session, SYSTEM, name=name, kind=kind).id
+        return identity.create_organisation(
+            session,
+            SYSTEM,
+            name=name,
+            kind=kind,
+            epsilon_budget=epsilon_budget,
+            delta_budget=delta_budget,
+        ).id
 
 
 def api_key(db: Database, role: str, organisation_id: uuid.UUID | None = None) -> Caller:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 
 from fastapi.testclient import TestClient
@@ -41,7 +43,11 @@ def test_audit_events_cover_the_life_of_a_dataset_and_hold_no_text(
     ]
     assert "CANARY" not in response.text
     uploaded = response.json()["events"][-3]
-    assert uploaded["details"]["documents"] == 2 and uploaded["request_id"]
+    assert uploaded["request_id"]
+    # no raw count of the private upload (a release's documents are DP outputs)
+    for event in response.json()["events"]:
+        if event["kind"].startswith("dataset."):
+            assert not {"documents", "bytes", "documents_purged"} & set(event["details"]), event
 
 
 def test_filters_and_paging(client: TestClient, world: factories.World) -> None:
@@ -89,3 +95,30 @@ def test_only_the_platform_reads_the_audit_trail(
             client.get("/v1/audit/events", headers=getattr(world, name).headers).status_code == 403
         )
     assert client.get("/v1/audit/events").status_code == 401
+
+
+def test_who_supplied_few_shot_examples_and_a_template_is_recorded_not_the_text(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    example = "CANARY-5e1b an example note"
+    template = "CANARY-77aa {examples} Write a {document_type} with {keyphrases}."
+    factories.job(client, world.owner, dataset_id, few_shot=[example], template=template)
+    factories.job(client, world.owner, dataset_id)
+    response = client.get("/v1/audit/events?kind=job.submitted", headers=world.auditor.headers)
+    assert "CANARY" not in response.text
+    first, second = response.json()["events"][::-1]
+    supplied, plain, key = first["details"], second["details"], first["actor"]
+    assert key.startswith("key:")
+    assert supplied["few_shot"] == {
+        "supplied_by": key,
+        "organisation_id": str(world.owner.organisation_id),
+        "examples": 1,
+        "sha256": hashlib.sha256(json.dumps([example]).encode()).hexdigest(),
+    }
+    assert supplied["template"] == {
+        "supplied_by": key,
+        "organisation_id": str(world.owner.organisation_id),
+        "sha256": hashlib.sha256(template.encode()).hexdigest(),
+    }
+    assert "few_shot" not in plain and "template" not in plain

@@ -13,8 +13,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from app.config import Settings
 from app.crypto import DecryptionError, DocumentCipher
 from app.db import Database
+from app.jobs import runner, stages
+from app.jobs.stages import WorkerContext
 from app.models import Dataset, Document
 from tests.service import factories
 from tests.service.conftest import UPLOAD_LIMIT
@@ -46,6 +49,25 @@ def test_upload_csv_reports_sizes_labels_and_budget_never_text(
         "accountant": body["budget"]["accountant"],
     }
     assert "Chest pain" not in response.text
+
+
+def test_raw_counts_of_an_upload_are_shown_to_its_owner_only(
+    client: TestClient, world: factories.World
+) -> None:
+    rows = [*factories.ROWS, factories.ROWS[0], ("", "ortho")]
+    dataset_id = factories.dataset(client, world.owner, content=factories.csv_bytes(rows))
+    counts = ("documents", "skipped_empty", "skipped_duplicate", "upload_bytes")
+    mine = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert [mine[name] for name in counts[:3]] == [4, 1, 1] and mine["upload_bytes"] > 0
+    for caller in (world.admin, world.auditor):
+        for body in (
+            client.get(f"/v1/datasets/{dataset_id}", headers=caller.headers).json(),
+            client.get("/v1/datasets", headers=caller.headers).json()[0],
+        ):
+            assert body["id"] == dataset_id and body["labels"] == ["cardio", "ortho"]
+            assert all(body[name] is None for name in counts), body
+    deleted = client.delete(f"/v1/datasets/{dataset_id}", headers=world.admin.headers).json()
+    assert all(deleted[name] is None for name in counts)
 
 
 def test_upload_jsonl_with_several_text_columns(
@@ -86,8 +108,8 @@ def test_documents_are_encrypted_and_bound_to_their_row(
         assert b"cardio" not in document.ciphertext and b"ortho" not in document.ciphertext
     with pytest.raises(DecryptionError):  # a ciphertext moved to another row does not open
         cipher.open(second.dataset_id, second.row, first.key_id, first.nonce, first.ciphertext)
-    with pytest.raises(DecryptionError):  # nor under another key
-        DocumentCipher(b"z" * 32).open(
+    with pytest.raises(DecryptionError):  # nor under another master key
+        DocumentCipher(b"z" * 32, cipher.keyring).open(
             first.dataset_id, first.row, first.key_id, first.nonce, first.ciphertext
         )
 
@@ -156,11 +178,40 @@ def test_row_errors_are_listed_up_to_a_limit(client: TestClient, world: factorie
 def test_duplicates_and_empties_are_skipped_by_default_and_counted(
     client: TestClient, world: factories.World
 ) -> None:
-    rows = [("heart", "cardio"), ("  heart ", "ortho"), ("", "cardio"), ("bone", "ortho")]
+    rows = [("heart", "cardio"), ("  heart ", "cardio"), ("", "cardio"), ("bone", "ortho")]
     response = factories.upload(client, world.owner, factories.csv_bytes(rows))
     assert response.status_code == 201
     body = response.json()
     assert (body["documents"], body["skipped_duplicate"], body["skipped_empty"]) == (2, 1, 1)
+
+
+def _stored(db: Database, cipher: DocumentCipher, dataset_id: str) -> list[tuple[str, str]]:
+    with db.session() as session:
+        rows = session.scalars(
+            select(Document).where(Document.dataset_id == uuid.UUID(dataset_id))
+        ).all()
+        return sorted(
+            cipher.open(d.dataset_id, d.row, d.key_id, d.nonce, d.ciphertext) for d in rows
+        )
+
+
+def test_a_repeat_is_the_same_text_with_the_same_label(
+    client: TestClient, world: factories.World, db: Database, app: FastAPI
+) -> None:
+    """One row removed from the file changes at most one stored document: a text given
+    with two labels is two documents, so removing the first row cannot relabel it."""
+    rows = [("heart", "cardio"), ("heart", "ortho"), ("heart", "cardio"), ("bone", "ortho")]
+    cipher: DocumentCipher = app.state.cipher
+    whole = factories.dataset(client, world.owner, content=factories.csv_bytes(rows))
+    stored = _stored(db, cipher, whole)
+    assert stored == [("bone", "ortho"), ("heart", "cardio"), ("heart", "ortho")]
+    for removed in range(len(rows)):
+        neighbour = rows[:removed] + rows[removed + 1 :]
+        dataset_id = factories.dataset(client, world.owner, content=factories.csv_bytes(neighbour))
+        smaller = _stored(db, cipher, dataset_id)
+        difference = [d for d in stored if d not in smaller]
+        assert len(smaller) >= len(stored) - 1 and len(difference) <= 1
+        assert set(smaller) <= set(stored)
 
 
 def test_duplicates_and_empties_can_be_refused(
@@ -370,6 +421,135 @@ def test_ledger_is_readable_by_the_owner_and_the_platform(
     assert entry["job_id"] == job_id and entry["kind"] == "reserve"
     assert entry["epsilon"] == 1.25
     assert entry["epsilon_by_mechanism"] == {"vocabulary": 0.5, "kde": 0.5, "class_counts": 0.25}
-    assert entry["actor"].startswith("key:") and "composition" in entry["accountant"]
+    assert entry["actor"].startswith("key:") and entry["accountant"] == "exact-sum"
     assert client.get(path, headers=world.other_owner.headers).status_code == 404
     assert client.get(path, headers=world.client.headers).status_code == 403
+
+
+# ------------------------------------------------------------------ privacy units
+
+
+def _units(db: Database, cipher: DocumentCipher, dataset_id: str) -> list[str | None]:
+    with db.session() as session:
+        rows = session.scalars(
+            select(Document)
+            .where(Document.dataset_id == uuid.UUID(dataset_id))
+            .order_by(Document.row)
+        ).all()
+        key = cipher.dataset_key(uuid.UUID(dataset_id))
+        return [
+            None if d.unit is None else key.open_unit(d.dataset_id, d.row, d.key_id, d.unit)
+            for d in rows
+        ]
+
+
+def test_a_unit_column_is_stored_sealed_per_document(
+    client: TestClient, world: factories.World, db: Database, app: FastAPI
+) -> None:
+    rows = [
+        ("heart", "cardio", "P-17"),
+        ("heart", "cardio", "P-18"),  # another patient's identical note: a document
+        ("heart", "cardio", " P-17 "),  # a repeat of row 1 (same text, label and unit)
+        ("bone", "ortho", "P-17"),
+    ]
+    content = factories.csv_bytes(rows, header=("text", "label", "patient"))
+    response = factories.upload(client, world.owner, content, unit_column="patient")
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["unit_column"] == "patient" and body["documents"] == 3
+    cipher: DocumentCipher = app.state.cipher
+    assert _units(db, cipher, body["id"]) == ["P-17", "P-18", "P-17"]
+    with db.session() as session:
+        sealed = session.scalars(select(Document.unit)).all()
+    assert all(unit is not None and b"P-1" not in unit for unit in sealed)
+    without = factories.dataset(client, world.owner)
+    assert _units(db, cipher, without) == [None] * len(factories.ROWS)
+
+
+def test_a_sealed_unit_is_bound_to_its_row(
+    client: TestClient, world: factories.World, db: Database, app: FastAPI
+) -> None:
+    content = factories.csv_bytes(
+        [("heart", "cardio", "P-1"), ("bone", "ortho", "P-2")], header=("text", "label", "id")
+    )
+    factories.dataset(client, world.owner, content=content, unit_column="id")
+    cipher: DocumentCipher = app.state.cipher
+    with db.session() as session:
+        first, second = session.scalars(select(Document).order_by(Document.row)).all()
+    assert first.unit is not None
+    with pytest.raises(DecryptionError):
+        cipher.open_unit(second.dataset_id, second.row, first.key_id, first.unit)
+
+
+def test_the_worker_loads_the_units_with_the_documents(
+    client: TestClient, world: factories.World, db: Database, app: FastAPI, settings: Settings
+) -> None:
+    rows = [("heart", "cardio", "P-1"), ("bone", "ortho", "P-2"), ("knee", "ortho", "P-1")]
+    content = factories.csv_bytes(rows, header=("text", "label", "patient"))
+    with_units = factories.dataset(client, world.owner, content=content, unit_column="patient")
+    without = factories.dataset(client, world.owner)
+    worker = WorkerContext(settings, db, app.state.cipher)
+    corpora = {}
+    for dataset_id in (with_units, without):
+        job_id = uuid.UUID(factories.job(client, world.owner, dataset_id))
+        with db.transaction() as session:
+            assert runner.start_sequences(session, job_id) is not None
+        corpora[dataset_id] = stages.load_corpus(worker, job_id)
+    assert corpora[with_units] == stages.PrivateCorpus(
+        ["heart", "bone", "knee"], ["cardio", "ortho", "ortho"], ["P-1", "P-2", "P-1"]
+    )
+    assert corpora[without].units is None
+    assert corpora[without].texts == [text for text, _ in factories.ROWS]
+
+
+@pytest.mark.parametrize(
+    ("content", "filename", "errors"),
+    [
+        (b"text,label,patient\nheart,cardio,P-1\nbone,ortho,  \n", "n.csv", [(2, "empty")]),
+        (
+            b'{"text": "heart", "label": "cardio", "patient": 7}\n'
+            b'{"text": "bone", "label": "ortho"}\n'
+            b'{"text": "knee", "label": "ortho", "patient": ""}\n'
+            b'{"text": "hip", "label": "ortho", "patient": ["x"]}\n',
+            "n.jsonl",
+            [(2, "missing"), (3, "empty"), (4, "missing")],
+        ),
+    ],
+)
+def test_rows_without_a_unit_are_row_errors_naming_the_column(
+    client: TestClient,
+    world: factories.World,
+    db: Database,
+    content: bytes,
+    filename: str,
+    errors: list[tuple[int, str]],
+) -> None:
+    response = factories.upload(
+        client, world.owner, content, filename=filename, unit_column="patient"
+    )
+    assert response.status_code == 422
+    body = response.json()
+    assert body["field"] == "file"
+    assert [(e["row"], e["column"]) for e in body["errors"]] == [
+        (row, "patient") for row, _ in errors
+    ]
+    assert all(word in e["message"] for e, (_, word) in zip(body["errors"], errors, strict=True))
+    assert _counts(db) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("unit_column", "header"),
+    [("patient", ("text", "label")), ("label", ("text", "label")), ("text", ("text", "label"))],
+)
+def test_a_bad_unit_column_is_refused_naming_the_field(
+    client: TestClient,
+    world: factories.World,
+    db: Database,
+    unit_column: str,
+    header: tuple[str, ...],
+) -> None:
+    content = factories.csv_bytes(factories.ROWS, header=header)
+    response = factories.upload(client, world.owner, content, unit_column=unit_column)
+    assert response.status_code == 422
+    assert response.json()["field"] == "unit_column"
+    assert _counts(db) == (0, 0)

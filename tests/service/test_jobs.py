@@ -15,7 +15,7 @@ from app.jobs import runner
 from app.jobs.schemas import ENGINE_FIELDS, JobSpec
 from app.worker import RUN_SEQUENCES
 from tests.service import factories
-from workers.dpkps.config import GenerationConfig
+from workers.methods.dpkps.config import GenerationConfig
 
 
 def _submit(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any):  # type: ignore[no-untyped-def]
@@ -30,9 +30,9 @@ def test_the_spec_carries_every_engine_parameter_with_the_engine_defaults() -> N
     engine = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
     assert set(ENGINE_FIELDS) == set(engine) - {"device"}
     assert set(ENGINE_FIELDS) <= set(JobSpec.model_fields)
-    spec = JobSpec(vocabulary="english", document_type="note", epsilon_vocab=1, epsilon_kde=1)
+    spec = JobSpec(vocabulary="english", document_type="note", epsilon=1)
     for name in ENGINE_FIELDS:
-        if engine[name] is not dataclasses.MISSING:
+        if engine[name] is not dataclasses.MISSING and name != "epsilon":
             assert getattr(spec, name) == engine[name], name
 
 
@@ -50,6 +50,7 @@ def test_submission_reserves_the_whole_epsilon(client: TestClient, world: factor
         "requested": 1.5,
         "by_mechanism": {"vocabulary": 0.5, "kde": 0.5, "class_counts": 0.5},
         "budget_state": "reserved",
+        "charged": {"epsilon": 1.5, "delta": 0.0, "accountant": "exact-sum"},
     }
     assert job["spec"]["per_class"] is None and job["spec"]["total"] == 20
     budget = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
@@ -65,8 +66,10 @@ def test_over_budget_is_409_naming_what_was_asked_and_what_remains(
     assert response.status_code == 409
     assert response.headers["content-type"] == "application/problem+json"
     body = response.json()
-    assert (body["requested"], body["remaining"]) == (1.0, 0.5)
-    assert "asks for ε = 1" in body["detail"] and "ε = 0.5 left" in body["detail"]
+    assert body["requested"] == {"epsilon": 1.0, "delta": 0.0}
+    assert body["remaining"] == {"epsilon": 0.5, "delta": 0.0}
+    assert (body["accountant"], body["cap"]) == ("exact-sum", {"epsilon": 1.5, "delta": 0.0})
+    assert "asks for ε = 1 at δ = 0" in body["detail"] and "ε = 0.5 left" in body["detail"]
     jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
     assert len(jobs) == 1
 
@@ -89,6 +92,14 @@ def test_decimal_budget_arithmetic_fits_ten_tenths_in_one(
         ({"epsilon_vocab": -1}, "epsilon_vocab"),
         ({"epsilon_kde": 0}, "epsilon_kde"),
         ({"epsilon_kde": 5000}, "epsilon_kde"),
+        # a floor and a ceiling per mechanism (a job at ε = 2e-9 is a free probe)
+        ({"epsilon_vocab": 2e-9}, "epsilon_vocab"),
+        ({"epsilon_kde": 0.0009}, "epsilon_kde"),
+        ({"epsilon_count": 1e-4, "total": 10}, "epsilon_count"),
+        ({"epsilon_vocab": 100.5}, "epsilon_vocab"),
+        # sequences per job: per_class × 2 declared labels, or total (server cap 100,000)
+        ({"per_class": 50_001}, "per_class"),
+        ({"epsilon_count": 1, "total": 100_001}, "total"),
         ({"api_key": "sk-secret"}, "api_key"),
         ({"base_url": "http://evil"}, "base_url"),
         ({"mode": "greedy"}, "mode"),
@@ -252,3 +263,39 @@ def test_submission_queues_one_message_with_the_job_id_and_request_id(
     assert found.headers["request_id"] == "req-0123456789"
     refused = _submit(client, world.owner, dataset_id, epsilon_kde=100)
     assert refused.status_code == 409
+
+
+def test_a_dry_run_plans_the_releases_without_a_job_or_a_reservation(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=3)
+    before = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    spec = factories.spec(epsilon=1.0, delta=1e-7, total=20)
+    for name in ("epsilon_vocab", "epsilon_kde", "per_class"):
+        del spec[name]
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs?dry_run=true", headers=world.owner.headers, json=spec
+    )
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert plan["dry_run"] is True
+    assert plan["epsilon"] <= 1.0 and plan["delta"] == 1e-7
+    assert plan["accountant"].startswith("pld(dp-accounting")
+    mechanisms = {e["mechanism"]: e["noise"] for e in plan["events"]}
+    assert mechanisms == {
+        "vocabulary": "discrete_gaussian",
+        "class_counts": "discrete_gaussian",
+        "kde": "gaussian",
+    }
+    assert all(e["scale"] > 0 for e in plan["events"])
+    jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
+    assert jobs == []
+    after = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert after["budget"] == before["budget"]
+    # the same checks as a submission: a bad spec is a 422 naming the field
+    bad = client.post(
+        f"/v1/datasets/{dataset_id}/jobs?dry_run=true",
+        headers=world.owner.headers,
+        json={**spec, "delta": 0.5},
+    )
+    assert bad.status_code == 422 and "delta" in bad.text

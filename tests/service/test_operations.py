@@ -10,10 +10,12 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 from kombu import Connection
+from prometheus_client import REGISTRY
 
 from app.config import Settings
 from app.db import Database, enqueue_after_commit
 from app.main import create_app
+from app.metrics import observe_stage
 from app.worker import RUN_PROMPTS, RUN_SEQUENCES, TASKS, celery_app, create_celery
 from tests.service import factories
 from tests.service.conftest import make_settings
@@ -48,12 +50,45 @@ def test_metrics_report_jobs_by_state_and_epsilon_spent(
     dataset_id = factories.dataset(client, world.owner)
     job_id = factories.job(client, world.owner, dataset_id)
     factories.run_job(db, job_id)
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=world.auditor.headers).text
     assert 'keyseed_jobs{state="succeeded"} 1.0' in text
     assert "keyseed_epsilon_spent_total 1.0" in text
     assert 'keyseed_http_requests_total{method="POST",route="/v1/datasets",status="201"}' in text
     assert "keyseed_job_stage_duration_seconds" in text
     assert "keyseed_llm_calls_total" in text or "keyseed_llm_calls" in text
+
+
+def test_metrics_need_the_metrics_token_or_a_platform_key(
+    database_url: str, tmp_path: Path, world: factories.World
+) -> None:
+    app = create_app(make_settings(database_url, tmp_path, metrics_token="scrape-7f2c-token"))
+    client = TestClient(app)
+    try:
+        for headers, status in (
+            ({}, 401),
+            (factories.auth("not-the-token"), 401),
+            (world.owner.headers, 403),
+            (world.client.headers, 403),
+            (factories.auth("scrape-7f2c-token"), 200),
+            (world.admin.headers, 200),
+            (world.auditor.headers, 200),
+        ):
+            response = client.get("/metrics", headers=headers)
+            assert response.status_code == status, (headers, response.text)
+        assert response.headers["content-type"].startswith("text/plain")
+        assert "keyseed_jobs" in response.text
+    finally:
+        app.state.database.dispose()
+
+
+def test_no_private_stage_is_timed() -> None:
+    observe_stage("prompts", 1.5)
+    for stage in ("extract", "private_vocabulary", "embed", "dp_kde", "sequences"):
+        with pytest.raises(ValueError, match="private data"):
+            observe_stage(stage, 1.0)
+        assert REGISTRY.get_sample_value(
+            "keyseed_job_stage_duration_seconds_count", {"stage": stage}
+        ) in (None, 0.0)
 
 
 def test_openapi_documents_problem_responses(client: TestClient) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import uuid
@@ -63,7 +64,14 @@ def test_a_release_carries_its_manifest(
     release = client.get(f"/v1/releases/{release_id}", headers=world.client.headers).json()
     assert release["job_id"] == job_id and release["documents"] == 2
     manifest = release["manifest"]
-    assert manifest["method"].startswith("DP-KPS")
+    # what ran, from the job's configuration: the default is the exact kernel
+    assert manifest["method"] == (
+        "DP-KPS (Nagesh et al., 2024) with DP-KDE by "
+        "the exact Gaussian kernel density on the private vocabulary"
+    )
+    assert manifest["density"] == {"method": "exact", "kernel": "gaussian", "bandwidth": 0.3}
+    assert manifest["parameters"]["kde_method"] == "exact"
+    assert manifest["privacy"]["adjacency"] == "one row of the uploaded file added or removed"
     assert manifest["parameters"]["epsilon_kde"] == 0.5
     assert manifest["parameters"]["vocabulary_size"] == 50
     assert manifest["privacy"]["epsilon_charged"] == 1.0
@@ -73,8 +81,58 @@ def test_a_release_carries_its_manifest(
         "embedding": "test-model",
         "llm": {"endpoint": "vllm", "model": "open-model"},
     }
-    assert manifest["vocabulary"]["name"] == "medical" and manifest["created_at"]
+    vocabulary = client.get("/v1/vocabularies", headers=world.owner.headers).json()
+    medical = next(v for v in vocabulary if v["id"] == "medical")
+    assert manifest["vocabulary"] == {
+        "source": "built in",
+        "id": "medical",
+        "name": "medical",
+        "size": medical["size"],
+        "fingerprint": medical["fingerprint"],
+        "fingerprint_algorithm": "sha256 of the normalised phrases joined by newlines",
+    }
+    assert manifest["created_at"]
     assert "api_key" not in json.dumps(manifest)
+
+
+def test_the_manifest_names_random_features_and_an_uploaded_vocabulary(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    phrases = "heart failure\nfracture\nchest pain\n"
+    uploaded = client.post(
+        "/v1/vocabularies",
+        headers=world.owner.headers,
+        data={"name": "wards"},
+        files={"file": ("v.txt", phrases.encode())},
+    ).json()
+    _, release_id = _released(
+        client,
+        world,
+        db,
+        vocabulary=uploaded["id"],
+        vocabulary_size=3,
+        sequence_length=2,
+        kde_method="random_features",
+        mode="iterative",
+        num_features=64,
+    )
+    manifest = client.get(f"/v1/releases/{release_id}", headers=world.auditor.headers).json()[
+        "manifest"
+    ]
+    assert manifest["method"] == (
+        "DP-KPS (Nagesh et al., 2024) with DP-KDE by random Fourier features (iterative sequences)"
+    )
+    assert manifest["density"] == {
+        "method": "random_features",
+        "kernel": "gaussian",
+        "bandwidth": 0.3,
+        "num_features": 64,
+        "contribution_bound": 0.5,
+    }
+    expected = hashlib.sha256(b"heart failure\nfracture\nchest pain").hexdigest()
+    assert manifest["vocabulary"]["source"] == "uploaded"
+    assert manifest["vocabulary"]["id"] == uploaded["id"]
+    assert manifest["vocabulary"]["fingerprint"] == expected == uploaded["fingerprint"]
 
 
 def test_releases_are_listed_and_read_by_owner_grantees_and_platform(

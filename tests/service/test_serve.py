@@ -225,8 +225,9 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
     assert (budget["spent"], budget["reserved"], budget["remaining"]) == (1.0, 0.0, 4.0)
 
     # what the worker process counted is on the API's /metrics (one folder for all)
-    metrics = http.get("/metrics").text
-    assert 'keyseed_job_stage_duration_seconds_count{stage="dp_kde"}' in metrics
+    metrics = http.get("/metrics", headers=admin).text
+    assert 'keyseed_job_stage_duration_seconds_count{stage="prompts"}' in metrics
+    assert 'stage="dp_kde"' not in metrics  # a private stage is not timed
     assert 'keyseed_llm_calls_total{endpoint="local",outcome="ok"} 2.0' in metrics
     assert 'keyseed_worker_epsilon_committed_total{mechanism="kde"} 0.5' in metrics
     http.close()

@@ -201,14 +201,25 @@ def test_the_sequences_stage_saves_dp_outputs_and_commits_the_spend_once(
     client: TestClient, world: factories.World, worker: WorkerContext, db: Database
 ) -> None:
     dataset_id, job_id = submit(client, world)
-    seen: list[str] = []
-    worker.stage_hooks.append(lambda _job, stage, _fraction: seen.append(stage))
+    seen: list[tuple[str, float]] = []
+    worker.stage_hooks.append(lambda _job, stage, fraction: seen.append((stage, fraction)))
     before = {stage: stage_count(stage) for stage in STAGES}
 
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
 
-    assert list(dict.fromkeys(seen)) == STAGES
-    assert all(stage_count(stage) > before[stage] for stage in STAGES)
+    # the private stages show their boundaries only (no i/n that would give n), and
+    # none of them is timed (their durations depend on the data)
+    assert seen == [
+        ("extract", 0.0),
+        ("extract", 1.0),
+        ("private_vocabulary", 1.0),
+        ("embed", 1.0),
+        ("dp_kde", 0.0),
+        ("dp_kde", 1.0),
+        ("sequences", 0.0),
+        ("sequences", 1.0),
+    ]
+    assert all(stage_count(stage) == before[stage] for stage in STAGES)
     job = job_of(client, world, job_id)
     assert job["state"] == "succeeded" and job["error"] is None
     assert job["counts"] == {"sequences": 4, "texts_done": 4, "texts_failed": 0, "llm_calls": 0}
@@ -308,9 +319,11 @@ def test_an_accounting_mismatch_fails_the_job_and_saves_nothing(
     assert ledger(client, world, dataset_id)["budget"]["spent"] == 1.0
 
 
-def test_engine_errors_become_generic_job_errors_without_private_text(
+def test_a_corpus_matching_no_phrase_runs_like_any_other(
     client: TestClient, world: factories.World, worker: WorkerContext
 ) -> None:
+    # No branch on raw data after the private read: a corpus whose documents match no
+    # phrase of the vocabulary releases noise like any other instead of failing.
     secret = "CANARY-worker-3f9a"
     content = factories.csv_bytes([(f"{secret} nothing to match", "cardio")] * 2)
     dataset_id = factories.dataset(client, world.owner, content=content)
@@ -323,10 +336,9 @@ def test_engine_errors_become_generic_job_errors_without_private_text(
         sequence_length=3,
         num_features=64,
     )
-    assert stages.run_sequences(worker, uuid.UUID(job_id)) == "failed"
+    assert stages.run_sequences(worker, uuid.UUID(job_id)) != "failed"
     body = job_of(client, world, job_id)
-    assert body["error"]["code"] == "input_data_error"
-    assert "no document contains a phrase" in body["error"]["message"]
+    assert body["error"] is None
     assert secret not in json.dumps(body)
     assert ledger(client, world, dataset_id)["budget"]["spent"] == 1.0  # the data was read
 

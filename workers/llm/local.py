@@ -60,7 +60,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from workers.dpkps.errors import ConfigError, LLMError
+from workers.errors import ConfigError, LLMError
 from workers.llm.client import LLMEndpoint
 from workers.llm.engine import DEFAULT_SLOTS, DEFAULT_WEIGHT_TYPE, default_threads
 
@@ -194,7 +194,7 @@ class LocalLLMServer:
 
     @property
     def endpoint(self) -> LLMEndpoint:
-        """An endpoint for :func:`~workers.dpkps.prompting.prompt_sequences`."""
+        """An endpoint for :func:`~workers.methods.dpkps.prompting.prompt_sequences`."""
         if self.model_name is None:
             raise LLMError("the local LLM server is not running", field="llm_base_url")
         return LLMEndpoint(

@@ -1,0 +1,297 @@
+"""Neighbouring uploads look alike to everyone but their owner (docs/privacy.md).
+
+For each edge case, the full flow runs twice, on two uploads that differ by one row of
+the file: upload, job (the real engine, in-process as a worker runs it), prompting (a
+real HTTP server standing in for the LLM, ``tests/fake_llm.py``), release to a client
+organisation, download. Everything the platform roles (admin, auditor) and the client
+organisation can observe is recorded: what the API answers them at every progress write
+of the job and at the end (job, dataset, ledger, release, listings, download), the audit
+events, and what ``/metrics`` gained. Apart from the DP outputs themselves (sequences,
+texts, and the figures the engine derives from the private vocabulary), the two records
+must be identical: a function of DP releases and public inputs only.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.config import LLMEndpointSettings, Settings
+from app.jobs import stages
+from app.jobs.stages import WorkerContext
+from tests.fake_llm import FakeLLM
+from tests.service import factories
+from tests.service.test_worker import vocabulary
+
+LABELS = ("cardio", "ortho")
+SPEC: dict[str, Any] = {
+    "llm": "vllm",
+    "document_type": "clinical note",
+    "epsilon_vocab": 0.5,
+    "epsilon_kde": 0.5,
+    "vocabulary_size": 8,
+    "sequence_length": 3,
+    "per_class": 2,
+}
+NO_PHRASE = ("Routine visit, nothing to report", "ortho")  # none of the vocabulary's
+LARGE_CLASS = [(f"Heart failure follow-up visit number {i}", "cardio") for i in range(30)]
+Rows = Sequence[tuple[str, str]]
+# name: (rows of one upload, rows of its neighbour, declared labels)
+CASES: dict[str, tuple[Rows, Rows, tuple[str, ...]]] = {
+    # the first of (text, cardio), (text, ortho) removed: no relabelling of the second
+    "a duplicate text with another label": (
+        [("Chest pain at rest", "cardio"), ("Chest pain at rest", "ortho"), *factories.ROWS],
+        [("Chest pain at rest", "ortho"), *factories.ROWS],
+        LABELS,
+    ),
+    "a row matching no vocabulary phrase": (
+        factories.ROWS,
+        [*factories.ROWS, NO_PHRASE],
+        LABELS,
+    ),
+    # whether any document holds a phrase of the vocabulary must not decide the outcome
+    "the only row matching the vocabulary": (
+        [("Knee arthritis", "ortho"), NO_PHRASE, ("Nothing to report today", "cardio")],
+        [NO_PHRASE, ("Nothing to report today", "cardio")],
+        LABELS,
+    ),
+    # the declared labels are fixed: a class empty in one upload gets a row in the other
+    "a row with a new label": (
+        factories.ROWS,
+        [*factories.ROWS, ("Migraine with aura and a fall", "neuro")],
+        (*LABELS, "neuro"),
+    ),
+    "one added row in a large class": (
+        [*factories.ROWS, *LARGE_CLASS],
+        [*factories.ROWS, *LARGE_CLASS, ("Heart failure with chest pain", "cardio")],
+        LABELS,
+    ),
+}
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TIMES = frozenset({"created_at", "started_at", "finished_at", "updated_at", "deleted_at"})
+# Metric samples that are wall-clock times (sums and buckets of durations, creation times),
+# and those of the test process itself, which here runs the worker's stages too (a worker
+# is a process of its own in every deployment, and its process metrics are not exported).
+TIMED = re.compile(r"(_sum|_bucket|_created)$|^(process|python)_")
+PRIVATE_STAGES = ("extract", "private_vocabulary", "embed", "dp_kde", "sequences")
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeLLM]:
+    with FakeLLM() as fake:
+        yield fake
+
+
+@pytest.fixture
+def worker(app: FastAPI, settings: Settings, fake_llm: FakeLLM, tmp_path: Path) -> WorkerContext:
+    """A worker on the test database; the endpoint jobs name ("vllm") is the fake LLM.
+    Progress is written at every report the engine makes (no throttling)."""
+    endpoint = LLMEndpointSettings(base_url=fake_llm.base_url, model=fake_llm.model)
+    worker_settings = settings.model_copy(
+        update={
+            "cache_dir": tmp_path / "cache",
+            "progress_interval": 0.0,
+            "llm_endpoints": {"vllm": endpoint},
+        }
+    )
+    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+
+
+def _normalised(value: Any, ids: dict[str, str]) -> Any:
+    """``value`` with ids numbered by first appearance, and wall-clock times and serial
+    row numbers (a ledger entry's) left out."""
+    if isinstance(value, dict):
+        return {
+            _normalised(k, ids): _normalised(v, ids)
+            for k, v in value.items()
+            if k not in TIMES and not (k == "id" and isinstance(v, int))
+        }
+    if isinstance(value, (list, tuple)):
+        return [_normalised(v, ids) for v in value]
+    if isinstance(value, str):
+        return UUID.sub(lambda m: ids.setdefault(m[0], f"<id {len(ids)}>"), value)
+    return value
+
+
+def _metrics(client: TestClient, world: factories.World) -> dict[tuple[str, Any], float]:
+    response = client.get("/metrics", headers=world.admin.headers)
+    assert response.status_code == 200
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def _audit_after(client: TestClient, world: factories.World, mark: int) -> list[dict[str, Any]]:
+    events = client.get(
+        "/v1/audit/events", headers=world.auditor.headers, params={"limit": 500}
+    ).json()["events"]
+    return [
+        {k: v for k, v in e.items() if k not in ("id", "request_id")}
+        for e in reversed(events)
+        if e["id"] > mark
+    ]
+
+
+def _last_event(client: TestClient, world: factories.World) -> int:
+    events = client.get("/v1/audit/events", headers=world.auditor.headers).json()["events"]
+    return int(events[0]["id"]) if events else 0
+
+
+def _others(world: factories.World) -> dict[str, factories.Caller]:
+    return {"admin": world.admin, "auditor": world.auditor, "client": world.client}
+
+
+def _views(
+    client: TestClient, world: factories.World, paths: Sequence[str], own: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What each non-owner gets at ``paths``: status and body (of a listing, the items
+    of this flow, ``own``: the other flow's objects are listed too)."""
+    seen: dict[str, Any] = {}
+    for role, caller in _others(world).items():
+        for path in paths:
+            response = client.get(path, headers=caller.headers)
+            body = response.json() if "json" in response.headers["content-type"] else None
+            if isinstance(body, list):
+                body = [item for item in body if item["id"] in own]
+            seen[f"{role} GET {path}"] = (response.status_code, body)
+    return seen
+
+
+def _without_dp_outputs(views: dict[str, Any]) -> None:
+    """Leave out what the engine derived from the private vocabulary Ṽ (a DP output): a
+    realised release (it has a ``name``; the planned ones, which the ledger reserves,
+    do not) of the exact kernel has its sensitivity from Ṽ (the largest column sum or
+    norm), and its noise scale follows from it. Everything else must match."""
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            realised = value.get("name") and "sensitivity" in value and "noise" in value
+            if realised:
+                for name in ("sensitivity", "scale"):
+                    value.pop(name, None)
+            report = isinstance(value.get("events"), list)  # a ledger report, a manifest
+            if (realised or report) and isinstance(value.get("epsilon"), float | str):
+                value["epsilon"] = round(float(value["epsilon"]), 9)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(views)
+
+
+def _flow(
+    client: TestClient,
+    world: factories.World,
+    worker: WorkerContext,
+    rows: Rows,
+    labels: tuple[str, ...],
+    vocabulary_id: str,
+) -> dict[str, Any]:
+    """Upload ``rows``, run a job on them to a release, and record what others see."""
+    metrics_before = _metrics(client, world)
+    mark = _last_event(client, world)
+    record: dict[str, Any] = {}
+
+    dataset_id = factories.dataset(
+        client, world.owner, content=factories.csv_bytes(rows), labels=labels
+    )
+    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    job_path = f"/v1/jobs/{job_id}"
+    record["submitted"] = _views(client, world, [job_path])
+    progress: list[dict[str, Any]] = []
+    worker.stage_hooks.append(lambda *_: progress.append(_views(client, world, [job_path])))
+    record["sequences stage"] = stages.run_sequences(worker, uuid.UUID(job_id))
+    worker.stage_hooks.clear()
+    record["at every progress write"] = progress
+    record["after the sequences stage"] = _views(client, world, [job_path])
+    record["prompts stage"] = stages.run_prompts(worker, uuid.UUID(job_id))
+
+    released = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)]},
+    )
+    record["release"] = released.status_code
+    paths = [
+        job_path,
+        f"/v1/datasets/{dataset_id}",
+        f"/v1/datasets/{dataset_id}/ledger",
+        f"/v1/datasets/{dataset_id}/jobs",
+        "/v1/datasets",
+    ]
+    record["the end"] = _views(client, world, paths, own=[dataset_id, job_id])
+    _without_dp_outputs(record["the end"])
+    if released.status_code == 201:
+        release_id = released.json()["id"]
+        views = _views(
+            client, world, [f"/v1/releases/{release_id}", "/v1/releases"], own=[release_id]
+        )
+        _without_dp_outputs(views)
+        record["released"] = views
+        download = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
+        record["download"] = (download.status_code, len(download.text.splitlines()))
+    record["audit events"] = _audit_after(client, world, mark)
+
+    after = _metrics(client, world)
+    gained = {
+        key: value - metrics_before.get(key, 0.0)
+        for key, value in after.items()
+        if not TIMED.search(key[0]) and value != metrics_before.get(key, 0.0)
+    }
+    record["metrics gained"] = sorted(gained.items())
+    record["private stages timed"] = sorted(
+        {dict(labels).get("stage") for _, labels in gained} & set(PRIVATE_STAGES)
+    )
+    normalised: dict[str, Any] = _normalised(record, {})
+    return normalised
+
+
+def _first_differences(one: Any, other: Any, keys: list[str]) -> list[str]:
+    """Where two records first differ, as paths (for a readable failure)."""
+    found: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if len(found) >= 10 or a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k), b.get(k), f"{path}.{k}")
+        elif isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                walk(x, y, f"{path}[{i}]")
+        else:
+            found.append(f"{path}: {a!r} != {b!r}")
+
+    for key in keys:
+        walk(one[key], other.get(key), key)
+    return found
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_neighbouring_uploads_look_alike_to_everyone_but_their_owner(
+    case: str, client: TestClient, world: factories.World, worker: WorkerContext
+) -> None:
+    rows, neighbour, labels = CASES[case]
+    assert abs(len(rows) - len(neighbour)) == 1
+    assert client.get("/metrics").status_code == 401  # no anonymous scrape
+    vocabulary_id = vocabulary(client, world.owner)
+
+    one = _flow(client, world, worker, rows, labels, vocabulary_id)
+    other = _flow(client, world, worker, neighbour, labels, vocabulary_id)
+
+    assert one["prompts stage"] == "succeeded", one
+    assert one["private stages timed"] == [], "the private stages' durations are exported"
+    differing = [key for key in one if one[key] != other.get(key)]
+    assert differing == [], _first_differences(one, other, differing)

@@ -1,0 +1,169 @@
+"""Every parameter of an Aug-PE run, validated with errors that name the field.
+
+Names follow the PE library (aug-pe.md §2) where it has one: ``iterations`` is T,
+``population`` the N_t of iterations 0 … T−1 (the schedule is constant, as in every
+shipped example, so each iteration's population size is fixed by the parameters alone),
+``num_released`` is N_T, ``initial_variation_folds``/``variation_folds`` are f_0/f,
+``lookahead_degree`` d, ``nearest_neighbors`` k, ``selection`` the selection mode,
+``histogram_threshold`` H.
+
+Defaults are the library's text examples (aug-pe.md §4: rank selection, keep_selected,
+f_0 = f = 3, d = 0, k = 1, L2 distance, T = 10, fill-in-the-blanks at 0.5, target word
+count ± 30 words floored at 25, temperature 1.2) scaled down for a 2-core machine in the
+population only: 100 seeds per iteration instead of 2,000 (3,100 LLM calls instead of
+68,000), and 128 completion tokens instead of 1,000. T is kept, so σ is the paper's.
+
+Privacy parameters: the total (ε, δ) of the run, class counts and all T iterations
+together; δ comes from the job spec (the paper's 1/(N ln N) needs the private N,
+caveat A6). ``count_share`` is the class counts' share of the budget, in the currency
+Gaussian mechanisms add up in (μ², see :mod:`workers.methods.aug_pe.accounting`). σ is
+never a parameter (caveat A4): it is derived from (ε, δ, T).
+
+This module imports no numerical library, so an API process can validate job specs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
+
+DOCUMENT_TYPE_CHARS = 200
+MAX_LLM_CALLS = 10_000_000  # per run, retries excluded: far above what a machine can serve
+
+
+class AugPEParams(BaseModel):
+    """The job's Aug-PE parameters (module docstring); frozen once validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
+    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
+    delta: float = Field(gt=0.0, le=1e-3)
+    iterations: int = Field(default=10, ge=1, le=100)
+    initial_variation_folds: int = Field(default=3, ge=0, le=20)
+    variation_folds: int = Field(default=3, ge=0, le=20)
+    keep_selected: bool = True
+    lookahead_degree: int = Field(default=0, ge=0, le=10)
+    population: int = Field(default=100, ge=1, le=100_000)
+    num_released: int = Field(default=100, ge=1, le=2_100_000)
+    nearest_neighbors: int = Field(default=1, ge=1, le=100)
+    distance: Literal["l2", "cosine", "inner_product"] = "l2"
+    selection: Literal["rank", "sample"] = "rank"
+    histogram_threshold: float | None = Field(default=None, ge=0.0, le=1e9)
+    count_share: float = Field(default=0.1, gt=0.0, lt=1.0)
+    variation: Literal["fill_in_blanks", "paraphrase"] = "fill_in_blanks"
+    blank_probability: float = Field(default=0.5, ge=0.0, lt=1.0)
+    word_count_std: float | None = Field(default=30.0, ge=0.0, le=10_000.0)
+    min_word_count: int = Field(default=25, ge=0, le=10_000)
+    max_tokens: int = Field(default=128, ge=8, le=32_768)
+    temperature: float = Field(default=1.2, ge=0.0, le=2.0)
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    seed: int = Field(default=0, ge=0, le=2**53 - 1)
+
+    @field_validator("document_type")
+    @classmethod
+    def _visible(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        if any(ch in value for ch in "\r\n\t\x00"):
+            raise ValueError("must be one line of text")
+        return value.strip()
+
+    @field_validator("keep_selected")
+    @classmethod
+    def _population_not_empty(cls, value: bool, info: ValidationInfo) -> bool:
+        if not value and info.data.get("variation_folds") == 0:
+            raise ValueError(
+                "with variation_folds = 0 the next population is empty unless keep_selected"
+            )
+        return value
+
+    @field_validator("population")
+    @classmethod
+    def _calls_bounded(cls, value: int, info: ValidationInfo) -> int:
+        data = info.data
+        needed = ("iterations", "initial_variation_folds", "variation_folds", "keep_selected")
+        if any(name not in data for name in (*needed, "lookahead_degree")):
+            return value  # an earlier field failed and is reported on its own
+        calls = _planned_calls(
+            population=value,
+            initial_folds=data["initial_variation_folds"],
+            folds=data["variation_folds"],
+            keep=data["keep_selected"],
+            iterations=data["iterations"],
+            lookahead=data["lookahead_degree"],
+        )
+        if calls > MAX_LLM_CALLS:
+            raise ValueError(f"the run would make {calls} LLM calls (at most {MAX_LLM_CALLS})")
+        return value
+
+    @field_validator("num_released")
+    @classmethod
+    def _within_last_population(cls, value: int, info: ValidationInfo) -> int:
+        data = info.data
+        needed = ("iterations", "initial_variation_folds", "variation_folds", "keep_selected")
+        if any(name not in data for name in (*needed, "population")):
+            return value  # an earlier field failed and is reported on its own
+        candidates = _candidates(
+            population=data["population"],
+            initial_folds=data["initial_variation_folds"],
+            folds=data["variation_folds"],
+            keep=data["keep_selected"],
+            iteration=data["iterations"],
+        )
+        if value > candidates:
+            raise ValueError(
+                f"must be at most the {candidates} candidates of the last iteration "
+                "(population × folds)"
+            )
+        return value
+
+    def candidates(self, iteration: int) -> int:
+        """Size of the population whose histogram iteration ``iteration`` (1 … T) releases."""
+        return _candidates(
+            population=self.population,
+            initial_folds=self.initial_variation_folds,
+            folds=self.variation_folds,
+            keep=self.keep_selected,
+            iteration=iteration,
+        )
+
+    def planned_calls(self) -> int:
+        """LLM requests the run makes, retries excluded (aug-pe.md §4, without the unused
+        variations of the last selection): N(1 + f_0) + Σ_t d·|population_t| + (T−1)·N·f."""
+        return _planned_calls(
+            population=self.population,
+            initial_folds=self.initial_variation_folds,
+            folds=self.variation_folds,
+            keep=self.keep_selected,
+            iterations=self.iterations,
+            lookahead=self.lookahead_degree,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form recorded in manifests."""
+        return self.model_dump(mode="json")
+
+
+def _candidates(
+    *, population: int, initial_folds: int, folds: int, keep: bool, iteration: int
+) -> int:
+    if iteration <= 1:
+        return population * (1 + initial_folds)
+    return population * (folds + int(keep))
+
+
+def _planned_calls(
+    *, population: int, initial_folds: int, folds: int, keep: bool, iterations: int, lookahead: int
+) -> int:
+    sizes = (
+        _candidates(
+            population=population, initial_folds=initial_folds, folds=folds, keep=keep, iteration=t
+        )
+        for t in range(1, iterations + 1)
+    )
+    initial = population * (1 + initial_folds)
+    return initial + lookahead * sum(sizes) + (iterations - 1) * population * folds

@@ -1,0 +1,522 @@
+"""Aug-PE end to end: :func:`run_aug_pe` (aug-pe.md §2, with the keyseed rules of §6).
+
+Steps of one run (T = ``params.iterations``, N = ``params.population``):
+
+1. **Class counts** (with more than one class): DP counts of the privacy units per
+   declared class (discrete Gaussian, OpenDP). Every class's share of the N seeds and of
+   the released documents is allocated from them (largest remainders); raw counts are
+   never used (caveat A1). With one class there is nothing to count.
+2. **Initial population**, per class: its share of N texts from the RANDOM_API (document
+   type and label only), then f_0 VARIATION_API variations of each.
+3. **Iterations t = 1 … T**: embed every candidate (lookahead d > 0: the mean embedding of
+   d variations of it); each class's units vote for their k nearest candidates of the
+   class; Gaussian noise on every bin (OpenDP); threshold; selection (rank or sample);
+   for t < T, f variations of every selected text, plus the selected texts themselves
+   with ``keep_selected``, make the next population.
+4. **Release**: the texts selected at iteration T, (label, text) pairs, shuffled with the
+   public seed. The variations the library makes of the last selection are not made: the
+   paper evaluates only the selected texts.
+
+Privacy. Private data enter in two places only, both in :mod:`.mechanism` and
+:func:`_Run.class_counts`: the class counts and the vote histograms. Every release has
+its σ from :func:`~workers.methods.aug_pe.accounting.noise_plan`, computed from public
+parameters before the first private read, and the run records exactly the planned
+events. Nothing after the first private read branches on private data: empty classes
+vote nothing and are noised all the same, and LLM failures depend on public prompts only.
+Clean counts and histograms are local variables of the functions that noise them.
+Prompts hold the document type, the label (public schema, caveat A10) and synthetic
+texts; never a private document.
+
+Checkpoints (:mod:`workers.methods.checkpoints`). Every DP output is saved as soon as it
+is drawn and before anything derived from it leaves the process (an LLM prompt, the
+result): the noisy class counts; per iteration the noisy histograms, their
+post-processed scores, the selection and the events; and every population with its
+texts, labels and parent indices. That is the whole allow-list (caveat A3): no clean
+count, no embedding of a private document, no private text. A re-run with the same
+checkpoints loads what is there instead of drawing noise again: it resumes at the next
+iteration and records each event once. A crash between drawing noise and saving it loses
+a draw that nothing outside the process saw, so drawing it again is a first release.
+LLM costs are saved with the populations and add up across resumptions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from workers.errors import ConfigError, InputDataError, LLMError
+from workers.llm.client import LLMCosts, LLMEndpoint, complete, run_sync
+from workers.methods.aug_pe import prompts
+from workers.methods.aug_pe.accounting import (
+    NoisePlan,
+    check_label_set,
+    count_release,
+    histogram_release,
+    noise_plan,
+)
+from workers.methods.aug_pe.mechanism import (
+    group_units,
+    nearest_candidates,
+    post_process,
+    release_histogram,
+    select,
+    vote_histogram,
+)
+from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.checkpoints import Checkpoints
+from workers.methods.dpkps.pipeline import check_corpus
+from workers.methods.dpkps.proportions import allocate
+from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
+from workers.privacy.noise import discrete_gaussian_noise
+from workers.text.embeddings import Embedder
+
+METHOD = "aug-pe"
+DESCRIPTION = (
+    "Aug-PE (Xie et al., ICML 2024): Private Evolution for text, with DP class counts, "
+    "OpenDP Gaussian vote histograms and exact GDP accounting"
+)
+RANDOM_ROUNDS = 3  # rounds of re-requests for failed RANDOM_API calls before giving up
+ProgressFn = Callable[[str, float], None]
+
+RUN_KEY = "aug-pe-run"
+COUNTS_KEY = "aug-pe-counts"
+COSTS_KEY = "aug-pe-llm-costs"
+
+# Stage codes that separate the seeded random streams of a run.
+_RANDOM, _SELECT, _VARY, _LOOKAHEAD, _SHUFFLE = range(5)
+
+
+def population_key(iteration: int) -> str:
+    return f"aug-pe-population-{iteration}"
+
+
+def histogram_key(iteration: int) -> str:
+    return f"aug-pe-histogram-{iteration}"
+
+
+@dataclass(frozen=True)
+class Population:
+    """Candidates: text, label, and the index of the parent in the previous population
+    (−1 for a RANDOM_API text)."""
+
+    texts: tuple[str, ...]
+    labels: tuple[str, ...]
+    parents: tuple[int, ...]
+
+    def indices_of(self, label: str) -> NDArray[np.int64]:
+        return np.array([i for i, x in enumerate(self.labels) if x == label], dtype=np.int64)
+
+    def to_bytes(self) -> bytes:
+        data = {"texts": self.texts, "labels": self.labels, "parents": self.parents}
+        return json.dumps(data, ensure_ascii=False).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Population:
+        data = json.loads(raw)
+        return cls(tuple(data["texts"]), tuple(data["labels"]), tuple(data["parents"]))
+
+
+@dataclass
+class AugPEResult:
+    """What a run releases: records, the events of its releases, a public manifest."""
+
+    records: list[tuple[str, str]]  # (label, text)
+    events: list[PrivacyEvent]
+    manifest: dict[str, Any]
+    llm_costs: LLMCosts
+
+
+@dataclass
+class _Private:
+    """Embeddings of the voting private documents, their units and classes (memory only)."""
+
+    embeddings: NDArray[np.float32]
+    units: NDArray[np.int64]
+    classes: NDArray[np.int64]
+
+
+def _json(data: Any) -> bytes:
+    return json.dumps(data, ensure_ascii=False, allow_nan=False).encode()
+
+
+def _noop(stage: str, fraction: float) -> None:
+    return None
+
+
+def check_units(units: Sequence[str], documents: int) -> None:
+    """A unit id per document, each a non-empty string; errors name rows, never ids."""
+    if isinstance(units, str) or len(units) != documents:
+        raise InputDataError("give one unit per document", field="units")
+    bad = [i + 1 for i, u in enumerate(units) if not isinstance(u, str) or not u]
+    if bad:
+        rows = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
+        raise InputDataError(f"empty or non-string unit (rows {rows})", field="units")
+
+
+def run_aug_pe(
+    documents: Sequence[str],
+    labels: Sequence[str],
+    *,
+    label_set: Sequence[str],
+    units: Sequence[str] | None,
+    params: AugPEParams,
+    llm: LLMEndpoint,
+    embedder: Embedder,
+    checkpoints: Checkpoints,
+    progress: ProgressFn | None = None,
+) -> AugPEResult:
+    """Run Aug-PE on a labelled private corpus (module docstring).
+
+    ``units`` (one id per document, e.g. a patient) makes the unit the privacy unit:
+    each unit is assigned to the class most of its documents carry and votes there with
+    norm 1 (:func:`~workers.methods.aug_pe.mechanism.group_units`). Bad input raises
+    before anything private is read; after that only LLM failures can end a run
+    (:class:`~workers.errors.LLMError`), and a re-run with the same
+    ``checkpoints`` resumes it without spending again.
+    """
+    declared = check_label_set(label_set)
+    check_corpus(documents, labels, list(declared))
+    if units is not None:
+        check_units(units, len(documents))
+    plan = noise_plan(params, declared)
+    endpoint = replace(llm, max_tokens=params.max_tokens, temperature=params.temperature)
+    endpoint.validate()
+    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or _noop)
+    run.claim(unit_level=units is not None)
+    return run.execute(documents, labels, units)
+
+
+@dataclass
+class _Run:
+    params: AugPEParams
+    labels: tuple[str, ...]
+    plan: NoisePlan
+    endpoint: LLMEndpoint
+    embedder: Embedder
+    checkpoints: Checkpoints
+    progress: ProgressFn
+    costs: LLMCosts = field(default_factory=LLMCosts)
+    failed: int = 0  # variation requests that fell back to their parent text
+    unit_level: bool = False
+
+    # ------------------------------------------------------------ checkpoints
+
+    def claim(self, *, unit_level: bool) -> None:
+        """Tie the checkpoints to this run's public configuration (refuse another's)."""
+        self.unit_level = unit_level
+        settings = self.params.to_dict()
+        settings.pop("concurrency")  # changes nothing a checkpoint holds
+        identity = {
+            "method": METHOD,
+            "parameters": settings,
+            "labels": list(self.labels),
+            "unit_level": unit_level,
+            "llm_model": self.endpoint.model,
+            "embedding_model": self.embedder.name,
+        }
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        stored = self.checkpoints.load(RUN_KEY)
+        if stored is None:
+            self.checkpoints.save(RUN_KEY, _json({"method": METHOD, "fingerprint": digest}))
+        elif json.loads(stored).get("fingerprint") != digest:
+            raise ConfigError(
+                "the checkpoints belong to a run with other parameters", field="checkpoints"
+            )
+        saved = self.checkpoints.load(COSTS_KEY)
+        if saved is not None:
+            data = json.loads(saved)
+            self.failed = int(data.pop("failed_requests"))
+            self.costs = LLMCosts(**data)
+
+    def _save_costs(self) -> None:
+        data: dict[str, Any] = dict(self.costs.as_dict())
+        data["wall_seconds"] = self.costs.wall_seconds
+        data["failed_requests"] = self.failed
+        self.checkpoints.save(COSTS_KEY, _json(data))
+
+    def rng(self, *stream: int) -> np.random.Generator:
+        return np.random.default_rng([self.params.seed, *stream])
+
+    # ------------------------------------------------------------ the run
+
+    def execute(
+        self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
+    ) -> AugPEResult:
+        p = self.params
+        events: list[PrivacyEvent] = []
+        counts = self.class_counts(labels, units, events)  # first private read
+        seeds = self.allocation(p.population, counts)
+        released = self.allocation(p.num_released, counts)
+        self.progress("class_counts", 1.0)
+        population = self.initial_population(seeds)
+        self.progress("initial_population", 1.0)
+        private: _Private | None = None
+        selected: dict[str, list[int]] = {}
+        for t in range(1, p.iterations + 1):
+            stored = self.checkpoints.load(histogram_key(t))
+            if stored is None:
+                if private is None:
+                    private = self.private_side(documents, labels, units)
+                want = seeds if t < p.iterations else released
+                record = self.release(t, population, private, want)
+            else:
+                record = json.loads(stored)
+            events.extend(PrivacyEvent.from_dict(e) for e in record["events"])
+            selected = {label: list(record["selected"][label]) for label in self.labels}
+            if t < p.iterations:
+                population = self.next_population(t, population, selected)
+            self.progress("iteration", t / p.iterations)
+        del private
+        records = [(label, population.texts[i]) for label in self.labels for i in selected[label]]
+        order = self.rng(_SHUFFLE).permutation(len(records))
+        records = [records[i] for i in order]
+        if events != list(self.plan.events):
+            raise RuntimeError("the run's events differ from its plan")  # a bug, never data
+        self.progress("release", 1.0)
+        return AugPEResult(
+            records=records,
+            events=events,
+            manifest=self.manifest(events, records),
+            llm_costs=self.costs,
+        )
+
+    def allocation(self, total: int, counts: Mapping[str, int] | None) -> dict[str, int]:
+        if counts is None:  # one class
+            return {self.labels[0]: total}
+        return allocate(total, {label: float(counts[label]) for label in self.labels})
+
+    # ------------------------------------------------------------ private reads
+
+    def class_counts(
+        self, labels: Sequence[str], units: Sequence[str] | None, events: list[PrivacyEvent]
+    ) -> dict[str, int] | None:
+        """Noisy counts of units per class (discrete Gaussian, Δ₂ = 1), saved once."""
+        planned = self.plan.count_event()
+        if planned is None:
+            return None
+        stored = self.checkpoints.load(COUNTS_KEY)
+        if stored is not None:
+            data = json.loads(stored)
+            events.append(PrivacyEvent.from_dict(data["event"]))
+            return {label: int(data["noisy"][label]) for label in self.labels}
+        assert self.plan.count_sigma is not None
+        _, class_of_unit, _ = group_units(labels, units, self.labels)
+        clean = np.bincount(class_of_unit, minlength=len(self.labels)).astype(np.int64)
+        noisy = discrete_gaussian_noise(clean, scale=self.plan.count_sigma)
+        del clean, class_of_unit
+        event = count_release(self.plan.count_sigma, len(self.labels))
+        if event != planned:
+            raise RuntimeError("the class counts differ from the plan")
+        result = {label: int(noisy[i]) for i, label in enumerate(self.labels)}
+        self.checkpoints.save(COUNTS_KEY, _json({"noisy": result, "event": event.to_dict()}))
+        events.append(event)
+        return result
+
+    def private_side(
+        self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
+    ) -> _Private:
+        """Embed the documents that vote (each unit's documents of its class)."""
+        unit_of, class_of_unit, votes = group_units(labels, units, self.labels)
+        rows = np.flatnonzero(votes)
+        embeddings = self.embedder.encode([documents[i] for i in rows.tolist()])
+        return _Private(
+            embeddings=np.asarray(embeddings, dtype=np.float32),
+            units=unit_of[rows],
+            classes=class_of_unit[unit_of[rows]],
+        )
+
+    def release(
+        self, t: int, population: Population, private: _Private, want: Mapping[str, int]
+    ) -> dict[str, Any]:
+        """Iteration t's noisy histograms, scores and selection, saved before any use."""
+        p = self.params
+        candidates = self.candidate_embeddings(t, population)
+        size = len(population.texts)
+        rng = self.rng(_SELECT, t)
+        record: dict[str, Any] = {
+            "iteration": t,
+            "noisy": {},
+            "scores": {},
+            "selected": {},
+            "events": [],
+        }
+        for c, label in enumerate(self.labels):
+            own = population.indices_of(label)
+            rows = np.flatnonzero(private.classes == c)
+            neighbours = nearest_candidates(
+                private.embeddings[rows],
+                candidates[own],
+                k=p.nearest_neighbors,
+                distance=p.distance,
+            )
+            clean = vote_histogram(neighbours, private.units[rows], size, candidate_index=own)
+            noisy = release_histogram(clean, sigma=self.plan.histogram_sigma)
+            del clean, neighbours, rows
+            event = histogram_release(self.plan.histogram_sigma, size, t, label)
+            if event != self.plan.histogram_event(t, label):
+                raise RuntimeError("a histogram differs from the plan")
+            scores = post_process(noisy[own], p.histogram_threshold)
+            chosen = own[select(scores, want[label], mode=p.selection, rng=rng)]
+            record["noisy"][label] = noisy.tolist()
+            record["scores"][label] = scores.tolist()
+            record["selected"][label] = chosen.tolist()
+            record["events"].append(event.to_dict())
+        self.checkpoints.save(histogram_key(t), _json(record))
+        return record
+
+    # ------------------------------------------------------------ public work (LLM)
+
+    def generate(self, requests: Sequence[prompts.Messages]) -> list[str | None]:
+        """One completion per request; ``None`` where the endpoint failed."""
+        if not requests:
+            return []
+        outcomes = run_sync(
+            complete(
+                lambda i: requests[i],
+                len(requests),
+                endpoint=self.endpoint,
+                concurrency=self.params.concurrency,
+                costs=self.costs,
+            )
+        )
+        return [o.text for o in outcomes]
+
+    def variations(self, texts: Sequence[str], labels: Sequence[str], *stream: int) -> list[str]:
+        """One VARIATION_API text per input; a failed request keeps its input text."""
+        p = self.params
+        rng = self.rng(*stream)
+        requests = [
+            prompts.variation_messages(
+                text,
+                document_type=p.document_type,
+                label=label,
+                variation=p.variation,
+                blank_probability=p.blank_probability,
+                words=prompts.target_words(
+                    text, std=p.word_count_std, minimum=p.min_word_count, rng=rng
+                ),
+                rng=rng,
+            )
+            for text, label in zip(texts, labels, strict=True)
+        ]
+        answers = self.generate(requests)
+        self.failed += sum(a is None for a in answers)
+        return [a if a is not None else text for a, text in zip(answers, texts, strict=True)]
+
+    def initial_population(self, seeds: Mapping[str, int]) -> Population:
+        stored = self.checkpoints.load(population_key(0))
+        if stored is not None:
+            return Population.from_bytes(stored)
+        labels = [label for label in self.labels for _ in range(seeds[label])]
+        texts: list[str | None] = [None] * len(labels)
+        for _ in range(RANDOM_ROUNDS):
+            missing = [i for i, text in enumerate(texts) if text is None]
+            if not missing:
+                break
+            answers = self.generate(
+                [
+                    prompts.random_messages(
+                        document_type=self.params.document_type, label=labels[i]
+                    )
+                    for i in missing
+                ]
+            )
+            for i, answer in zip(missing, answers, strict=True):
+                texts[i] = answer
+        failures = sum(text is None for text in texts)
+        if failures:
+            self._save_costs()
+            raise LLMError(
+                f"the LLM failed {failures} of {len(texts)} initial requests "
+                f"{RANDOM_ROUNDS} times; re-run to resume",
+                field="llm",
+            )
+        seeds_texts = [text for text in texts if text is not None]
+        all_texts, all_labels, parents = list(seeds_texts), list(labels), [-1] * len(labels)
+        for fold in range(self.params.initial_variation_folds):
+            all_texts += self.variations(seeds_texts, labels, _RANDOM, fold)
+            all_labels += labels
+            parents += [-1] * len(labels)
+        population = Population(tuple(all_texts), tuple(all_labels), tuple(parents))
+        self.checkpoints.save(population_key(0), population.to_bytes())
+        self._save_costs()
+        return population
+
+    def next_population(
+        self, t: int, population: Population, selected: Mapping[str, list[int]]
+    ) -> Population:
+        """f variations of every selected text (and the selected, with keep_selected)."""
+        stored = self.checkpoints.load(population_key(t))
+        if stored is not None:
+            return Population.from_bytes(stored)
+        chosen = [i for label in self.labels for i in selected[label]]
+        texts = [population.texts[i] for i in chosen]
+        labels = [population.labels[i] for i in chosen]
+        all_texts: list[str] = []
+        all_labels: list[str] = []
+        parents: list[int] = []
+        for fold in range(self.params.variation_folds):
+            all_texts += self.variations(texts, labels, _VARY, t, fold)
+            all_labels += labels
+            parents += chosen
+        if self.params.keep_selected:
+            all_texts += texts
+            all_labels += labels
+            parents += chosen
+        new = Population(tuple(all_texts), tuple(all_labels), tuple(parents))
+        self.checkpoints.save(population_key(t), new.to_bytes())
+        self._save_costs()
+        return new
+
+    def candidate_embeddings(self, t: int, population: Population) -> NDArray[np.float32]:
+        """Each candidate's embedding, or with lookahead d the mean of d variations'."""
+        d = self.params.lookahead_degree
+        if d == 0:
+            return np.asarray(self.embedder.encode(list(population.texts)), dtype=np.float32)
+        total = np.zeros((len(population.texts), self.embedder.dim), dtype=np.float64)
+        for j in range(d):
+            texts = self.variations(population.texts, population.labels, _LOOKAHEAD, t, j)
+            total += self.embedder.encode(texts)
+        self._save_costs()
+        return (total / d).astype(np.float32)
+
+    # ------------------------------------------------------------ manifest
+
+    def manifest(
+        self, events: Sequence[PrivacyEvent], records: Sequence[tuple[str, str]]
+    ) -> dict[str, Any]:
+        """Public facts only: parameters, models, noise, events, released sizes, costs."""
+        per_class = {label: 0 for label in self.labels}
+        for label, _ in records:
+            per_class[label] += 1
+        costs: dict[str, Any] = dict(self.costs.as_dict())
+        costs["failed_requests"] = self.failed
+        costs["planned_calls"] = self.params.planned_calls()
+        return {
+            "method": METHOD,
+            "description": DESCRIPTION,
+            "parameters": self.params.to_dict(),
+            "labels": list(self.labels),
+            "adjacency": (
+                "add/remove one unit (all documents with one unit id; each unit votes in "
+                "the class most of its documents carry)"
+                if self.unit_level
+                else "add/remove one document"
+            ),
+            "models": {"llm": self.endpoint.model, "embedding": self.embedder.name},
+            "noise": {
+                "histogram_sigma": self.plan.histogram_sigma,
+                "count_sigma": self.plan.count_sigma,
+            },
+            "privacy": compose(events).to_dict(delta=self.params.delta),
+            "released": len(records),
+            "released_per_class": per_class,
+            "llm_costs": costs,
+        }

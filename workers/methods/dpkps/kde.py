@@ -1,0 +1,384 @@
+"""DP kernel density estimates over keyphrase embeddings (method.md, step 4; Wagner et al. 2023).
+
+Noise: the planned release of :mod:`workers.methods.dpkps.plan` — Laplace (pure ε, L1
+sensitivities below) or Gaussian ((ε, δ), L2 sensitivities: contributions are clipped in
+L2 to ``c·√I`` instead of L1 to ``c·I``, and the exact kernel's sensitivity is its largest
+column norm instead of its largest column sum). One unit (a document, or a patient's
+pooled documents) contributes one vector, so everything below holds per unit.
+
+A structure releases ``F̃ = Σ_j φ_j + Laplace(b)^I`` where ``φ_j ∈ [−√2, √2]^I`` is the
+ONE feature vector document ``j`` contributes, however long it is. Under add/remove-one
+adjacency the sum moves by ``φ_j`` alone, so its L1 sensitivity is ``√2 · I`` and the
+Laplace scale is ``b = √2 · I / ε``. (The paper's ``2√2·I/ε`` is for a mean under
+replace-one adjacency; keyseed's ledger counts documents added or removed.)
+
+Two shapes of contribution:
+
+* bag (independent mode, ``blocks = 0``): ``φ_j`` is the mean of ``f(e_v)`` over the
+  document's first ``M`` distinct keyphrases. The sum over documents equals
+  ``Σ_v c_v f(e_v)`` with ``c_v`` the share-weighted count of phrase ``v``, so the cost is
+  one product over distinct phrases, whatever the number of documents.
+* sequence (``blocks = B ≥ 1``): ``φ_j = f(x_j)`` where ``x_j`` concatenates the embeddings
+  of the document's first ``B`` distinct keyphrases, zero-padded to ``B`` blocks, each
+  block scaled by ``1/√B`` (so a full ``x_j`` has unit norm). ``ω_bᵀ e_v`` depends only on
+  the phrase, so each distinct phrase is projected once per block and gathered.
+
+The document's keyphrases are its matches against the private vocabulary Ṽ (itself a
+DP release), so a structure is a function of the corpus and of Ṽ: adaptive sequential
+composition charges ``ε_voc + ε_kde``.
+
+Independent sequences only query the density at the phrases of Ṽ, so by default that
+mode releases the exact Gaussian kernel density there instead (:func:`build_exact_structure`,
+at the end of this module): its sensitivity is about 1 rather than ``c·I``.
+
+Per class, an ensemble of structures shares ``ε_kde`` equally: the logarithmic ensemble
+(paper App. B.2) has block counts ``1, 2, 4, …`` capped at ``L``; the linear ensemble has
+``1, 2, …, L``. Classes are disjoint, so each class may spend the whole ``ε_kde``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import EXACT_KERNEL_LIMIT, MODES, ensemble_block_counts
+from workers.methods.dpkps.features import RandomFourierFeatures, feature_map
+from workers.methods.dpkps.noise import noise_std, release_vector
+from workers.privacy.events import PrivacyEvent
+
+_DOC_CHUNK = 2048
+
+
+MAX_BOUND = math.sqrt(2.0)  # |f_k| ≤ √2: a bound of √2·I clips nothing
+
+
+def check_bound(bound: float) -> float:
+    """The contribution bound ``c`` must lie in (0, √2]."""
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        raise ConfigError("must be a number", field="contribution_bound")
+    if not (math.isfinite(bound) and 0 < bound <= MAX_BOUND):
+        raise ConfigError(f"must be in (0, {MAX_BOUND:.4f}]", field="contribution_bound")
+    return float(bound)
+
+
+def kde_sensitivity(num_features: int, bound: float = MAX_BOUND, norm: str = "l1") -> float:
+    """Sensitivity of ``Σ_j φ_j`` under add/remove of one unit: ``c·I`` (L1), ``c·√I`` (L2).
+
+    Every ``φ_j`` is clipped to ``‖φ_j‖₁ ≤ c·I`` or ``‖φ_j‖₂ ≤ c·√I`` (:func:`clip_rows`);
+    with ``c = √2`` both are implied by the box ``[−√2, √2]^I`` and nothing is clipped
+    (``‖φ‖₂ ≤ √I·‖φ‖∞``). The L2 bound is smaller by √I: the Gaussian mechanism's
+    advantage for this release.
+    """
+    scale = num_features if norm == "l1" else math.sqrt(num_features)
+    return check_bound(bound) * scale
+
+
+def clip_rows(rows: torch.Tensor, limit: float, norm: str = "l1") -> torch.Tensor:
+    """Scale each row down to norm ≤ ``limit`` (rows already within it are unchanged)."""
+    if norm == "l1":
+        norms = rows.abs().sum(dim=1, keepdim=True)
+    else:
+        norms = rows.pow(2).sum(dim=1, keepdim=True).sqrt()
+    factor = torch.clamp(limit / norms.clamp_min(1e-300), max=1.0)
+    return rows * factor
+
+
+def bag_sum(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    num_features: int,
+    max_phrases: int,
+    bound: float = MAX_BOUND,
+    norm: str = "l1",
+) -> NDArray[np.float64]:
+    """Raw ``Σ_j clip(mean_{v ∈ doc j} f(e_v))``.
+
+    Each distinct phrase is featurised once (``U × I``); a chunk of documents is a sparse
+    ``docs × U`` matrix of weights ``1/len``, so its rows ``φ_j`` are one product, and
+    clipping needs each of them. Without clipping (``bound = √2``) the sum collapses to
+    ``Σ_v c_v f(e_v)``, a weighted histogram over distinct phrases.
+    """
+    limit = kde_sensitivity(num_features, bound, norm)
+    docs = [list(p[:max_phrases]) for p in doc_phrases if len(p)]
+    if not docs:
+        return np.zeros(num_features, dtype=np.float64)
+    used, inverse = np.unique(np.concatenate(docs).astype(np.int64), return_inverse=True)
+    rows = torch.as_tensor(used, device=embeddings.device)
+    phase = rff.project(embeddings[rows], 0, num_features)
+    feats = feature_map(phase, rff.phases(num_features)).to(torch.float64)
+    lengths = np.array([len(d) for d in docs])
+    owner = np.repeat(np.arange(len(docs)), lengths)
+    weight = np.repeat(1.0 / lengths, lengths)
+    if bound >= MAX_BOUND:
+        hist = np.zeros(used.size)
+        np.add.at(hist, inverse, weight)
+        w = torch.as_tensor(hist, dtype=torch.float64, device=feats.device)
+        out: NDArray[np.float64] = (w @ feats).cpu().numpy()
+        return out
+    total = torch.zeros(num_features, dtype=torch.float64, device=feats.device)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for first in range(0, len(docs), _DOC_CHUNK):
+        last = min(first + _DOC_CHUNK, len(docs))
+        span = slice(starts[first], starts[last])
+        index = torch.as_tensor(np.stack([owner[span] - first, inverse[span]]))
+        matrix = torch.sparse_coo_tensor(
+            index,
+            torch.as_tensor(weight[span]),
+            (last - first, used.size),
+            check_invariants=False,
+        ).to(feats.device)
+        phi = torch.sparse.mm(matrix, feats)  # repeated phrases are summed: coalesced
+        total += clip_rows(phi, limit, norm).sum(dim=0)
+    result: NDArray[np.float64] = total.cpu().numpy()
+    return result
+
+
+def sequence_sum(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    num_features: int,
+    blocks: int,
+    bound: float = MAX_BOUND,
+    norm: str = "l1",
+) -> NDArray[np.float64]:
+    """Raw ``Σ_j clip(f(x_j))`` with ``x_j`` the first ``blocks`` phrases of doc ``j``."""
+    limit = kde_sensitivity(num_features, bound, norm)
+    docs = [list(p[:blocks]) for p in doc_phrases if len(p)]
+    total = torch.zeros(num_features, dtype=torch.float64, device=embeddings.device)
+    if not docs:
+        return total.cpu().numpy()
+    projections = [rff.project(embeddings, b, num_features) for b in range(blocks)]
+    beta, scale = rff.phases(num_features), 1.0 / math.sqrt(blocks)
+    for start in range(0, len(docs), _DOC_CHUNK):
+        chunk = docs[start : start + _DOC_CHUNK]
+        phase = torch.zeros(
+            len(chunk), num_features, dtype=projections[0].dtype, device=total.device
+        )
+        for b in range(blocks):
+            rows = [i for i, d in enumerate(chunk) if len(d) > b]
+            if not rows:
+                break
+            idx = torch.as_tensor([chunk[i][b] for i in rows], device=total.device)
+            phase[torch.as_tensor(rows, device=total.device)] += projections[b][idx]
+        phi = feature_map(scale * phase, beta).to(torch.float64)
+        total += clip_rows(phi, limit, norm).sum(dim=0)
+    out: NDArray[np.float64] = total.cpu().numpy()
+    return out
+
+
+def _release(
+    raw: NDArray[np.float64], sensitivity: float, planned: PrivacyEvent, label: str, kind: str
+) -> tuple[NDArray[np.float64], PrivacyEvent]:
+    """One class's KDE release with the planned noise, named for the ledger."""
+    return release_vector(
+        raw, planned, sensitivity=sensitivity, name=f"kde[label={label},{kind}]", partition=label
+    )
+
+
+@dataclass(frozen=True)
+class DPKDE:
+    """One released structure: the noisy feature sum and what it cost."""
+
+    label: str
+    blocks: int  # 0: bag structure of the independent mode
+    num_features: int
+    noisy_sum: NDArray[np.float64]
+    event: PrivacyEvent
+
+
+def build_structure(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    label: str,
+    blocks: int,
+    num_features: int,
+    planned: PrivacyEvent,
+    max_phrases: int = 32,
+    bound: float = MAX_BOUND,
+) -> DPKDE:
+    """Build one DP-KDE structure for the units of one class."""
+    norm = planned.norm
+    if not 1 <= num_features <= rff.num_features:
+        raise ConfigError(f"must be in [1, {rff.num_features}]", field="num_features")
+    if blocks == 0:
+        raw = bag_sum(
+            doc_phrases,
+            embeddings,
+            rff,
+            num_features=num_features,
+            max_phrases=max_phrases,
+            bound=bound,
+            norm=norm,
+        )
+    else:
+        raw = sequence_sum(
+            doc_phrases,
+            embeddings,
+            rff,
+            num_features=num_features,
+            blocks=blocks,
+            bound=bound,
+            norm=norm,
+        )
+    noisy, event = _release(
+        raw, kde_sensitivity(num_features, bound, norm), planned, label, f"blocks={blocks}"
+    )
+    del raw  # raw sums never outlive the structure's construction
+    return DPKDE(
+        label=label, blocks=blocks, num_features=num_features, noisy_sum=noisy, event=event
+    )
+
+
+def build_class_ensemble(
+    doc_phrases: Sequence[Sequence[int]],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    label: str,
+    mode: str,
+    ensemble: str,
+    length: int,
+    planned: PrivacyEvent,
+    num_features: int,
+    max_phrases: int = 32,
+    bound: float = MAX_BOUND,
+) -> list[DPKDE]:
+    """The structures one class needs: one bag, or one per ensemble block count.
+
+    ``planned`` is one structure's release: the plan already divided the class's budget
+    among the ensemble (its ``count``)."""
+    if mode == "independent":
+        block_counts = [0]
+    elif mode == "iterative":
+        block_counts = ensemble_block_counts(ensemble, length)
+    else:
+        raise ConfigError(f"must be one of {MODES}", field="mode")
+    if planned.count != len(block_counts):
+        raise ConfigError("the plan does not match the ensemble", field="ensemble")
+    return [
+        build_structure(
+            doc_phrases,
+            embeddings,
+            rff,
+            label=label,
+            blocks=b,
+            num_features=num_features,
+            planned=planned,
+            max_phrases=max_phrases,
+            bound=bound,
+        )
+        for b in block_counts
+    ]
+
+
+# --- The exact kernel on the finite query set Ṽ (independent mode) -------------------
+#
+# Independent sequences only ever query the density at the phrases of Ṽ, a finite public
+# set. The Gaussian kernel density at every one of them can then be released directly:
+# ``s = K w`` with ``K[v, u] = exp(−‖e_v − e_u‖²/σ²)`` over Ṽ and ``w`` the share-weighted
+# phrase counts of one class (a document adds ``1/n_j`` to each of its ``n_j ≤ M``
+# distinct phrases). Adding or removing document ``j`` moves ``s`` by ``K w_j`` with
+# ``w_j ≥ 0`` summing to 1, and ``K ≥ 0``, so the L1 sensitivity is the largest column sum
+# of ``K``: a public number (Ṽ is a DP release, the embeddings are public), about 1 at a
+# narrow bandwidth. The random-feature structure of the same density has sensitivity
+# ``c·I`` and adds feature noise of that scale to every score, besides the random-feature
+# error of each kernel value; this release has neither.
+
+
+class ExactKernel:
+    """The Gaussian kernel over the phrases of Ṽ, and its sensitivity, computed once a run.
+
+    Public: Ṽ is a DP release and the embeddings come from a public model. The kernel is
+    never held whole; it is computed in blocks of rows (|Ṽ| ≤ ``EXACT_KERNEL_LIMIT``).
+    """
+
+    def __init__(self, embeddings: torch.Tensor, bandwidth: float) -> None:
+        if not (math.isfinite(bandwidth) and bandwidth > 0):
+            raise ConfigError("must be finite and > 0", field="bandwidth")
+        if embeddings.shape[0] > EXACT_KERNEL_LIMIT:
+            raise ConfigError(
+                f"the exact kernel holds at most {EXACT_KERNEL_LIMIT:,} phrases "
+                f"(got {embeddings.shape[0]:,}); use kde_method random_features",
+                field="vocabulary_size",
+            )
+        self.embeddings = embeddings.to(torch.float64)
+        self.bandwidth = float(bandwidth)
+        # Sensitivity of K w (w ≥ 0 summing to 1 per unit, so K w_j is a convex combination
+        # of columns): L1, the largest column sum; L2, the largest column norm (K is
+        # symmetric: rows). Both public: functions of Ṽ and the public embeddings.
+        l1, l2 = 0.0, 0.0
+        for block in self._blocks():
+            l1 = max(l1, float(block.sum(dim=1).max()))
+            l2 = max(l2, float(block.pow(2).sum(dim=1).sqrt().max()))
+        self.sensitivities = {"l1": l1, "l2": l2}
+        self.sensitivity = l1
+
+    @property
+    def size(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    def _blocks(self) -> Iterator[torch.Tensor]:
+        e = self.embeddings
+        for start in range(0, self.size, _DOC_CHUNK):
+            dist2 = (2.0 - 2.0 * e[start : start + _DOC_CHUNK] @ e.T).clamp_min(0.0)  # unit rows
+            yield torch.exp(-dist2 / (self.bandwidth * self.bandwidth))
+
+    def density(self, weights: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``K w``: the (unnormalised) Gaussian kernel density at every phrase of Ṽ."""
+        w = torch.as_tensor(weights, dtype=torch.float64, device=self.embeddings.device)
+        out: NDArray[np.float64] = torch.cat([k @ w for k in self._blocks()]).cpu().numpy()
+        return out
+
+
+def phrase_weights(
+    doc_phrases: Sequence[Sequence[int]], size: int, *, max_phrases: int
+) -> NDArray[np.float64]:
+    """``w[v] = Σ_j 1/n_j`` over the documents holding ``v`` among their first ``M`` phrases."""
+    weights = np.zeros(size, dtype=np.float64)
+    for phrases in doc_phrases:
+        kept = list(dict.fromkeys(phrases))[:max_phrases]
+        if kept:
+            np.add.at(weights, np.asarray(kept, dtype=np.int64), 1.0 / len(kept))
+    return weights
+
+
+@dataclass(frozen=True)
+class ExactKDE:
+    """One class's released density at every phrase of Ṽ, and what it cost."""
+
+    label: str
+    noisy_density: NDArray[np.float64]
+    event: PrivacyEvent
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise on one score (Laplace ``√2·b``, Gaussian σ)."""
+        return noise_std(self.event)
+
+
+def build_exact_structure(
+    doc_phrases: Sequence[Sequence[int]],
+    kernel: ExactKernel,
+    *,
+    label: str,
+    planned: PrivacyEvent,
+    max_phrases: int,
+) -> ExactKDE:
+    """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise."""
+    raw = kernel.density(phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases))
+    sensitivity = kernel.sensitivities[planned.norm]
+    noisy, event = _release(raw, sensitivity, planned, label, "exact")
+    del raw  # raw densities never outlive the structure's construction
+    return ExactKDE(label=label, noisy_density=noisy, event=event)

@@ -1,0 +1,337 @@
+"""The DP-KPS engine end to end, up to the keyphrase sequences (method.md, steps 1-6).
+
+:func:`generate_sequences` takes a labelled private corpus and returns keyphrase
+sequences per class together with the exact privacy spend of the run. Prompting an LLM
+with the sequences (step 7) is post-processing and lives in
+:mod:`workers.methods.dpkps.prompting`; callers persist the sequences first, so prompting can be
+retried without touching private data or spending budget again.
+
+What leaves :func:`generate_sequences` in :class:`GenerationResult`:
+
+* ``sequences``, ``private_vocabulary`` and ``report``: DP releases and their cost,
+  safe to store, log in aggregate and ship with a released corpus;
+* ``owner_diagnostics``: raw facts about the private corpus (how many documents, how
+  many matched nothing, class sizes) for the data owner running the offline command
+  line. They are NOT differentially private and must never reach a log, a response, a
+  manifest or a prompt; the service discards them.
+
+Defaults were chosen by measurement on AG News; see ``benchmarks/`` and BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from workers.errors import InputDataError
+from workers.methods.dpkps.accounting import PrivacyReport
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.features import RandomFourierFeatures
+from workers.methods.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
+from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
+from workers.methods.dpkps.private_vocab import select_private_vocabulary
+from workers.methods.dpkps.proportions import allocate, noisy_class_counts
+from workers.methods.dpkps.sampling import (
+    class_contrast,
+    floored_bag_scores,
+    floored_density,
+    sample_from_scores,
+    sample_iterative,
+)
+from workers.privacy.events import PrivacyEvent
+from workers.privacy.units import pool
+from workers.text.embeddings import Embedder, EmbeddingCache, select_device
+from workers.text.extraction import KeyphraseExtractor
+from workers.text.vocabulary import Vocabulary
+
+STAGES = ("extract", "private_vocabulary", "embed", "dp_kde", "sequences")
+ProgressFn = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class SyntheticSequence:
+    label: str
+    keyphrases: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OwnerDiagnostics:
+    """Raw, NOT private facts about the corpus, for the data owner's eyes only."""
+
+    documents: int
+    documents_without_match: int
+    documents_per_class: dict[str, int]
+    documents_without_private_phrase: int
+    units: int
+    documents_set_aside: int  # a unit's documents outside its one class (unit column only)
+
+
+@dataclass
+class GenerationResult:
+    sequences: list[SyntheticSequence]
+    report: PrivacyReport
+    private_vocabulary: list[str]
+    config: GenerationConfig
+    vocabulary: dict[str, Any]
+    embedding_model: str
+    owner_diagnostics: OwnerDiagnostics = field(repr=False)
+    unit: str = "row"
+
+    def manifest(self) -> dict[str, Any]:
+        """Everything public about the run: method, parameters, models, spend."""
+        return {
+            "method": method_description(self.config),
+            "parameters": self.config.to_dict(),
+            "vocabulary": self.vocabulary,
+            "embedding_model": self.embedding_model,
+            "privacy": {**self.report.to_dict(), "unit": self.unit},
+            "sequences": len(self.sequences),
+        }
+
+
+def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Sequence[str]) -> None:
+    """Shape checks that name rows (1-based), never their text."""
+    if len(documents) != len(labels):
+        raise InputDataError("documents and labels differ in length", field="labels")
+    if not documents:
+        raise InputDataError("the corpus holds no document", field="documents")
+    if not label_set:
+        raise InputDataError("the label set is empty", field="labels")
+    if len(set(label_set)) != len(label_set):
+        raise InputDataError("the label set repeats a label", field="labels")
+    declared = set(label_set)
+    bad = [i + 1 for i, label in enumerate(labels) if label not in declared]
+    if bad:
+        rows = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
+        raise InputDataError(
+            f"{len(bad)} document(s) carry a label outside the declared set (rows {rows})",
+            field="labels",
+        )
+
+
+def _noop(stage: str, fraction: float) -> None:
+    return None
+
+
+def generate_sequences(
+    documents: Sequence[str],
+    labels: Sequence[str],
+    *,
+    label_set: Sequence[str],
+    vocabulary: Vocabulary,
+    config: GenerationConfig,
+    embedder: Embedder,
+    cache: EmbeddingCache | None = None,
+    progress: ProgressFn | None = None,
+    units: Sequence[str] | None = None,
+    unit_name: str | None = None,
+    planned: Plan | None = None,
+) -> GenerationResult:
+    """Run steps 1-6 of DP-KPS on a labelled private corpus.
+
+    ``units`` (one id per document, e.g. a patient) makes the privacy unit the pooled
+    documents of one id (:func:`workers.privacy.units.pool`); without it a unit is one
+    document. ``planned`` is the plan the ledger reserved (computed here if None).
+    """
+    config.validate()
+    report_progress = progress or _noop
+    label_set = list(label_set)
+    check_corpus(documents, labels, label_set)
+    config.check_vocabulary(vocabulary.name, len(vocabulary))
+    device = select_device(config.device)
+    the_plan = planned or plan(config, label_set, len(vocabulary))
+
+    def planned_event(mechanism: str) -> PrivacyEvent:
+        return next(e for e in the_plan.events if e.mechanism == mechanism)
+
+    # 1. keyphrase extraction against the public vocabulary
+    extractor = KeyphraseExtractor(vocabulary)
+    # From here on the run reads private documents: nothing below branches on them (no
+    # error, no early exit, no progress that counts documents); every mechanism stays DP
+    # on an all-zero histogram. Raw facts go to ``owner_diagnostics`` only.
+    pooled = pool(labels, units, label_set=label_set)
+    doc_matches = [extractor.extract(d, limit=config.max_matches_per_document) for d in documents]
+    without_match = sum(1 for m in doc_matches if not m)
+    # one list of matches per unit: its documents' matches in input order
+    matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
+    del doc_matches
+    report_progress("extract", 1.0)
+
+    # 2. private vocabulary: Laplace histogram over every public phrase, top N
+    private = select_private_vocabulary(
+        matches,
+        vocabulary_size=len(vocabulary),
+        size=config.vocabulary_size,
+        planned=planned_event(VOCABULARY),
+        max_per_document=config.max_matches_per_document,
+    )
+    del matches
+    phrases = [vocabulary.phrases[i] for i in private.indices]
+    events: list[PrivacyEvent] = [private.event]
+    report_progress("private_vocabulary", 1.0)
+
+    # 3. embeddings of Ṽ (public phrases, public model), cached per (vocabulary, model)
+    if cache is not None:
+        vectors = cache.lookup(
+            phrases=vocabulary.phrases,
+            fingerprint=vocabulary.fingerprint,
+            indices=private.indices,
+            embedder=embedder,
+        )
+    else:
+        vectors = embedder.encode(phrases)
+    embeddings = torch.as_tensor(vectors, dtype=torch.float32, device=device)
+    report_progress("embed", 1.0)
+
+    # Each unit's distinct keyphrases over Ṽ, in document order (one contribution per unit).
+    private_extractor = KeyphraseExtractor(Vocabulary.from_phrases("private", phrases))
+    keep = max(config.sequence_length, config.max_phrases_per_document)
+    doc_phrases = [
+        list(
+            dict.fromkeys(i for d in u.documents for i in private_extractor.extract(documents[d]))
+        )[:keep]
+        for u in pooled
+    ]
+    unit_labels = [u.label for u in pooled]
+
+    # 5. sequences per class: fixed, or split by noisy class counts (one count per unit)
+    if config.uses_class_counts:
+        assert config.total is not None
+        noisy, count_event = noisy_class_counts(
+            unit_labels, label_set=label_set, planned=planned_event(CLASS_COUNTS)
+        )
+        events.append(count_event)
+        wanted = allocate(config.total, noisy)
+    else:
+        assert config.per_class is not None
+        wanted = {label: config.per_class for label in label_set}
+
+    # 4 + 6. one DP-KDE per class (parallel composition), then sampling: the exact kernel
+    # on Ṽ, or random-feature structures (either mode); only the one the run uses is built
+    kernel: ExactKernel | None = None
+    rff: RandomFourierFeatures | None = None
+    if config.density_method == "exact":
+        kernel = ExactKernel(embeddings, config.bandwidth)
+    else:
+        rff = RandomFourierFeatures(
+            dim=embeddings.shape[1],
+            num_features=config.num_features,
+            max_blocks=config.sequence_length if config.mode == "iterative" else 1,
+            bandwidth=config.bandwidth,
+            seed=config.seed,
+            device=device,
+        )
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    by_class: dict[str, list[list[int]]] = {label: [] for label in label_set}
+    for label, phrases_of_doc in zip(unit_labels, doc_phrases, strict=True):
+        by_class[label].append(phrases_of_doc)
+    sequences: list[SyntheticSequence] = []
+
+    def emit(label: str, drawn: torch.Tensor) -> None:
+        sequences.extend(
+            SyntheticSequence(label, tuple(phrases[i] for i in row)) for row in drawn.tolist()
+        )
+
+    bag_scores: list[torch.Tensor] = []
+    for n, label in enumerate(label_set):
+        if kernel is not None:
+            exact = build_exact_structure(
+                by_class[label],
+                kernel,
+                label=label,
+                planned=planned_event(KDE),
+                max_phrases=config.max_phrases_per_document,
+            )
+            events.append(exact.event)
+            bag_scores.append(floored_density(exact, noise_floor=config.noise_floor))
+            report_progress("dp_kde", (n + 1) / len(label_set))
+            continue
+        assert rff is not None
+        structures = build_class_ensemble(
+            by_class[label],
+            embeddings,
+            rff,
+            label=label,
+            mode=config.mode,
+            ensemble=config.ensemble,
+            length=config.sequence_length,
+            planned=planned_event(KDE),
+            num_features=config.num_features,
+            max_phrases=config.max_phrases_per_document,
+            bound=config.contribution_bound,
+        )
+        events.extend(k.event for k in structures)
+        report_progress("dp_kde", (n + 1) / len(label_set))
+        if config.mode == "independent":
+            bag_scores.append(
+                floored_bag_scores(structures[0], embeddings, rff, noise_floor=config.noise_floor)
+            )
+            continue
+        if wanted[label]:
+            emit(
+                label,
+                sample_iterative(
+                    structures,
+                    embeddings,
+                    rff,
+                    count=wanted[label],
+                    length=config.sequence_length,
+                    temperature=config.sampling_temperature,
+                    generator=generator,
+                    distinct=config.distinct,
+                    noise_floor=config.noise_floor,
+                ),
+            )
+        report_progress("sequences", (n + 1) / len(label_set))
+    if bag_scores:
+        # Independent mode: every class's released scores are known, so each class can
+        # favour the phrases it owns over those all classes share (post-processing).
+        weighted = class_contrast(torch.stack(bag_scores), config.class_contrast)
+        for n, label in enumerate(label_set):
+            if wanted[label]:
+                emit(
+                    label,
+                    sample_from_scores(
+                        weighted[n],
+                        count=wanted[label],
+                        length=config.sequence_length,
+                        temperature=config.sampling_temperature,
+                        generator=generator,
+                        distinct=config.distinct,
+                    ),
+                )
+            report_progress("sequences", (n + 1) / len(label_set))
+
+    diagnostics = OwnerDiagnostics(
+        documents=len(documents),
+        documents_without_match=without_match,
+        documents_per_class={label: len(by_class[label]) for label in label_set},
+        documents_without_private_phrase=sum(1 for p in doc_phrases if not p),
+        units=len(pooled),
+        documents_set_aside=len(documents) - sum(len(u.documents) for u in pooled),
+    )
+    del by_class, doc_phrases, pooled, unit_labels
+    return GenerationResult(
+        sequences=sequences,
+        report=PrivacyReport(tuple(events), the_plan),
+        private_vocabulary=phrases,
+        config=config,
+        vocabulary={
+            "name": vocabulary.name,
+            "size": len(vocabulary),
+            "fingerprint": vocabulary.fingerprint,
+        },
+        embedding_model=embedder.name,
+        owner_diagnostics=diagnostics,
+        unit="row" if units is None else f"unit column {unit_name or 'unit'!r}",
+    )
+
+
+def shuffled(sequences: Sequence[SyntheticSequence], seed: int) -> list[SyntheticSequence]:
+    """The sequences in a seeded random order, so classes are interleaved in output."""
+    order = np.random.default_rng(seed).permutation(len(sequences))
+    return [sequences[i] for i in order]

@@ -1,0 +1,369 @@
+"""Drawing keyphrase sequences from released DP-KDE structures (method.md, steps 5 and 6).
+
+Everything here is post-processing of DP releases: it reads only noisy sums, public
+embeddings and public random features, so it may be repeated at will.
+
+Scores ``s(y) = Σ_k F̃_k f_k(y)`` can be negative because of the noise; they are clipped
+at 0, raised to ``1/τ`` (temperature τ; τ < 1 sharpens noisy scores) and normalised. A
+row whose scores are all ≤ 0 falls back to the uniform distribution.
+
+The iterative mode uses the exact GEMM formulation: with ``A_k`` the phase of the prefix
+and ``G_k,w`` the phase a candidate adds, ``cos(A + G) = cos A cos G − sin A sin G``, so
+the scores of every candidate for a batch of ``Q`` prefixes are
+``C (F̃∘cos A)ᵀ − S (F̃∘sin A)ᵀ`` with ``C = cos G`` and ``S = sin G``: two matrix
+products per step. :func:`direct_scores` evaluates the random-feature formula literally
+and serves as its reference in tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import check_class_contrast, check_noise_floor, check_temperature
+from workers.methods.dpkps.features import RandomFourierFeatures, feature_map
+from workers.methods.dpkps.kde import DPKDE, ExactKDE
+from workers.methods.dpkps.noise import noise_std
+
+
+def draw(
+    scores: torch.Tensor,
+    *,
+    temperature: float,
+    generator: torch.Generator,
+    banned: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One index per row of ``scores`` (Q × V), ``p ∝ clip(s, 0)^(1/τ)``.
+
+    Uniform draws come from a CPU generator, so the same seed gives the same sequences
+    on every device (up to float ties).
+    """
+    s = scores.to(torch.float64).clamp_min(0.0)
+    allowed = torch.ones_like(s, dtype=torch.bool) if banned is None else ~banned
+    s = torch.where(allowed, s, torch.zeros_like(s))
+    peak = s.amax(dim=1, keepdim=True)
+    positive = peak > 0
+    with torch.no_grad():
+        rel = torch.where(positive, s / torch.where(positive, peak, torch.ones_like(peak)), s)
+        weights = torch.where(rel > 0, rel.pow(1.0 / temperature), torch.zeros_like(rel))
+    # underflow of tiny weights at low temperature, or no positive score: uniform fallback
+    empty = weights.sum(dim=1, keepdim=True) <= 0
+    weights = torch.where(empty & allowed, torch.ones_like(weights), weights)
+    cdf = weights.cumsum(dim=1).cpu()
+    total = cdf[:, -1:]
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64) * total
+    idx = torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[1] - 1)
+    return idx.squeeze(1).to(scores.device)
+
+
+def score_noise_std(kde: DPKDE) -> float:
+    """Standard deviation of the DP noise in a score ``s(y) = Σ_k F̃_k f_k(y)``.
+
+    The noise part is ``Σ_k Z_k f_k(y)`` with ``Z_k`` independent of standard deviation
+    ``s`` (Laplace ``√2·b``, Gaussian σ), so its variance is ``s² · ‖f(y)‖²``;
+    ``‖f(y)‖² = Σ_k 2cos²(·) = I + Σ_k cos(2·)``, which is ``I`` up to ``O(√I)``. The
+    result depends only on public quantities (``I`` and the noise scale), so using it is
+    post-processing.
+    """
+    return math.sqrt(kde.num_features) * noise_std(kde.event)
+
+
+def bag_scores(kde: DPKDE, embeddings: torch.Tensor, rff: RandomFourierFeatures) -> torch.Tensor:
+    """``s(e_v)`` for every candidate ``v`` (one pass, one product)."""
+    phase = rff.project(embeddings, 0, kde.num_features)
+    feats = feature_map(phase, rff.phases(kde.num_features))
+    weights = torch.as_tensor(kde.noisy_sum, dtype=feats.dtype, device=feats.device)
+    return feats @ weights
+
+
+def _gemm(
+    weights: torch.Tensor,
+    prefix_phase: torch.Tensor,
+    block_phase: torch.Tensor,
+    scale: float,
+    beta: torch.Tensor,
+) -> torch.Tensor:
+    """Scores (Q × V) of all candidates after ``Q`` prefixes: two matrix products.
+
+    ``prefix_phase`` (Q × I) is ``Σ_{b<t} √2/σ ω_bᵀ e_{p_b}``; ``block_phase`` (V × I) is
+    ``√2/σ ω_tᵀ e_w`` for every candidate ``w``; ``scale`` is ``1/√B``.
+    """
+    a = beta + scale * prefix_phase
+    g = scale * block_phase
+    w = math.sqrt(2.0) * weights
+    return (torch.cos(a) * w) @ torch.cos(g).T - (torch.sin(a) * w) @ torch.sin(g).T
+
+
+def structure_for(step: int, structures: Sequence[DPKDE]) -> DPKDE:
+    """The structure with the fewest blocks that holds a prefix of ``step + 1`` phrases."""
+    for kde in sorted(structures, key=lambda k: k.blocks):
+        if kde.blocks >= step + 1:
+            return kde
+    raise ConfigError("no structure is long enough for the sequence", field="sequence_length")
+
+
+def gemm_scores(
+    kde: DPKDE,
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    prefixes: torch.Tensor,
+) -> torch.Tensor:
+    """Scores (Q × V) of every candidate after each prefix (Q × (t−1)) by the GEMM form."""
+    features, (q, done) = kde.num_features, prefixes.shape
+    beta = rff.phases(features)
+    acc = torch.zeros(q, features, dtype=beta.dtype, device=beta.device)
+    for b in range(done):
+        acc += rff.project(embeddings[prefixes[:, b].to(beta.device)], b, features)
+    weights = torch.as_tensor(kde.noisy_sum, dtype=beta.dtype, device=beta.device)
+    block_phase = rff.project(embeddings, done, features)
+    return _gemm(weights, acc, block_phase, 1.0 / math.sqrt(kde.blocks), beta)
+
+
+def _draw_sequences(
+    scorer: _Scorer,
+    vocab: int,
+    count: int,
+    length: int,
+    *,
+    temperature: float,
+    generator: torch.Generator,
+    distinct: bool,
+) -> torch.Tensor:
+    if distinct and length > vocab:
+        raise ConfigError(
+            f"sequences of {length} distinct phrases need at least {length} phrases in the "
+            f"private vocabulary (it has {vocab})",
+            field="sequence_length",
+        )
+    out = torch.zeros(count, length, dtype=torch.long)
+    banned = torch.zeros(count, vocab, dtype=torch.bool) if distinct else None
+    for t in range(length):
+        scores = scorer.scores(t) - scorer.floor(t)
+        mask = None if banned is None else banned.to(scores.device)
+        pick = draw(scores, temperature=temperature, generator=generator, banned=mask).cpu()
+        out[:, t] = pick
+        if banned is not None:
+            banned[torch.arange(count), pick] = True
+        scorer.advance(t, pick)
+    return out
+
+
+class _Scorer(ABC):
+    """Scores of all candidates at step ``t`` for a batch of sequences being drawn."""
+
+    @abstractmethod
+    def scores(self, t: int) -> torch.Tensor: ...
+
+    @abstractmethod
+    def floor(self, t: int) -> float:
+        """What is subtracted from the scores of step ``t`` before clipping at 0."""
+
+    def advance(self, t: int, pick: torch.Tensor) -> None:  # noqa: B027 - no-op by default
+        """Account for the phrases just drawn at step ``t``."""
+
+
+class _BagScorer(_Scorer):
+    def __init__(self, scores: torch.Tensor, count: int, floor: float) -> None:
+        self._scores = scores.unsqueeze(0).expand(count, -1)
+        self._floor = floor
+
+    def scores(self, t: int) -> torch.Tensor:
+        return self._scores
+
+    def floor(self, t: int) -> float:
+        return self._floor
+
+
+class _PrefixScorer(_Scorer):
+    """Keeps each prefix's phase ``A`` and updates it by the drawn phrase: O(V·I·Q) a step."""
+
+    def __init__(
+        self,
+        structures: Sequence[DPKDE],
+        embeddings: torch.Tensor,
+        rff: RandomFourierFeatures,
+        count: int,
+        noise_floor: float,
+    ) -> None:
+        self.structures, self.embeddings, self.rff = structures, embeddings, rff
+        self.noise_floor = noise_floor
+        self.features = structures[0].num_features
+        self.beta = rff.phases(self.features)
+        dev, dtype = self.beta.device, self.beta.dtype
+        self.weights = {
+            k.blocks: torch.as_tensor(k.noisy_sum, dtype=dtype, device=dev) for k in structures
+        }
+        self.acc = torch.zeros(count, self.features, dtype=dtype, device=dev)
+        self.block_phase = torch.zeros(0)
+
+    def scores(self, t: int) -> torch.Tensor:
+        kde = structure_for(t, self.structures)
+        self.block_phase = self.rff.project(self.embeddings, t, self.features)
+        return _gemm(
+            self.weights[kde.blocks],
+            self.acc,
+            self.block_phase,
+            1.0 / math.sqrt(kde.blocks),
+            self.beta,
+        )
+
+    def floor(self, t: int) -> float:
+        return self.noise_floor * score_noise_std(structure_for(t, self.structures))
+
+    def advance(self, t: int, pick: torch.Tensor) -> None:
+        self.acc += self.block_phase[pick.to(self.acc.device)]
+
+
+def floored_bag_scores(
+    kde: DPKDE, embeddings: torch.Tensor, rff: RandomFourierFeatures, *, noise_floor: float
+) -> torch.Tensor:
+    """``clip(s(e_v) − noise_floor · std, 0)`` for every candidate ``v`` of one class."""
+    floor = check_noise_floor(noise_floor) * score_noise_std(kde)
+    return (bag_scores(kde, embeddings, rff) - floor).clamp_min(0.0)
+
+
+def floored_density(kde: ExactKDE, *, noise_floor: float) -> torch.Tensor:
+    """``clip(s(v) − noise_floor · std, 0)`` from an exact-kernel release (one class)."""
+    floor = check_noise_floor(noise_floor) * kde.noise_std
+    return (torch.as_tensor(kde.noisy_density, dtype=torch.float64) - floor).clamp_min(0.0)
+
+
+def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
+    """Weight each class's clipped scores by how much of a phrase's mass is that class's.
+
+    ``scores`` (C × V) are the clipped bag scores of the C classes. Each row is turned
+    into a distribution ``r_c(v) = s_c(v) / Σ_u s_c(u)``; the share of class ``c`` in
+    phrase ``v`` is ``π_c(v) = r_c(v) / Σ_c' r_c'(v)``, and the result is
+    ``s_c(v) · π_c(v)^power``. A phrase every class uses alike ("said", a weekday) keeps
+    ``1/C`` of its weight per factor, a phrase one class owns keeps all of it. ``power``
+    0 returns the scores unchanged. It reads only released scores: post-processing.
+
+    >>> s = torch.tensor([[4.0, 4.0, 0.0], [4.0, 0.0, 4.0]])
+    >>> class_contrast(s, 1.0).tolist()
+    [[2.0, 4.0, 0.0], [2.0, 0.0, 4.0]]
+    """
+    power = check_class_contrast(power)
+    if power == 0:
+        return scores
+    s = scores.clamp_min(0.0).to(torch.float64)
+    # Entries are ≥ 0, so a zero row or column sum has only zeros above it: dividing by
+    # a tiny positive number instead leaves them 0.
+    tiny = torch.finfo(s.dtype).tiny
+    rel = s / s.sum(dim=1, keepdim=True).clamp_min(tiny)
+    share = rel / rel.sum(dim=0, keepdim=True).clamp_min(tiny)
+    return (s * share.pow(power)).to(scores.dtype)
+
+
+def sample_from_scores(
+    scores: torch.Tensor,
+    *,
+    count: int,
+    length: int,
+    temperature: float,
+    generator: torch.Generator,
+    distinct: bool = True,
+) -> torch.Tensor:
+    """``count`` sequences of ``length`` draws ``p ∝ scores^(1/τ)`` (independent mode)."""
+    temperature = check_temperature(temperature)
+    return _draw_sequences(
+        _BagScorer(scores, count, 0.0),
+        scores.shape[0],
+        count,
+        length,
+        temperature=temperature,
+        generator=generator,
+        distinct=distinct,
+    )
+
+
+def sample_independent(
+    kde: DPKDE,
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    count: int,
+    length: int,
+    temperature: float,
+    generator: torch.Generator,
+    distinct: bool = True,
+    noise_floor: float = 0.0,
+) -> torch.Tensor:
+    """``count`` sequences of ``length`` draws from one bag structure (count × length).
+
+    ``noise_floor`` (in standard deviations of the score noise, see
+    :func:`score_noise_std`) is subtracted before clipping: candidates whose score is
+    within the noise are not drawn. 0 is the paper's plain clipping.
+    """
+    return sample_from_scores(
+        floored_bag_scores(kde, embeddings, rff, noise_floor=noise_floor),
+        count=count,
+        length=length,
+        temperature=temperature,
+        generator=generator,
+        distinct=distinct,
+    )
+
+
+def sample_iterative(
+    structures: Sequence[DPKDE],
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    count: int,
+    length: int,
+    temperature: float,
+    generator: torch.Generator,
+    distinct: bool = True,
+    batch_size: int = 1024,
+    noise_floor: float = 0.0,
+) -> torch.Tensor:
+    """Prefix-conditioned sequences by the exact GEMM scorer (count × length)."""
+    temperature = check_temperature(temperature)
+    noise_floor = check_noise_floor(noise_floor)
+    ordered = sorted(structures, key=lambda k: k.blocks)
+    if not ordered or ordered[0].blocks < 1:
+        raise ConfigError("the iterative mode needs sequence structures", field="mode")
+    if any(k.num_features != ordered[0].num_features for k in ordered):
+        raise ConfigError("all structures of a class must share I", field="num_features")
+    parts = [
+        _draw_sequences(
+            _PrefixScorer(ordered, embeddings, rff, min(batch_size, count - start), noise_floor),
+            embeddings.shape[0],
+            min(batch_size, count - start),
+            length,
+            temperature=temperature,
+            generator=generator,
+            distinct=distinct,
+        )
+        for start in range(0, count, batch_size)
+    ]
+    return torch.cat(parts, dim=0) if parts else torch.zeros(0, length, dtype=torch.long)
+
+
+def direct_scores(
+    kde: DPKDE,
+    embeddings: torch.Tensor,
+    rff: RandomFourierFeatures,
+    prefix: Sequence[int],
+) -> torch.Tensor:
+    """Reference: ``s(Pw)`` for every candidate ``w`` by the literal random-feature formula.
+
+    Builds each query vector ``y = (e_{p_1}, …, e_{p_t−1}, e_w, 0, …)/√B`` in ``R^{B·d}``
+    and evaluates ``Σ_k F̃_k √2 cos(√2 ω_kᵀ y/σ + β_k)``. Cost ``O(|Ṽ| · I · d · t)``.
+    """
+    blocks, features = kde.blocks, kde.num_features
+    t = len(prefix) + 1
+    if not 1 <= t <= blocks:
+        raise ConfigError("prefix too long for this structure", field="sequence_length")
+    vocab, dim = embeddings.shape
+    dev, dtype = rff.beta.device, rff.beta.dtype
+    omega = rff.omega[:t, :, :features].reshape(t * dim, features)  # blocks beyond t meet zeros
+    scale = 1.0 / (math.sqrt(blocks) * rff.bandwidth)
+    head = embeddings[torch.as_tensor(list(prefix), dtype=torch.long, device=dev)].reshape(-1)
+    queries = torch.cat([head.expand(vocab, -1), embeddings], dim=1).to(dtype) * scale
+    feats = math.sqrt(2.0) * torch.cos(math.sqrt(2.0) * (queries @ omega) + rff.phases(features))
+    return feats @ torch.as_tensor(kde.noisy_sum, dtype=dtype, device=dev)

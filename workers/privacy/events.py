@@ -1,0 +1,312 @@
+"""Privacy events: one record per noisy release, the unit every accountant composes.
+
+A :class:`PrivacyEvent` says what was released and how it was protected: the mechanism
+(``"vocabulary-histogram"``, ``"kde"``, ``"pe-histogram"``), the noise distribution and
+its scale, the sensitivity the noise was calibrated for and its norm, the number of
+noised coordinates, the partition of the data it read (a class, or ``None`` for the
+whole dataset), how many identical releases it stands for (``count``, e.g. T
+iterations) and, for pure-ε mechanisms, the ε one release spends. Events carry no data
+and no private quantity: they are functions of the job's public parameters, so they may
+be shown to anyone who may see the job.
+
+Adjacency is add/remove one privacy unit (a document, or a patient when the dataset has
+a unit column). ``sensitivity`` bounds how far one unit moves the released aggregate in
+the event's ``norm``.
+
+Noise distributions and what the fields mean for each:
+
+=====================  ========================  ===================  ==================
+``noise``              ``scale``                 ``norm``             ``epsilon``
+=====================  ========================  ===================  ==================
+``laplace``            Laplace b                 ``l1``               ε of one release
+``discrete_laplace``   discrete Laplace b        ``l1``               ε of one release
+``gaussian``           standard deviation σ      ``l2``               ``None``
+``discrete_gaussian``  discrete Gaussian σ       ``l2``               ``None``
+``gumbel_top_k``       Gumbel scale              any                  ε of one release
+``exponential``        exponential-mech. scale   any                  ε of one release
+=====================  ========================  ===================  ==================
+
+The Gaussian events have no ε of their own: what they cost depends on δ and on what
+they are composed with, which is the accountant's business (``accountant.py``).
+
+A vector ``discrete_gaussian`` event (dimension > 1) describes integer counts where one
+unit changes each coordinate by at most 1 (class counts, phrase-presence counts), so
+``sensitivity²`` is the number of coordinates one unit can move and must be an integer;
+a one-dimensional one takes an integer sensitivity. The accountant relies on this shape.
+
+Composition structure (:func:`plan_composition`): the events of one mechanism on
+disjoint partitions compose **in parallel** (a unit lies in one class, so only that
+class's releases see it: the cost is the worst partition's), everything else composes
+**sequentially**. Different mechanisms compose sequentially even when both are split by
+class: conservative, and it keeps each mechanism's share readable. Partition names are
+parts of the dataset's one split by its label column; a mechanism may declare
+partitions only if each unit's contribution stays within one of them.
+
+``to_dict``/``from_dict`` give the JSON form stored in the ledger and manifests. ε is
+written as a decimal string, so that a stored spend reads back exactly.
+
+>>> e = PrivacyEvent(mechanism="vocabulary-histogram", noise="discrete_laplace", scale=4.0,
+...                  sensitivity=4, norm="l1", dimension=1000, epsilon="1")
+>>> e.to_dict()["epsilon"], PrivacyEvent.from_dict(e.to_dict()) == e
+('1', True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+from workers.errors import ConfigError
+
+PURE_NOISES = ("laplace", "discrete_laplace", "gumbel_top_k", "exponential")
+GAUSSIAN_NOISES = ("gaussian", "discrete_gaussian")
+NOISES = PURE_NOISES + GAUSSIAN_NOISES
+NORMS = ("l1", "l2", "linf")
+_NORM_OF = {
+    "laplace": "l1",
+    "discrete_laplace": "l1",
+    "gaussian": "l2",
+    "discrete_gaussian": "l2",
+}
+# OpenDP's maps round ε up by a few ulps; a recorded ε may not fall below Δ/b by more.
+_PURE_TOLERANCE = 1e-9
+
+
+def exact_decimal(value: object, *, field: str = "epsilon") -> Decimal:
+    """A finite number > 0 as an exact :class:`~decimal.Decimal`.
+
+    Integers, decimal strings and ``Decimal`` are taken as they are. A float is read as
+    the shortest decimal that round-trips to it (``0.1`` → ``Decimal("0.1")``): the
+    number a person or an OpenDP map wrote, within 1e-16 relative of the binary value —
+    eleven orders below the accountant's discretization.
+
+    >>> sum([exact_decimal("0.0001")] * 10_000)
+    Decimal('1.0000')
+    """
+    if isinstance(value, bool):
+        raise ConfigError("must be a number", field=field)
+    number: Decimal
+    if isinstance(value, Decimal):
+        number = value
+    elif isinstance(value, int):
+        number = Decimal(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"must be finite and > 0 (got {value})", field=field)
+        number = Decimal(repr(value))
+    elif isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            raise ConfigError("must be a decimal number", field=field) from None
+    else:
+        raise ConfigError("must be a number", field=field)
+    if not number.is_finite() or number <= 0:
+        raise ConfigError(f"must be finite and > 0 (got {number})", field=field)
+    return number
+
+
+def _positive_finite(value: object, *, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError("must be a number", field=field)
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"must be finite and > 0 (got {value})", field=field)
+    return number
+
+
+def _positive_int(value: object, *, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError("must be an integer ≥ 1", field=field)
+    return value
+
+
+@dataclass(frozen=True)
+class PrivacyEvent:
+    """One noisy release (or ``count`` identical ones); see the module docstring."""
+
+    mechanism: str
+    noise: str
+    scale: float
+    sensitivity: float
+    norm: str
+    dimension: int
+    partition: str | None = None
+    count: int = 1
+    epsilon: Decimal | None = field(default=None)
+    name: str | None = None  # the release within its job, for display only
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mechanism, str) or not self.mechanism.strip():
+            raise ConfigError("must be a non-empty string", field="mechanism")
+        if self.noise not in NOISES:
+            raise ConfigError(f"must be one of {', '.join(NOISES)}", field="noise")
+        if self.norm not in NORMS:
+            raise ConfigError(f"must be one of {', '.join(NORMS)}", field="norm")
+        expected = _NORM_OF.get(self.noise)
+        if expected is not None and self.norm != expected:
+            raise ConfigError(
+                f"{self.noise} noise is calibrated to an {expected} sensitivity", field="norm"
+            )
+        object.__setattr__(self, "scale", _positive_finite(self.scale, field="scale"))
+        object.__setattr__(
+            self, "sensitivity", _positive_finite(self.sensitivity, field="sensitivity")
+        )
+        _positive_int(self.dimension, field="dimension")
+        _positive_int(self.count, field="count")
+        if self.partition is not None and (
+            not isinstance(self.partition, str) or not self.partition
+        ):
+            raise ConfigError("must be a non-empty string or null", field="partition")
+        if self.noise in PURE_NOISES:
+            if self.epsilon is None:
+                raise ConfigError(f"{self.noise} events record their ε", field="epsilon")
+            epsilon = exact_decimal(self.epsilon)
+            object.__setattr__(self, "epsilon", epsilon)
+            if self.noise in ("laplace", "discrete_laplace"):
+                floor = self.sensitivity / self.scale
+                if float(epsilon) < floor * (1 - _PURE_TOLERANCE):
+                    raise ConfigError(
+                        f"ε {epsilon} is below sensitivity/scale = {floor:.12g}", field="epsilon"
+                    )
+        elif self.epsilon is not None:
+            raise ConfigError(
+                "Gaussian events have no ε of their own; the accountant computes it",
+                field="epsilon",
+            )
+        if self.noise == "discrete_gaussian":
+            self._check_discrete_gaussian()
+
+    def _check_discrete_gaussian(self) -> None:
+        if self.dimension == 1:
+            if self.sensitivity != round(self.sensitivity):
+                raise ConfigError(
+                    "a discrete Gaussian count takes an integer sensitivity", field="sensitivity"
+                )
+        elif not _is_integer(self.sensitivity**2):
+            raise ConfigError(
+                "a discrete Gaussian vector moves each coordinate by at most 1: "
+                "sensitivity² (coordinates moved) must be an integer",
+                field="sensitivity",
+            )
+
+    @property
+    def is_pure(self) -> bool:
+        """Whether the event is pure ε-DP (δ = 0)."""
+        return self.noise in PURE_NOISES
+
+    @property
+    def total_epsilon(self) -> Decimal:
+        """``count × ε`` of a pure event, exactly."""
+        if self.epsilon is None:
+            raise ConfigError("a Gaussian event has no ε of its own", field="epsilon")
+        return self.count * self.epsilon
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form; ε as a decimal string (exact)."""
+        return {
+            "mechanism": self.mechanism,
+            "name": self.name,
+            "noise": self.noise,
+            "scale": self.scale,
+            "sensitivity": self.sensitivity,
+            "norm": self.norm,
+            "dimension": self.dimension,
+            "partition": self.partition,
+            "count": self.count,
+            "epsilon": None if self.epsilon is None else str(self.epsilon),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyEvent:
+        """The inverse of :meth:`to_dict`; unknown keys are refused (they hide typos)."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("an event must be an object", field="event")
+        unknown = sorted(set(data) - _FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown field(s) {', '.join(unknown)}", field="event")
+        missing = sorted(_REQUIRED - set(data))
+        if missing:
+            raise ConfigError(f"missing field(s) {', '.join(missing)}", field="event")
+        return cls(**dict(data))
+
+
+_FIELDS = frozenset(PrivacyEvent.__dataclass_fields__)
+_REQUIRED = frozenset(("mechanism", "noise", "scale", "sensitivity", "norm", "dimension"))
+
+
+def _is_integer(value: float) -> bool:
+    return abs(value - round(value)) <= 1e-9 * max(1.0, abs(value))
+
+
+@dataclass(frozen=True)
+class ParallelGroup:
+    """The events of one mechanism on disjoint partitions.
+
+    One unit lies in one partition, so a neighbouring dataset changes the input of one
+    partition's releases only: the group costs what its worst partition costs (the
+    partition's own events compose sequentially).
+    """
+
+    mechanism: str
+    partitions: tuple[tuple[str, tuple[PrivacyEvent, ...]], ...]  # sorted by partition
+
+
+@dataclass(frozen=True)
+class CompositionPlan:
+    """Which events compose sequentially and which in parallel (module docstring)."""
+
+    sequential: tuple[PrivacyEvent, ...]  # events on the whole dataset
+    parallel: tuple[ParallelGroup, ...]  # one group per partitioned mechanism
+
+    @property
+    def events(self) -> tuple[PrivacyEvent, ...]:
+        inner = (e for g in self.parallel for _, events in g.partitions for e in events)
+        return (*self.sequential, *inner)
+
+    def pure_epsilon(self) -> Fraction:
+        """Exact pure-ε cost: sequential sum, plus each group's worst partition sum.
+
+        Only meaningful when every event is pure; Gaussian events are skipped.
+        """
+        total = sum((Fraction(e.total_epsilon) for e in self.sequential if e.is_pure), Fraction())
+        for group in self.parallel:
+            total += max(
+                sum((Fraction(e.total_epsilon) for e in events if e.is_pure), Fraction())
+                for _, events in group.partitions
+            )
+        return total
+
+
+def plan_composition(events: Iterable[PrivacyEvent]) -> CompositionPlan:
+    """Split events into whole-dataset ones and per-mechanism parallel groups.
+
+    >>> kde = dict(mechanism="kde", noise="laplace", scale=2.0, sensitivity=1.0, norm="l1",
+    ...            dimension=8, epsilon="0.5")
+    >>> plan = plan_composition([PrivacyEvent(partition="a", **kde),
+    ...                          PrivacyEvent(partition="b", **kde, count=3)])
+    >>> [(p, len(ev)) for p, ev in plan.parallel[0].partitions], plan.pure_epsilon()
+    ([('a', 1), ('b', 1)], Fraction(3, 2))
+    """
+    sequential: list[PrivacyEvent] = []
+    grouped: dict[str, dict[str, list[PrivacyEvent]]] = defaultdict(lambda: defaultdict(list))
+    for event in events:
+        if not isinstance(event, PrivacyEvent):
+            raise ConfigError("not a PrivacyEvent", field="events")
+        if event.partition is None:
+            sequential.append(event)
+        else:
+            grouped[event.mechanism][event.partition].append(event)
+    parallel = tuple(
+        ParallelGroup(
+            mechanism=mechanism,
+            partitions=tuple((p, tuple(evs)) for p, evs in sorted(parts.items())),
+        )
+        for mechanism, parts in sorted(grouped.items())
+    )
+    return CompositionPlan(sequential=tuple(sequential), parallel=parallel)
