@@ -25,12 +25,13 @@ here (README, "The local LLM"):
   lane that loses its core delays only its own slots.
 * **Weights the CPU can batch.** llama.cpp's CPU backend has matrix-matrix kernels
   (llamafile's tinyBLAS) for Q8_0, F16 and BF16 but none for Q4_1, the packaged
-  SmolLM2's type, where a batch of eight costs nearly eight single steps.
-  :func:`convert_weights` writes the model once as Q8_0 (145 MB): 8 bits hold the 4-bit
-  weights with next to no loss (perplexity on 3,228 AG News tokens: Q4_1 as packaged
-  75.34, Q8_0 75.44, F16 75.01, BF16 75.06; Q4_0, faster still, 92.30, so it is not
-  offered), and it streams half the bytes of F16 per step, which matters once several
-  lanes read the weights at the same time.
+  SmolLM2's type. :func:`convert_weights` writes the model once as Q8_0 (145 MB): 8 bits
+  hold the 4-bit weights with next to no loss (perplexity on 3,228 AG News tokens: Q4_1
+  as packaged 75.34, Q8_0 75.44, F16 75.01, BF16 75.06; Q4_0, faster, 92.30, so it is
+  not offered), and it streams half the bytes of F16 per step. Measured on 2 shared
+  cores (CPU time of one ``llama_decode``, per token, batch of 8 against batch of 1):
+  Q8_0 0.45-0.7×, BF16 0.37-0.45×, F16 0.5×, Q4_1 0.6-1.0×; batches of 2 cost as much
+  per token as single steps. The figures move by ±30 % with the machine's load.
 
 Sampling follows llama-cpp-python's chat completions (same defaults, same chain order):
 repetition penalties over the last 64 tokens, top-k 40, top-p 0.95, min-p 0.05,

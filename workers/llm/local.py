@@ -167,7 +167,7 @@ class LocalLLMServer:
         self.threads = threads
         self.engine = engine
         self.slots = slots
-        self.weight_type = weight_type
+        self.weight_type = weight_type if engine == "batched" else None
         self.cache_dir = cache_dir
         self.chat_format = chat_format
         self.model_alias = model_alias

@@ -157,11 +157,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _json(self, code: int, data: Any) -> None:
         payload = json.dumps(data).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:  # the client went away (its own timeout): nobody to answer
+            self.close_connection = True
 
     def _error(self, code: int, message: str, kind: str) -> None:
         self._json(code, {"error": {"message": message, "type": kind, "code": code}})
