@@ -56,6 +56,9 @@ class Settings(CoreSettings):
     )
     data_key: SecretStr = SecretStr("")  # base64 of 32 bytes (AES-256-GCM)
     data_key_file: Path | None = None
+    # Each dataset's data key, wrapped by the data key (``data_dir/keyring`` by default):
+    # a directory the API and every worker share, backed up apart from the database.
+    keyring_dir: Path | None = None
     max_upload_bytes: int = Field(default=256 * 2**20, ge=1024)
     max_json_bytes: int = Field(default=2**20, ge=1024)
     llm_endpoints: dict[str, LLMEndpointSettings] = Field(default_factory=dict)
@@ -135,6 +138,10 @@ class Settings(CoreSettings):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
             return url
         return f"sqlite:///{self.data_dir.resolve() / 'keyseed.sqlite3'}"
+
+    @property
+    def keyring_path(self) -> Path:
+        return self.keyring_dir if self.keyring_dir is not None else self.data_dir / "keyring"
 
     @property
     def celery_broker_url(self) -> str:

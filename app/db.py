@@ -16,7 +16,7 @@ rather than wait when the lock is taken.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,8 @@ from app.logging import task_headers
 log = structlog.get_logger("keyseed.db")
 _PENDING = "keyseed.pending_tasks"
 _LATER = "keyseed.write_later"
+_ON_COMMIT = "keyseed.on_commit"
+_ON_ROLLBACK = "keyseed.on_rollback"
 _CELERY = "keyseed.celery"
 _WRITER = "keyseed.writer"  # the writing engine, in a read-only session's info
 _READ_ONLY = "keyseed_read_only"  # execution options of connections
@@ -154,6 +156,24 @@ def enqueue_after_commit(
     session.info.setdefault(_PENDING, []).append((task, args, task_id, task_headers()))
 
 
+def after_commit(session: Session, action: Callable[[], object]) -> None:
+    """Run ``action`` once ``session`` commits (not at all if it rolls back): for what
+    must not happen unless the transaction stands, such as destroying a key."""
+    session.info.setdefault(_ON_COMMIT, []).append(action)
+
+
+def after_rollback(session: Session, action: Callable[[], object]) -> None:
+    """Run ``action`` if ``session`` rolls back (not at all if it commits)."""
+    session.info.setdefault(_ON_ROLLBACK, []).append(action)
+
+
+@event.listens_for(Session, "after_commit")
+def _run_on_commit(session: Session) -> None:
+    session.info.pop(_ON_ROLLBACK, None)
+    for action in session.info.pop(_ON_COMMIT, []):
+        action()
+
+
 @event.listens_for(Session, "after_commit")
 def _send_pending(session: Session) -> None:
     pending = session.info.pop(_PENDING, None)
@@ -193,3 +213,6 @@ def _write_later(session: Session) -> None:
 def _drop_pending(session: Session) -> None:
     session.info.pop(_PENDING, None)
     session.info.pop(_LATER, None)
+    session.info.pop(_ON_COMMIT, None)
+    for action in session.info.pop(_ON_ROLLBACK, []):
+        action()

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.logging import exception_fields
-from workers.dpkps.errors import KeyseedError
+from workers.errors import KeyseedError
 
 PROBLEM_JSON = "application/problem+json"
 log = structlog.get_logger("keyseed.errors")
@@ -140,17 +140,17 @@ _FIELD_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 def _field(error: dict[str, Any]) -> str | None:
     """The dotted name of the field an error is about: ``labels.0``, ``epsilon_cap``.
 
-    Past the location (``body``, ``query`` …) come names and list indexes, then perhaps
-    pydantic's tags of a union's branches (``literal['csv','jsonl']``), which are left
-    out. Malformed JSON is located by a character offset, which names no field.
+    Past the location (``body``, ``query`` …) come names and list indexes, and perhaps
+    pydantic's tags of a union's branches (``literal['csv','jsonl']``, a job's
+    ``method=aug-pe``), which are left out. Malformed JSON is located by a character
+    offset, which names no field.
     """
     if error.get("type") == "json_invalid":
         return None
     parts: list[str] = []
     for part in error["loc"][1:]:
-        if not (isinstance(part, int) or _FIELD_PART.match(str(part))):
-            break
-        parts.append(str(part))
+        if isinstance(part, int) or _FIELD_PART.match(str(part)):
+            parts.append(str(part))
     return ".".join(parts) or None
 
 

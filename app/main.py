@@ -1,7 +1,9 @@
 """The FastAPI application: ``create_app(settings)`` wires settings, database, broker,
 document key, error handlers, middleware and the routers of every domain.
 
-Run it with ``uvicorn --factory app.main:create_app``.
+Run it with ``keyseed api`` (:mod:`app.server`: uvicorn with the settings' limits on
+header size, unfinished requests and trusted proxies); a bare ``uvicorn --factory
+app.main:create_app`` has none of them.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import admin, errors, health, metrics
 from app.config import Settings, get_settings
 from app.crypto import DocumentCipher
+from app.datasets import service as datasets_service
 from app.datasets.router import router as datasets_router
 from app.db import Database
 from app.identity.router import router as identity_router
@@ -111,10 +115,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if declares_queues(settings):
         declare_queues(celery)
     database = Database.from_settings(settings, celery=celery)
-    cipher = DocumentCipher(settings.document_key())
+    cipher = DocumentCipher.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(datasets_service.destroy_deleted_keys, database, cipher)
         yield
         database.dispose()
 

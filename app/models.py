@@ -239,7 +239,9 @@ class Dataset(Base):
 
 
 class Document(Base):
-    """One private row: ``{"text", "label"}`` sealed with AES-256-GCM.
+    """One private row: ``{"text", "label"}`` sealed with AES-256-GCM under its dataset's
+    own key (``key_id`` names it; the key is in the keyring, never here: see
+    :mod:`app.crypto`), destroyed when the dataset is deleted.
 
     The associated data binds the ciphertext to its dataset and row, so a ciphertext
     copied to another row or dataset does not decrypt.
@@ -297,6 +299,9 @@ class Job(Base):
     texts_done: Mapped[int] = mapped_column(default=0)
     texts_failed: Mapped[int] = mapped_column(default=0)
     llm_calls: Mapped[int] = mapped_column(default=0)
+    # LLM work: calls, prompt_tokens, completion_tokens, wall_seconds (public: the LLM
+    # sees public prompts and synthetic texts only); None until a stage adds to it.
+    llm_costs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(String(1000))  # never private text
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # public, from the engine
@@ -321,6 +326,22 @@ class Worker(Base):
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
+
+
+class JobCheckpoint(Base):
+    """A DP output a method saved mid-run under a key (a noisy histogram, a population
+    selected from it: ``workers.methods.checkpoints``), so a redelivered or recovered
+    task resumes without drawing noise or spending again. Never a clean count, an
+    embedding of a private document or a private text (the method's allow-list)."""
+
+    __tablename__ = "job_checkpoints"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class KeyphraseSequence(Base):

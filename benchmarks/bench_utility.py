@@ -38,12 +38,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.embeddings import EmbeddingCache, SentenceEmbedder
-from workers.dpkps.evaluation import DEFAULT_CLASSIFIER, train_and_score
-from workers.dpkps.pipeline import generate_sequences
-from workers.dpkps.vocabulary import load_vocabulary
+from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.pipeline import generate_sequences
 from workers.settings import CoreSettings
+from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
+from workers.text.vocabulary import load_vocabulary
 
 REPO = Path(__file__).resolve().parents[1]
 AG_NEWS = (
@@ -149,8 +149,8 @@ def config(eps_vocab: float, eps_kde: float, seed: int, **changes: Any) -> Gener
 
 def llm_subset(h: Harness, per_class: int) -> dict[str, Any]:
     """The same DP sequences, as keyphrases and as SmolLM2 text."""
-    from workers.dpkps.prompting import PromptSpec, run_prompts
     from workers.llm.local import LocalLLMServer
+    from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
     seqs = h.sequences(replace(config(1.0, 5.0, 11), per_class=per_class))
     spec = PromptSpec(document_type="news article").validate()
@@ -218,8 +218,8 @@ def gap_analysis(h: Harness) -> list[tuple[str, float]]:
 
     import numpy as np
 
-    from workers.dpkps.extraction import KeyphraseExtractor
-    from workers.dpkps.vocabulary import Vocabulary
+    from workers.text.extraction import KeyphraseExtractor
+    from workers.text.vocabulary import Vocabulary
 
     defaults = config(1.0, 5.0, 0)
     keep = defaults.max_phrases_per_document
@@ -318,7 +318,7 @@ def markdown(r: dict[str, Any]) -> str:
         "## Utility on AG News",
         "",
         f"{r['private']:,} private / {r['test']:,} test documents (stratified, seed {SEED}); "
-        f"classifier `{r['classifier']}` (see `workers/dpkps/evaluation.py`) unless noted; "
+        f"classifier `{r['classifier']}` (see `workers/evaluation/classifier.py`) unless noted; "
         f"{r['per_class']:,} synthetic sequences per class; engine defaults (independent "
         "sequences from the exact Gaussian kernel density on the private vocabulary; "
         "see `GenerationConfig`).",

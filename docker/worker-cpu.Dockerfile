@@ -35,7 +35,7 @@ COPY app /src/app
 COPY workers /src/workers
 COPY migrations /src/migrations
 RUN pip install --no-deps /src \
- && python -c "import app.main, migrations, workers.dpkps"
+ && python -c "import app.main, migrations, workers.methods.dpkps"
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE} AS runtime

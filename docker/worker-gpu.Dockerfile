@@ -51,7 +51,7 @@ COPY app /src/app
 COPY workers /src/workers
 COPY migrations /src/migrations
 RUN pip install --no-deps /src \
- && python -c "import app.worker, migrations, workers.dpkps"
+ && python -c "import app.worker, migrations, workers.methods.dpkps"
 
 # ---------------------------------------------------------------- runtime
 FROM python AS runtime

@@ -85,7 +85,7 @@ def planned(
     count: int = 1,
     mechanism: str = "t",
 ) -> PrivacyEvent:
-    """A planned release as :mod:`workers.dpkps.plan` makes them: ε per release for the
+    """A planned release as :mod:`workers.methods.dpkps.plan` makes them: ε per release for the
     Laplace family (scale Δ/ε), the noise multiplier σ/Δ for the Gaussian family."""
     pure = noise in ("laplace", "discrete_laplace")
     if pure:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.samples import (
     Document,
     attribution,

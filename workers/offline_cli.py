@@ -32,8 +32,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workers.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
-from workers.dpkps.errors import ConfigError, KeyseedError
+from workers.errors import ConfigError, KeyseedError
+from workers.llm.client import LLMCosts
+from workers.methods.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
 
 HANDLER = "workers.offline_cli"
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
@@ -55,7 +56,7 @@ def _option(field: str | None) -> str:
 
 
 def _defaults() -> dict[str, Any]:
-    from workers.dpkps.config import GenerationConfig
+    from workers.methods.dpkps.config import GenerationConfig
 
     return {
         f.name: f.default
@@ -292,7 +293,7 @@ class _Progress:
 def _read_few_shot(path: Path | None) -> tuple[str, ...]:
     if path is None:
         return ()
-    from workers.dpkps.errors import InputDataError
+    from workers.errors import InputDataError
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -302,7 +303,7 @@ def _read_few_shot(path: Path | None) -> tuple[str, ...]:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from workers.dpkps.config import GenerationConfig
+    from workers.methods.dpkps.config import GenerationConfig
 
     per_class = args.per_class
     if args.total is None and per_class is None:
@@ -377,11 +378,16 @@ def _endpoint_for(choice: str, settings: Any) -> Any:
 
 
 def _prompt(
-    args: argparse.Namespace, sequences: Sequence[Any], settings: Any, progress: _Progress
+    args: argparse.Namespace,
+    sequences: Sequence[Any],
+    settings: Any,
+    progress: _Progress,
+    costs: LLMCosts,
 ) -> tuple[list[str | None], dict[str, Any]]:
-    """Texts for every sequence (None where the LLM failed) and a public summary."""
-    from workers.dpkps.prompting import PromptSpec, run_prompts
+    """Texts for every sequence (None where the LLM failed) and a public summary; what
+    the calls cost is added to ``costs``."""
     from workers.llm.local import LocalLLMServer
+    from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
     spec = PromptSpec(
         document_type=args.document_type, few_shot=_read_few_shot(args.few_shot)
@@ -398,6 +404,7 @@ def _prompt(
             concurrency=concurrency,
             max_calls=max_calls,
             progress=progress.prompts,
+            costs=costs,
         )
 
     if args.llm == "local":
@@ -430,13 +437,13 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, started: float) -> int:
-    from workers.dpkps.config import method_description
-    from workers.dpkps.corpus import read_labelled
-    from workers.dpkps.embeddings import EmbeddingCache, SentenceEmbedder
-    from workers.dpkps.pipeline import generate_sequences, shuffled
-    from workers.dpkps.plan import plan
-    from workers.dpkps.vocabulary import load_vocabulary
+    from workers.methods.dpkps.config import method_description
+    from workers.methods.dpkps.pipeline import generate_sequences, shuffled
+    from workers.methods.dpkps.plan import plan
     from workers.settings import CoreSettings
+    from workers.text.corpus import read_labelled
+    from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
+    from workers.text.vocabulary import load_vocabulary
 
     config = _config(args)
     if args.output.suffix.lower() != ".jsonl":
@@ -492,9 +499,10 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         _warn_owner(result)
         sequences = shuffled(result.sequences, config.seed)
         prompting: dict[str, Any] = {"llm": "none"}
+        costs = LLMCosts()
         texts: list[str | None] = [" ".join(s.keyphrases) for s in sequences]
         if args.llm != "none":
-            texts, prompting = _prompt(args, sequences, settings, progress)
+            texts, prompting = _prompt(args, sequences, settings, progress, costs)
     finally:
         progress.close()
     manifest_path = args.output.with_name(args.output.name[: -len(".jsonl")] + ".manifest.json")
@@ -502,6 +510,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         **result.manifest(),
         "labels": {"names": label_set, "source": "declared"},
         "prompting": prompting,
+        "llm_costs": {"method": "dpkps", **costs.as_dict()},
         "input": {
             "text_columns": args.text_columns,
             "label_column": args.label_column,
@@ -533,7 +542,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
 
 
 def _read_synthetic(path: Path) -> tuple[list[str], list[str]]:
-    from workers.dpkps.errors import InputDataError
+    from workers.errors import InputDataError
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -579,9 +588,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from workers.dpkps.corpus import read_labelled
-    from workers.dpkps.embeddings import SentenceEmbedder
-    from workers.dpkps.evaluation import DEFAULT_CLASSIFIER, train_and_score
+    from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+    from workers.text.corpus import read_labelled
+    from workers.text.embeddings import SentenceEmbedder
 
     classifier = args.classifier or DEFAULT_CLASSIFIER
     texts, labels = _read_synthetic(args.synthetic)

@@ -44,8 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.dpkps.errors import ConfigError, InputDataError
-from workers.dpkps.vocabulary import OboTerm, hpo_obo_path, iter_obo_terms
+from workers.errors import ConfigError, InputDataError
+from workers.text.vocabulary import OboTerm, hpo_obo_path, iter_obo_terms
 
 PHENOTYPIC_ABNORMALITY = "HP:0000118"
 PRIVATE_FILE = "hpo_private.csv"

@@ -34,6 +34,10 @@ def list_datasets(session: Session, organisation_id: uuid.UUID | None) -> Sequen
     return session.scalars(query).all()
 
 
+def deleted_ids(session: Session) -> Sequence[uuid.UUID]:
+    return session.scalars(select(Dataset.id).where(Dataset.deleted_at.is_not(None))).all()
+
+
 def insert_documents(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     if rows:
         session.execute(insert(Document), list(rows))

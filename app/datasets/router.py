@@ -144,11 +144,14 @@ def get_dataset(
 def delete_dataset(
     dataset_id: uuid.UUID,
     session: SessionDep,
+    cipher: CipherDep,
     principal: Annotated[Principal, allowed(Action.DATASET_DELETE)],
 ) -> DatasetOut:
-    """Purge the documents. The dataset's metadata, jobs, releases and ledger remain."""
-    dataset = service.delete_dataset(session, principal, dataset_id)
-    return service.to_out(session, dataset, principal)
+    """Purge the documents and destroy the dataset's key, so that no copy of them left
+    anywhere (database WAL, backups) can be opened. The dataset's metadata, jobs,
+    releases and ledger remain."""
+    deleted = service.delete_dataset(session, principal, cipher, dataset_id)
+    return service.to_out(session, deleted, principal)
 
 
 @router.patch("/{dataset_id}", response_model=DatasetOut, responses=problems(400, 404, 409))

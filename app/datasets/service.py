@@ -12,21 +12,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+import structlog
 from sqlalchemy.orm import Session
 
 from app.crypto import DocumentCipher
 from app.datasets import repository
 from app.datasets.schemas import RAW_COUNTS, BudgetOut, DatasetOut
 from app.datasets.upload import UploadReport, UploadSpec, check_content, read_documents
+from app.db import Database, after_commit, after_rollback
 from app.errors import Unprocessable
 from app.identity import policy
 from app.identity.policy import Principal
 from app.jobs import service as jobs
 from app.ledger import audit
 from app.ledger import service as ledger
+from app.logging import exception_fields
 from app.models import Dataset, utcnow
 
 _BATCH = 500
+log = structlog.get_logger("keyseed.datasets")
 
 
 @dataclass(frozen=True)
@@ -66,19 +70,21 @@ def create_dataset(
             created_by=principal.actor.ref,
         ),
     )
+    key = cipher.create_key(dataset.id)  # the dataset's own, destroyed with it
+    after_rollback(session, lambda: cipher.destroy_key(dataset.id))
     report = UploadReport()
     batch: list[dict[str, Any]] = []
     for document in read_documents(stream, spec, report):
-        nonce, sealed = cipher.seal(dataset.id, document.row, document.text, document.label)
+        nonce, sealed = key.seal(dataset.id, document.row, document.text, document.label)
         unit = document.unit
         batch.append(
             {
                 "dataset_id": dataset.id,
                 "row": document.row,
-                "key_id": cipher.key_id,
+                "key_id": key.key_id,
                 "nonce": nonce,
                 "ciphertext": sealed,
-                "unit": None if unit is None else cipher.seal_unit(dataset.id, document.row, unit),
+                "unit": None if unit is None else key.seal_unit(dataset.id, document.row, unit),
             }
         )
         if len(batch) >= _BATCH:
@@ -124,8 +130,12 @@ def list_datasets(session: Session, principal: Principal) -> Sequence[Dataset]:
     return repository.list_datasets(session, policy.organisation_scope(principal))
 
 
-def delete_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
-    """Purge the documents; keep the dataset row, its jobs' outputs and its ledger.
+def delete_dataset(
+    session: Session, principal: Principal, cipher: DocumentCipher, dataset_id: uuid.UUID
+) -> Dataset:
+    """Purge the documents and, once that commits, destroy the dataset's key (no copy of
+    a document left anywhere opens after that); keep the dataset row, its jobs' outputs
+    and its ledger.
 
     Queued jobs are cancelled (their reservations released); running ones are asked to
     stop (their spend stays committed).
@@ -138,6 +148,7 @@ def delete_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID
     jobs.stop_jobs_of_dataset(session, dataset.id, principal.actor)
     repository.purge_documents(session, dataset.id)
     dataset.deleted_at = utcnow()
+    after_commit(session, lambda: cipher.destroy_key(dataset.id))
     audit.record(  # no count of the documents purged: a raw count (docs/privacy.md)
         session,
         "dataset.deleted",
@@ -146,6 +157,20 @@ def delete_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID
         target=("dataset", dataset.id),
     )
     return dataset
+
+
+def destroy_deleted_keys(database: Database, cipher: DocumentCipher) -> None:
+    """Destroy the keys of deleted datasets that are still in the keyring (a process that
+    stopped between a deletion's commit and the key's destruction left them)."""
+    try:
+        with database.transaction(write=False) as session:
+            deleted = repository.deleted_ids(session)
+        destroyed = sum(cipher.destroy_key(dataset_id) for dataset_id in deleted)
+    except Exception as exc:  # the service starts all the same; /readyz tells what is wrong
+        log.error("dataset.key_sweep_failed", **exception_fields(exc))
+        return
+    if destroyed:
+        log.warning("dataset.keys_destroyed", count=destroyed)
 
 
 def set_cap(

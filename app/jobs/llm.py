@@ -6,7 +6,7 @@
   of the task and stopped after it.
 * any other name: an endpoint of ``KEYSEED_LLM_ENDPOINTS`` (its key stays on the server).
 
-Errors are :class:`~workers.dpkps.errors.LLMError` with a generic message: no URL of a
+Errors are :class:`~workers.errors.LLMError` with a generic message: no URL of a
 configured endpoint, no key, no answer body.
 """
 
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import httpx
 
 from app.config import Settings
-from workers.dpkps.errors import ConfigError, LLMError
+from workers.errors import ConfigError, LLMError
 from workers.llm.client import LLMEndpoint
 from workers.llm.engine import DEFAULT_SLOTS
 

@@ -1,4 +1,4 @@
-"""SQL for jobs and their keyphrase sequences."""
+"""SQL for jobs, their keyphrase sequences (or released texts) and method checkpoints."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import Job, KeyphraseSequence, Worker
+from app.models import Job, JobCheckpoint, KeyphraseSequence, Worker
 
 ACTIVE_STATES = ("queued", "running")
 
@@ -120,3 +120,22 @@ def missing_texts_by_error(session: Session, job_id: uuid.UUID) -> dict[str, int
         .group_by(KeyphraseSequence.error)
     )
     return {error or "not_attempted": int(count) for error, count in session.execute(query).all()}
+
+
+def get_checkpoint(session: Session, job_id: uuid.UUID, key: str) -> JobCheckpoint | None:
+    return session.get(JobCheckpoint, (job_id, key))
+
+
+def put_checkpoint(session: Session, job_id: uuid.UUID, key: str, data: bytes) -> None:
+    """Insert or replace the checkpoint ``key`` of the job (the caller holds its row lock)."""
+    existing = get_checkpoint(session, job_id, key)
+    if existing is None:
+        session.add(JobCheckpoint(job_id=job_id, key=key, data=data))
+    else:
+        existing.data = data
+    session.flush()
+
+
+def count_checkpoints(session: Session, job_id: uuid.UUID) -> int:
+    query = select(func.count()).select_from(JobCheckpoint).where(JobCheckpoint.job_id == job_id)
+    return int(session.scalar(query) or 0)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Body, Query, Response, status
 
 from app.deps import SessionDep, SettingsDep, allowed
 from app.errors import problems
 from app.identity.policy import Action, Principal
 from app.jobs import service
-from app.jobs.schemas import JobOut, JobPlanOut, JobSpec
+from app.jobs.schemas import AnyJobSpec, JobOut, JobPlanOut
 
 router = APIRouter(prefix="/v1", tags=["jobs"], responses=problems(401, 403, 404, 413, 422))
 
@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1", tags=["jobs"], responses=problems(401, 403, 404
 )
 def submit_job(
     dataset_id: uuid.UUID,
-    spec: JobSpec,
+    spec: Annotated[AnyJobSpec, Body()],
     session: SessionDep,
     settings: SettingsDep,
     principal: Annotated[Principal, allowed(Action.JOB_SUBMIT)],

@@ -42,6 +42,7 @@ from app.identity.policy import Actor
 from app.jobs import recovery, repository
 from app.ledger import service as ledger
 from app.models import Dataset, Job, utcnow
+from workers.llm.client import LLMCosts
 
 WORKER = Actor.system("worker")
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -155,8 +156,9 @@ def private_documents(
     job = _job(session, job_id)
     if ledger.job_budget_state(session, job.id) != "committed":
         raise Conflict("the job's budget is not committed: it may not read private data")
+    key = cipher.dataset_key(job.dataset_id)
     for document in datasets_repo.iter_documents(session, job.dataset_id):
-        text, label = cipher.open(
+        text, label = key.open(
             document.dataset_id,
             document.row,
             document.key_id,
@@ -170,9 +172,7 @@ def private_documents(
             (
                 None
                 if sealed_unit is None
-                else cipher.open_unit(
-                    document.dataset_id, document.row, document.key_id, sealed_unit
-                )
+                else key.open_unit(document.dataset_id, document.row, document.key_id, sealed_unit)
             ),
         )
 
@@ -187,9 +187,10 @@ def save_sequences(
     job_id: uuid.UUID,
     sequences: Iterable[tuple[str, Sequence[str]]],
     *,
-    private_vocabulary: Sequence[str],
+    private_vocabulary: Sequence[str] | None,
     manifest: dict[str, Any],
     texts_from_keyphrases: bool = False,
+    texts: Sequence[str] | None = None,
 ) -> int:
     """Persist the DP outputs of stages 1-6 (label, keyphrases) and the public manifest,
     and queue the prompting stage for when this commits (unless the job has no LLM).
@@ -197,7 +198,8 @@ def save_sequences(
     ``manifest`` is the engine's ``GenerationResult.manifest()``; the owner diagnostics
     of a run are raw facts about private data and must not be passed here. With
     ``texts_from_keyphrases`` (a job without LLM) each text is its keyphrases joined by
-    spaces.
+    spaces. ``texts`` (a method that releases texts itself, Aug-PE) are the released
+    texts, one per sequence (whose keyphrases are then empty): nothing is left to prompt.
     """
     job = _held_job(session, job_id)
     if job.sequences_total > 0:
@@ -213,16 +215,45 @@ def save_sequences(
         }
         for i, (label, phrases) in enumerate(sequences)
     ]
+    if texts is not None:
+        if len(texts) != len(rows):
+            raise ValueError("give one text per sequence")
+        for row, text in zip(rows, texts, strict=True):
+            row["text"] = text
     repository.insert_sequences(session, rows)
+    done = texts_from_keyphrases or texts is not None
     job.sequences_total = len(rows)
-    job.texts_done = len(rows) if texts_from_keyphrases else 0
-    job.private_vocabulary = list(private_vocabulary)
+    job.texts_done = len(rows) if done else 0
+    job.private_vocabulary = None if private_vocabulary is None else list(private_vocabulary)
     job.manifest = manifest
     ledger.record_report(session, job, manifest.get("privacy"), WORKER)
     job.stage, job.progress = "prompts", 0.0
-    if job.spec.get("llm") != "none":
+    if not done and job.spec.get("llm") != "none":
         recovery.dispatch(session, job)  # frees the lease for the prompting task
     return len(rows)
+
+
+def load_checkpoint(session: Session, job_id: uuid.UUID, key: str) -> bytes | None:
+    found = repository.get_checkpoint(session, job_id, key)
+    return None if found is None else bytes(found.data)
+
+
+def save_checkpoint(session: Session, job_id: uuid.UUID, key: str, data: bytes) -> None:
+    """Save a DP output of the running method under ``key`` (held jobs only)."""
+    _held_job(session, job_id)
+    repository.put_checkpoint(session, job_id, key, data)
+
+
+def add_llm_costs(session: Session, job_id: uuid.UUID, costs: LLMCosts) -> None:
+    """Add ``costs`` to the job's recorded LLM work."""
+    job = _held_job(session, job_id)
+    total = LLMCosts(**(job.llm_costs or {})).add(costs)
+    job.llm_costs = total.as_dict()
+
+
+def set_llm_costs(session: Session, job_id: uuid.UUID, costs: LLMCosts) -> None:
+    """Record the job's LLM work as ``costs`` (a method that totals its own runs)."""
+    _held_job(session, job_id).llm_costs = costs.as_dict()
 
 
 def pending_prompts(

@@ -12,14 +12,17 @@ import dataclasses
 import math
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
+    TypeAdapter,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -27,14 +30,15 @@ from pydantic import (
 
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
-from workers.dpkps.config import (
+from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.dpkps.config import (
     DELTA_CEILING,
     EPSILON_CEILING,
     EPSILON_FLOOR,
     LIMITS,
     GenerationConfig,
 )
-from workers.dpkps.prompting import LIMITS as PROMPT_LIMITS
+from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
 
 Example = Annotated[
     str,
@@ -56,22 +60,35 @@ ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.
 _ENGINE: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
 
 
+DPKPS: Final = "dpkps"
+AUG_PE: Final = "aug-pe"
+METHODS = (DPKPS, AUG_PE)
+
+LLMName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        description="'none' (keyphrase sequences only, DP-KPS), 'local' (the packaged "
+        "model) or the name of an endpoint configured on the server",
+    ),
+]
+MaxLLMCalls = Annotated[int | None, Field(ge=1, le=10**9)]
+
+
 class JobSpec(BaseModel):
+    """A DP-KPS job (``method`` absent or ``dpkps``)."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    method: Literal["dpkps"] = "dpkps"
     vocabulary: str = Field(
         min_length=1,
         max_length=64,
         description="A built-in vocabulary name ('english', 'medical') or the id of an "
         "uploaded vocabulary",
     )
-    llm: str = Field(
-        default="local",
-        min_length=1,
-        max_length=64,
-        description="'none' (keyphrase sequences only), 'local' (the packaged model) or "
-        "the name of an endpoint configured on the server",
-    )
+    llm: LLMName = "local"
     document_type: str = Field(
         min_length=1, max_length=PROMPT_LIMITS["document_type_chars"], pattern=NAME_PATTERN
     )
@@ -83,7 +100,7 @@ class JobSpec(BaseModel):
     template: str | None = Field(
         default=None, max_length=PROMPT_LIMITS["template_chars"], pattern=TEXT_PATTERN
     )
-    max_llm_calls: int | None = Field(default=None, ge=1, le=10**9)
+    max_llm_calls: MaxLLMCalls = None
 
     # The budget: a total ``epsilon`` (and ``delta``: > 0 selects Gaussian noise) split
     # among the mechanisms by the shares, or per-mechanism ε (Laplace, pure).
@@ -156,6 +173,38 @@ class JobSpec(BaseModel):
         return GenerationConfig(**self.engine_parameters()).validate()
 
 
+class AugPEJobSpec(AugPEParams):
+    """An Aug-PE job (``method: aug-pe``): the LLM, a cap on its calls and every
+    :class:`~workers.methods.aug_pe.params.AugPEParams` field (``epsilon`` and ``delta``
+    are the run's total; ``concurrency`` is capped by the server's LLM concurrency)."""
+
+    method: Literal["aug-pe"]
+    llm: LLMName = "local"
+    max_llm_calls: MaxLLMCalls = None
+
+    def params(self) -> AugPEParams:
+        """The method's own parameters (what the engine and its checkpoints see)."""
+        fields = self.model_dump(exclude={"method", "llm", "max_llm_calls"})
+        return AugPEParams.model_validate(fields)
+
+
+def _method(value: Any) -> str:
+    """The branch of a job spec: its ``method``, DP-KPS when it names none."""
+    method = value.get("method", DPKPS) if isinstance(value, dict) else DPKPS
+    return f"method={method}"
+
+
+AnyJobSpec = Annotated[
+    Annotated[JobSpec, Tag(f"method={DPKPS}")] | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")],
+    Discriminator(
+        _method,
+        custom_error_type="unknown_method",
+        custom_error_message=f"method must be one of {', '.join(METHODS)}",
+    ),
+]
+JOB_SPEC: TypeAdapter[JobSpec | AugPEJobSpec] = TypeAdapter(AnyJobSpec)
+
+
 class JobPlanOut(BaseModel):
     """A dry run: what a job would release and spend (nothing stored, nothing read)."""
 
@@ -198,15 +247,27 @@ class JobEpsilon(BaseModel):
     )
 
 
+class JobLLMCosts(BaseModel):
+    """LLM work of the job: HTTP calls (retries included), tokens the endpoint reported,
+    wall time of the LLM stages (seconds)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
+
+
 class JobOut(BaseModel):
     id: uuid.UUID
     dataset_id: uuid.UUID
     organisation_id: uuid.UUID
+    method: str
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
     stage: str | None
     progress: float
     cancel_requested: bool
     counts: JobCounts
+    llm_costs: JobLLMCosts
     error: JobError | None
     epsilon: JobEpsilon
     spec: dict[str, Any]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -22,17 +22,30 @@ from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
 from app.jobs import recovery, repository
-from app.jobs.schemas import JobCharge, JobCounts, JobEpsilon, JobError, JobOut, JobSpec
+from app.jobs.schemas import (
+    DPKPS,
+    AugPEJobSpec,
+    JobCharge,
+    JobCounts,
+    JobEpsilon,
+    JobError,
+    JobLLMCosts,
+    JobOut,
+    JobSpec,
+)
 from app.ledger import audit
 from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from app.worker import RUN_SEQUENCES
-from workers.dpkps.accounting import epsilon_by_mechanism
-from workers.dpkps.config import GenerationConfig, method_description
-from workers.dpkps.plan import Plan, plan
-from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from workers.methods.aug_pe import plan_aug_pe
+from workers.methods.aug_pe.runner import DESCRIPTION as AUG_PE_DESCRIPTION
+from workers.methods.dpkps.accounting import epsilon_by_mechanism
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.plan import Plan, plan
+from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from workers.privacy.accountant import compose
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -42,7 +55,19 @@ def planned(config: GenerationConfig, labels: list[str], vocabulary_size: int) -
     return plan(config, labels, vocabulary_size)
 
 
-def _check_prompting(spec: JobSpec, settings: Settings) -> None:
+def planned_aug_pe(spec: AugPEJobSpec, labels: list[str]) -> Plan:
+    """Every release an Aug-PE run of ``spec`` will make, composed at the spec's δ."""
+    events = tuple(plan_aug_pe(spec.params(), labels))
+    composition = compose(events)
+    return Plan(events, composition.epsilon(spec.delta), spec.delta, composition.name)
+
+
+def method_of(spec: Mapping[str, Any]) -> str:
+    """The method of a stored spec (specs stored before there were methods are DP-KPS)."""
+    return str(spec.get("method", DPKPS))
+
+
+def _check_llm(spec: JobSpec | AugPEJobSpec, settings: Settings) -> None:
     if spec.llm not in settings.llm_names:
         raise Unprocessable(
             f"unknown LLM endpoint; this server offers {', '.join(settings.llm_names)}",
@@ -52,6 +77,29 @@ def _check_prompting(spec: JobSpec, settings: Settings) -> None:
         raise Unprocessable(
             f"must be at most {settings.llm_max_calls} on this server", field="max_llm_calls"
         )
+
+
+def _check_aug_pe(spec: AugPEJobSpec, settings: Settings) -> None:
+    if spec.llm == "none":
+        raise Unprocessable("Aug-PE needs an LLM: name one", field="llm")
+    _check_llm(spec, settings)
+    if spec.num_released > settings.max_sequences_per_job:
+        raise Unprocessable(
+            f"asks for {spec.num_released} documents; this server makes at most "
+            f"{settings.max_sequences_per_job} per job",
+            field="num_released",
+        )
+    calls = spec.params().planned_calls()
+    allowed = spec.max_llm_calls or settings.llm_max_calls
+    if calls > allowed:
+        raise Unprocessable(
+            f"the run makes {calls} LLM calls, more than the {allowed} allowed",
+            field="max_llm_calls" if spec.max_llm_calls else "population",
+        )
+
+
+def _check_prompting(spec: JobSpec, settings: Settings) -> None:
+    _check_llm(spec, settings)
     PromptSpec(
         spec.document_type, tuple(spec.few_shot), spec.template or DEFAULT_TEMPLATE
     ).validate()
@@ -96,11 +144,15 @@ def _prepare(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
-    spec: JobSpec,
+    spec: JobSpec | AugPEJobSpec,
     settings: Settings,
 ) -> tuple[Any, Any, Plan]:
-    """Every check of a job spec, and its planned releases (public inputs only)."""
+    """Every check of a job spec, and its planned releases (public inputs only); the
+    vocabulary is DP-KPS's (None for Aug-PE)."""
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
+    if isinstance(spec, AugPEJobSpec):
+        _check_aug_pe(spec, settings)
+        return dataset, None, planned_aug_pe(spec, list(dataset.labels))
     config = spec.generation_config()
     _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
@@ -114,22 +166,28 @@ def _prepare(
     return dataset, vocabulary, planned(config, list(dataset.labels), vocabulary.size)
 
 
+def description(spec: JobSpec | AugPEJobSpec) -> str:
+    """What the method of ``spec`` runs, in words (dry runs, release manifests)."""
+    if isinstance(spec, AugPEJobSpec):
+        return AUG_PE_DESCRIPTION
+    return method_description(spec.generation_config())
+
+
 def dry_run(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
-    spec: JobSpec,
+    spec: JobSpec | AugPEJobSpec,
     settings: Settings,
 ) -> dict[str, Any]:
     """What a job of ``spec`` would release and spend, checked like a submission but with
     no job, no reservation and no private read: the planned releases with their noise,
     the composed (ε, δ) and the accountant that composed them."""
     dataset, _, the_plan = _prepare(session, principal, dataset_id, spec, settings)
-    config = spec.generation_config()
     return {
         "dry_run": True,
         "dataset_id": str(dataset.id),
-        "method": method_description(config),
+        "method": description(spec),
         "epsilon": float(the_plan.epsilon),
         "delta": the_plan.delta,
         "accountant": the_plan.accountant,
@@ -142,19 +200,20 @@ def submit(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
-    spec: JobSpec,
+    spec: JobSpec | AugPEJobSpec,
     settings: Settings,
 ) -> Job:
     dataset, vocabulary, the_plan = _prepare(session, principal, dataset_id, spec, settings)
     by_mechanism = epsilon_by_mechanism(the_plan.events, the_plan.delta)
     stored_spec = spec.model_dump(mode="json")
-    stored_spec["vocabulary_ref"] = {
-        "kind": vocabulary.kind,
-        "id": vocabulary.id,
-        "name": vocabulary.name,
-        "size": vocabulary.size,
-        "fingerprint": vocabulary.fingerprint,
-    }
+    if vocabulary is not None:
+        stored_spec["vocabulary_ref"] = {
+            "kind": vocabulary.kind,
+            "id": vocabulary.id,
+            "name": vocabulary.name,
+            "size": vocabulary.size,
+            "fingerprint": vocabulary.fingerprint,
+        }
     task_id = str(uuid.uuid4())
     job = Job(
         id=uuid.uuid4(),
@@ -178,8 +237,9 @@ def submit(
         dataset_id=str(dataset.id),
         epsilon=job.epsilon,
         epsilon_by_mechanism=by_mechanism,
+        method=spec.method,
         llm=spec.llm,
-        **prompt_provenance(spec, principal.actor),
+        **(prompt_provenance(spec, principal.actor) if isinstance(spec, JobSpec) else {}),
     )
     enqueue_after_commit(session, RUN_SEQUENCES, str(job.id), task_id=task_id)
     return job
@@ -317,6 +377,7 @@ def to_out(session: Session, job: Job) -> JobOut:
         id=job.id,
         dataset_id=job.dataset_id,
         organisation_id=job.organisation_id,
+        method=method_of(job.spec),
         state=job.state,  # type: ignore[arg-type]
         stage=job.stage,
         progress=job.progress,
@@ -327,6 +388,7 @@ def to_out(session: Session, job: Job) -> JobOut:
             texts_failed=job.texts_failed,
             llm_calls=job.llm_calls,
         ),
+        llm_costs=JobLLMCosts(**(job.llm_costs or {})),
         error=JobError(code=job.error_code, message=job.error_message) if job.error_code else None,
         epsilon=JobEpsilon(
             requested=job.epsilon,

@@ -49,18 +49,21 @@ from app.errors import Conflict, NotFound
 from app.jobs import llm, runner
 from app.jobs import repository as jobs_repo
 from app.jobs.recovery import LeaseLost
-from app.jobs.schemas import JobSpec
+from app.jobs.schemas import JOB_SPEC, AugPEJobSpec, JobSpec
 from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.models import Dataset
 from app.vocabularies import service as vocabularies
-from workers.dpkps import prompting
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.errors import InputDataError, KeyseedError, LLMError
-from workers.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
+from workers.errors import InputDataError, KeyseedError, LLMError
+from workers.llm.client import LLMCosts
+from workers.methods.checkpoints import check_key
+from workers.methods.dpkps import prompting
+from workers.methods.dpkps.accounting import epsilon_by_mechanism
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
 
 if TYPE_CHECKING:
-    from workers.dpkps.embeddings import SentenceEmbedder
-    from workers.dpkps.vocabulary import Vocabulary
+    from workers.text.embeddings import SentenceEmbedder
+    from workers.text.vocabulary import Vocabulary
 
 log = structlog.get_logger("keyseed.jobs")
 
@@ -94,7 +97,7 @@ class WorkerContext:
     @classmethod
     def from_settings(cls, settings: Settings, *, celery: Any = None) -> WorkerContext:
         database = Database.from_settings(settings, celery=celery)
-        return cls(settings, database, DocumentCipher(settings.document_key()))
+        return cls(settings, database, DocumentCipher.from_settings(settings))
 
 
 # ------------------------------------------------------------------ shared helpers
@@ -208,14 +211,14 @@ class StageTracker:
 @functools.cache
 def _embedder(model: str, device: str) -> SentenceEmbedder:
     """One embedding model per worker process (loading it takes seconds)."""
-    from workers.dpkps.embeddings import SentenceEmbedder
+    from workers.text.embeddings import SentenceEmbedder
 
     return SentenceEmbedder(model, device=device)
 
 
 @functools.cache
 def _builtin_vocabulary(name: str) -> Vocabulary:
-    from workers.dpkps.vocabulary import load_vocabulary
+    from workers.text.vocabulary import load_vocabulary
 
     return load_vocabulary(name)
 
@@ -235,9 +238,27 @@ def _vocabulary(ctx: WorkerContext, spec: Mapping[str, Any]) -> Vocabulary:
     return vocabulary
 
 
-def job_spec(stored: Mapping[str, Any]) -> JobSpec:
+def job_spec(stored: Mapping[str, Any]) -> JobSpec | AugPEJobSpec:
     """The spec as submitted (the stored copy also records the vocabulary it resolved)."""
-    return JobSpec.model_validate({k: v for k, v in stored.items() if k != "vocabulary_ref"})
+    return JOB_SPEC.validate_python({k: v for k, v in stored.items() if k != "vocabulary_ref"})
+
+
+class JobCheckpoints:
+    """A method's checkpoints (:mod:`workers.methods.checkpoints`) in ``job_checkpoints``,
+    one short transaction per load or save; a save by a process that lost the job raises
+    :class:`LeaseLost` and writes nothing."""
+
+    def __init__(self, database: Database, job_id: uuid.UUID) -> None:
+        self.database = database
+        self.job_id = job_id
+
+    def load(self, key: str) -> bytes | None:
+        with self.database.session() as session:
+            return runner.load_checkpoint(session, self.job_id, check_key(key))
+
+    def save(self, key: str, data: bytes) -> None:
+        with self.database.transaction() as session:
+            runner.save_checkpoint(session, self.job_id, check_key(key), bytes(data))
 
 
 @dataclass
@@ -321,19 +342,26 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
 
 
 def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTracker) -> str:
-    from workers.dpkps.embeddings import EmbeddingCache
-    from workers.dpkps.pipeline import generate_sequences, shuffled
+    """The job's private stages, by its method."""
+    spec = job_spec(started.spec)
+    if isinstance(spec, AugPEJobSpec):
+        return _aug_pe(ctx, started, spec, tracker)
+    return _dpkps(ctx, started, spec, tracker)
+
+
+def _dpkps(
+    ctx: WorkerContext, started: runner.StartedJob, spec: JobSpec, tracker: StageTracker
+) -> str:
+    from workers.methods.dpkps.pipeline import generate_sequences, shuffled
+    from workers.text.embeddings import EmbeddingCache
 
     settings, job_id = ctx.settings, started.job_id
-    spec = job_spec(started.spec)
     config = GenerationConfig(**spec.engine_parameters(), device=settings.device).validate()
     vocabulary = _vocabulary(ctx, started.spec)
     embedder = _embedder(settings.embedding_model, settings.device)
     tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
     corpus = load_corpus(ctx, job_id)
-    with ctx.database.session() as session:
-        dataset = session.get(Dataset, started.dataset_id)
-        unit_name = dataset.unit_column if dataset is not None else None
+    unit_name = _unit_column(ctx, started)
     result = generate_sequences(
         corpus.texts,
         corpus.labels,
@@ -381,6 +409,85 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
         next="done" if without_llm else "prompts",
     )
     return _end("succeeded") if without_llm else "prompting"
+
+
+def _aug_pe(
+    ctx: WorkerContext, started: runner.StartedJob, spec: AugPEJobSpec, tracker: StageTracker
+) -> str:
+    """An Aug-PE run from its checkpoints (a redelivered or recovered task draws no noise
+    that was drawn and saved already), its released texts saved as the job's outputs.
+
+    The run's LLM calls carry public prompts and synthetic texts only; its progress
+    reports are stage boundaries and iteration numbers (public parameters)."""
+    from workers.methods.aug_pe import plan_aug_pe, run_aug_pe
+
+    settings, job_id = ctx.settings, started.job_id
+    params = spec.params()
+    params = params.model_copy(
+        update={"concurrency": min(params.concurrency, llm.concurrency(settings, spec.llm))}
+    )
+    embedder = _embedder(settings.embedding_model, settings.device)
+    checkpoints = JobCheckpoints(ctx.database, job_id)
+    unit_name = _unit_column(ctx, started)
+    with llm.endpoint(settings, spec.llm) as endpoint:
+        tracker("class_counts", 0.0)  # a cancel that came while the models loaded stops us
+        corpus = load_corpus(ctx, job_id)
+        result = run_aug_pe(
+            corpus.texts,
+            corpus.labels,
+            label_set=started.labels,
+            units=corpus.units,
+            params=params,
+            llm=endpoint,
+            embedder=embedder,
+            checkpoints=checkpoints,
+            progress=tracker,
+        )
+        del corpus
+    if list(result.events) != plan_aug_pe(params, started.labels):
+        raise AccountingMismatch("the run's releases are not the ones its reservation holds")
+    check_accounting(epsilon_by_mechanism(result.events, spec.delta), started.epsilon_by_mechanism)
+    manifest = dict(result.manifest)
+    manifest["privacy"] = {
+        **manifest["privacy"],
+        "unit": unit_name or "row",
+        "planned": {"events": [e.to_dict() for e in result.events]},
+    }
+    try:
+        with ctx.database.transaction() as session:
+            if runner.cancel_requested(session, job_id):
+                cancelled = True
+            else:
+                cancelled = False
+                runner.save_sequences(
+                    session,
+                    job_id,
+                    [(label, ()) for label, _ in result.records],
+                    private_vocabulary=None,
+                    manifest=manifest,
+                    texts=[text for _, text in result.records],
+                )
+                runner.set_llm_costs(session, job_id, result.llm_costs)
+                runner.finish(session, job_id)
+    except Conflict:  # another delivery of the task saved them first
+        log.warning("job.sequences.saved_already", job_id=str(job_id))
+        return "duplicate"
+    if cancelled:
+        raise JobCancelled
+    log.info(
+        "job.aug_pe.saved",
+        job_id=str(job_id),
+        documents=len(result.records),
+        llm_calls=result.llm_costs.calls,
+    )
+    return _end("succeeded")
+
+
+def _unit_column(ctx: WorkerContext, started: runner.StartedJob) -> str | None:
+    """The name of the dataset's unit column (public schema), if it has one."""
+    with ctx.database.session() as session:
+        dataset = session.get(Dataset, started.dataset_id)
+        return dataset.unit_column if dataset is not None else None
 
 
 # ------------------------------------------------------------------ step 7
@@ -490,17 +597,23 @@ def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, An
                 if await asyncio.to_thread(_save_outcome, ctx, job_id, position, outcome):
                     raise JobCancelled
 
-            prompting.run_prompts(
-                [keyphrases for _, keyphrases in batch],
-                endpoint=endpoint,
-                spec=prompt,
-                concurrency=llm.concurrency(settings, name),
-                max_calls=max_calls - used,
-                max_retries=settings.llm_max_retries,
-                backoff_base=settings.llm_backoff_base,
-                backoff_max=max(settings.llm_backoff_max, settings.llm_backoff_base),
-                on_result=on_result,
-            )
+            costs = LLMCosts()
+            try:
+                prompting.run_prompts(
+                    [keyphrases for _, keyphrases in batch],
+                    endpoint=endpoint,
+                    spec=prompt,
+                    concurrency=llm.concurrency(settings, name),
+                    max_calls=max_calls - used,
+                    max_retries=settings.llm_max_retries,
+                    backoff_base=settings.llm_backoff_base,
+                    backoff_max=max(settings.llm_backoff_max, settings.llm_backoff_base),
+                    on_result=on_result,
+                    costs=costs,
+                )
+            finally:  # what was spent on the LLM is recorded, whatever stopped the batch
+                with ctx.database.transaction() as session:
+                    runner.add_llm_costs(session, job_id, costs)
             with ctx.database.session() as session:
                 batch = runner.pending_prompts(
                     session, job_id, after=positions[-1], limit=PROMPT_BATCH

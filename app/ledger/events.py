@@ -5,7 +5,7 @@ Every ledger entry lists the noisy releases it stands for as the shared accounta
 sensitivity and its norm, dimension, partition, count, and the ε of a pure release, as
 an exact decimal string):
 
-* a reservation lists the **planned** releases (:func:`workers.dpkps.plan.plan`, from
+* a reservation lists the **planned** releases (:func:`workers.methods.dpkps.plan.plan`, from
   the job's configuration and public facts, before anything private is read); the
   commit lists the same releases, now charged, and a release of the reservation the
   releases it frees. A planned exact-kernel density has sensitivity 1: its noise per
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workers.dpkps.plan import matches
+from workers.methods.dpkps.plan import matches
 from workers.privacy.events import PrivacyEvent
 
 
@@ -46,7 +46,7 @@ def _groups(events: Sequence[PrivacyEvent]) -> dict[tuple[str, str], list[Privac
 def reconcile(planned: Sequence[PrivacyEvent], realised: Sequence[PrivacyEvent]) -> list[str]:
     """How a job's realised releases differ from those it was charged for (empty: the
     same releases, at the same noise per unit of sensitivity and ε, as
-    :func:`workers.dpkps.plan.matches` compares them).
+    :func:`workers.methods.dpkps.plan.matches` compares them).
 
     >>> kde = dict(mechanism="kde", noise="laplace", scale=2.0, sensitivity=1.0, norm="l1",
     ...            dimension=8, epsilon="0.5")

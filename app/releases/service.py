@@ -22,12 +22,13 @@ from app.identity import repository as identity_repo
 from app.identity.policy import Principal
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs
-from app.jobs.schemas import ENGINE_FIELDS
+from app.jobs.schemas import AUG_PE, DPKPS, ENGINE_FIELDS, JobLLMCosts
 from app.ledger import audit
 from app.models import Download, Job, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
-from workers.dpkps.config import GenerationConfig, method_description
+from workers.methods.aug_pe.runner import DESCRIPTION as AUG_PE_DESCRIPTION
+from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 
 ADJACENCY = "one row of the uploaded file added or removed"
@@ -87,7 +88,14 @@ def _texts_only(job: Job) -> bool:
     return job.spec.get("llm") != "none"
 
 
+def llm_costs_of(job: Job) -> dict[str, Any]:
+    """The job's LLM work (calls, tokens, wall time) and the method that did it."""
+    return {"method": jobs.method_of(job.spec), **JobLLMCosts(**(job.llm_costs or {})).model_dump()}
+
+
 def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
+    if jobs.method_of(job.spec) == AUG_PE:
+        return _aug_pe_manifest(job, settings, documents)
     spec = job.spec
     engine = job.manifest or {}
     config = _config(spec)
@@ -96,6 +104,7 @@ def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
     endpoint = settings.llm_endpoints.get(llm)
     return {
         "method": method_description(config),
+        "method_id": DPKPS,
         "job_id": str(job.id),
         "parameters": {name: resolved[name] for name in ENGINE_FIELDS},
         "density": density(config),
@@ -110,6 +119,38 @@ def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
             "llm": {"endpoint": llm, "model": endpoint.model if endpoint else None},
         },
         "privacy": privacy_of(job, engine.get("privacy") or {}),
+        "llm_costs": llm_costs_of(job),
+        "documents": documents,
+        "created_at": utcnow().isoformat(),
+    }
+
+
+def _aug_pe_manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
+    """An Aug-PE release: the run's own public manifest (parameters, models, noise,
+    released sizes) with the service's privacy block and LLM costs."""
+    spec = job.spec
+    engine = job.manifest or {}
+    llm = spec.get("llm", "local")
+    endpoint = settings.llm_endpoints.get(llm)
+    return {
+        "method": engine.get("description", AUG_PE_DESCRIPTION),
+        "method_id": AUG_PE,
+        "job_id": str(job.id),
+        "parameters": engine.get("parameters", {}),
+        "labels": engine.get("labels", []),
+        "noise": engine.get("noise", {}),
+        "released_per_class": engine.get("released_per_class", {}),
+        "prompt": {"document_type": spec.get("document_type")},
+        "models": {
+            "embedding": (engine.get("models") or {}).get("embedding", settings.embedding_model),
+            "llm": {
+                "endpoint": llm,
+                "model": (engine.get("models") or {}).get("llm")
+                or (endpoint.model if endpoint else None),
+            },
+        },
+        "privacy": privacy_of(job, engine.get("privacy") or {}),
+        "llm_costs": llm_costs_of(job),
         "documents": documents,
         "created_at": utcnow().isoformat(),
     }

@@ -19,8 +19,8 @@ from app.identity.policy import Principal
 from app.ledger import audit
 from app.models import Vocabulary
 from app.vocabularies import repository
-from workers.dpkps import vocabulary as engine_vocabulary
-from workers.dpkps.vocabulary import BUILTIN_VOCABULARIES, normalise
+from workers.text import vocabulary as engine_vocabulary
+from workers.text.vocabulary import BUILTIN_VOCABULARIES, normalise
 
 MAX_PHRASES = 2_000_000
 

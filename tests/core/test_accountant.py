@@ -19,7 +19,7 @@ from dp_accounting import rdp
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.privacy import accountant, calibration
 from workers.privacy import events as events_module
 from workers.privacy.accountant import (

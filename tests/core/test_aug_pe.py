@@ -19,8 +19,7 @@ from pydantic import ValidationError
 
 from tests.fake_llm import FakeLLM
 from tests.privacy_audit import estimate_epsilon_at_delta
-from workers.dpkps.embeddings import SentenceEmbedder
-from workers.dpkps.errors import ConfigError, InputDataError, LLMError
+from workers.errors import ConfigError, InputDataError, LLMError
 from workers.methods.aug_pe import AugPEResult, run_aug_pe, runner
 from workers.methods.aug_pe.accounting import (
     COUNTS,
@@ -43,6 +42,7 @@ from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.aug_pe.prompts import blank, tokens, variation_messages
 from workers.methods.checkpoints import Checkpoints, DirectoryCheckpoints, MemoryCheckpoints
 from workers.privacy.accountant import compose
+from workers.text.embeddings import SentenceEmbedder
 
 RELEASES = 40_000
 AUDIT_DELTA = 1e-2
@@ -679,7 +679,7 @@ def test_aug_pe_with_the_packaged_local_llm(embedder: SentenceEmbedder) -> None:
 
 CHILD = """
 import json, sys
-from workers.dpkps.embeddings import SentenceEmbedder
+from workers.text.embeddings import SentenceEmbedder
 from workers.llm.client import LLMEndpoint
 from workers.methods.aug_pe import AugPEParams, run_aug_pe
 from workers.methods.checkpoints import DirectoryCheckpoints

@@ -114,6 +114,13 @@ def test_generate_writes_records_and_manifest(small: dict[str, Path]) -> None:
     assert "seconds" not in manifest  # wall time is a timing side channel: stderr only
     assert "exact Gaussian kernel" in manifest["method"]  # what ran, from the configuration
     assert manifest["prompting"] == {"llm": "none"}
+    assert manifest["llm_costs"] == {
+        "method": "dpkps",
+        "calls": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "wall_seconds": 0.0,
+    }
     assert manifest["documents_written"] == len(records)
     with open(small["input"], newline="", encoding="utf-8") as handle:
         documents = [f"{r['title']}. {r['body']}" for r in csv.DictReader(handle)]
@@ -331,6 +338,10 @@ def test_generate_with_the_local_llm(small: dict[str, Path]) -> None:
     assert manifest["prompting"]["llm"] == "local"
     assert manifest["prompting"]["requested"] == len(LABELS)
     assert manifest["prompting"]["succeeded"] == len(records)
+    costs = manifest["llm_costs"]
+    assert costs["method"] == "dpkps" and costs["calls"] >= len(LABELS)
+    assert costs["prompt_tokens"] > 0 and costs["completion_tokens"] > 0
+    assert costs["wall_seconds"] > 0
 
 
 # ---------------------------------------------------------------- evaluate

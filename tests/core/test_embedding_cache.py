@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.dpkps.embeddings import EmbeddingCache, SentenceEmbedder
+from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
 
 PHRASES = ["chest pain", "heart failure", "fracture", "shortness of breath"]
 FINGERPRINT = "f" * 64

@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from workers.dpkps import evaluation
-from workers.dpkps.embeddings import SentenceEmbedder
-from workers.dpkps.errors import ConfigError, InputDataError
-from workers.dpkps.evaluation import (
+from workers.errors import ConfigError, InputDataError
+from workers.evaluation import classifier as evaluation
+from workers.evaluation.classifier import (
     CLASSIFIERS,
     DEFAULT_CLASSIFIER,
     EmbeddingClassifier,
@@ -31,6 +30,7 @@ from workers.dpkps.evaluation import (
     torch_threads,
     train_and_score,
 )
+from workers.text.embeddings import SentenceEmbedder
 
 TOPICS = {
     "sport": "football goal striker match league coach tennis championship referee stadium",

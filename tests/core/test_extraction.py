@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from workers.dpkps.errors import ConfigError, InputDataError
-from workers.dpkps.extraction import KeyphraseExtractor
-from workers.dpkps.vocabulary import (
+from workers.errors import ConfigError, InputDataError
+from workers.text.extraction import KeyphraseExtractor
+from workers.text.vocabulary import (
     Vocabulary,
     english_vocabulary,
     medical_vocabulary,

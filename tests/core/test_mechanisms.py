@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from tests.privacy_audit import planned
-from workers.dpkps.config import GenerationConfig
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import (
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.features import RandomFourierFeatures
+from workers.methods.dpkps.kde import (
     ExactKernel,
     bag_sum,
     build_class_ensemble,
@@ -28,9 +28,9 @@ from workers.dpkps.kde import (
     phrase_weights,
     sequence_sum,
 )
-from workers.dpkps.noise import release_counts, release_vector
-from workers.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
-from workers.dpkps.proportions import noisy_class_counts
+from workers.methods.dpkps.noise import release_counts, release_vector
+from workers.methods.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
+from workers.methods.dpkps.proportions import noisy_class_counts
 
 
 def discrete_laplace_std(scale: float) -> float:

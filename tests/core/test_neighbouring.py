@@ -17,16 +17,16 @@ import pytest
 import torch
 
 from tests.privacy_audit import estimate_epsilon_at_delta, estimate_privacy_loss, planned
-from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import (
+from workers.methods.dpkps.features import RandomFourierFeatures
+from workers.methods.dpkps.kde import (
     ExactKernel,
     bag_sum,
     build_exact_structure,
     build_structure,
     phrase_weights,
 )
-from workers.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
-from workers.dpkps.proportions import noisy_class_counts
+from workers.methods.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
+from workers.methods.dpkps.proportions import noisy_class_counts
 from workers.privacy.calibration import analytic_gaussian_sigma
 from workers.privacy.noise import discrete_gaussian_noise, gaussian_noise
 from workers.privacy.units import pool

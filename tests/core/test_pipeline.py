@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from workers.dpkps.config import DEFAULT_TEMPERATURE, GenerationConfig
-from workers.dpkps.embeddings import SentenceEmbedder
-from workers.dpkps.errors import ConfigError, InputDataError
-from workers.dpkps.pipeline import generate_sequences
-from workers.dpkps.vocabulary import Vocabulary
+from workers.errors import ConfigError, InputDataError
+from workers.methods.dpkps.config import DEFAULT_TEMPERATURE, GenerationConfig
+from workers.methods.dpkps.pipeline import generate_sequences
 from workers.privacy import noise as samplers
+from workers.text.embeddings import SentenceEmbedder
+from workers.text.vocabulary import Vocabulary
 
 TOPICS = {
     "cardiology": ["heart failure", "chest pain", "arrhythmia", "blood pressure", "stent"],

@@ -18,7 +18,7 @@ import pytest
 
 from tests.core.test_mechanisms import discrete_laplace_std
 from tests.privacy_audit import estimate_epsilon_at_delta
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import (
     GaussianRelease,

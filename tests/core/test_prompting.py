@@ -5,7 +5,7 @@ openai client, so what is checked is what an endpoint would see: the prompt's co
 (document type, keyphrases, public few-shot examples, never a label), how each kind of
 fault is retried and counted, the call cap, the concurrency bound as measured by the
 server, the order of the outcomes and resuming a run. One test, marked ``llm`` and
-``slow``, generates text with the packaged SmolLM2 through llama-cpp-python's server.
+``slow``, generates text with the packaged SmolLM2 through the local server.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import pytest
 from pydantic import SecretStr
 
 from tests.fake_llm import Behaviour, FakeLLM, ok
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.prompting import (
+from workers.errors import ConfigError
+from workers.llm.client import LLMEndpoint, backoff_delay, parse_retry_after
+from workers.methods.dpkps.prompting import (
     DEFAULT_TEMPLATE,
     LIMITS,
     SYSTEM_MESSAGE,
@@ -33,7 +34,6 @@ from workers.dpkps.prompting import (
     prompt_sequences,
     run_prompts,
 )
-from workers.llm.client import LLMEndpoint, backoff_delay, parse_retry_after
 from workers.settings import CoreSettings
 
 SPEC = PromptSpec(document_type="news article")

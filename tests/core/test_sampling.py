@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from workers.dpkps.config import ensemble_block_counts
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import build_class_ensemble
-from workers.dpkps.sampling import (
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import ensemble_block_counts
+from workers.methods.dpkps.features import RandomFourierFeatures
+from workers.methods.dpkps.kde import build_class_ensemble
+from workers.methods.dpkps.sampling import (
     bag_scores,
     class_contrast,
     direct_scores,

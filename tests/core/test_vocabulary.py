@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-from workers.dpkps import vocabulary as vocab_module
-from workers.dpkps.errors import ConfigError, InputDataError
-from workers.dpkps.vocabulary import (
+from workers.errors import ConfigError, InputDataError
+from workers.text import vocabulary as vocab_module
+from workers.text.vocabulary import (
     BUILTIN_VOCABULARIES,
     Vocabulary,
     describe_builtin,
@@ -270,7 +270,7 @@ def test_cache_round_trip_and_corruption(tmp_path: Path) -> None:
 _LOAD_SCRIPT = """
 import json, time
 t0 = time.perf_counter()
-from workers.dpkps.vocabulary import english_vocabulary, medical_vocabulary
+from workers.text.vocabulary import english_vocabulary, medical_vocabulary
 out = {}
 for name, load in (("english", english_vocabulary), ("medical", medical_vocabulary)):
     t = time.perf_counter()

@@ -701,3 +701,20 @@ def test_the_dataset_page_lists_every_release_as_charged_and_as_made(
         "epsilon": ortho["epsilon"],
     }
     assert float(ortho["epsilon"]) == 1.0 and float(ortho["scale"]) == pytest.approx(1.5)
+
+
+def test_the_dataset_page_shows_each_jobs_method_and_llm_costs(
+    db: Database, admin: TestClient, client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=5.0)
+    job_id = factories.job(client, world.owner, dataset_id)
+    costs = {"calls": 7, "prompt_tokens": 120, "completion_tokens": 45, "wall_seconds": 2.5}
+    with db.transaction() as session:
+        job = session.get(Job, uuid.UUID(job_id))
+        assert job is not None
+        job.llm_costs = costs
+    page = admin.get(f"/admin/datasets/{dataset_id}")
+    assert page.status_code == 200
+    row = _fields(page.text, "data-job-id")[job_id]
+    assert row["method"] == "dpkps"
+    assert (row["llm_calls"], row["llm_tokens"], row["llm_seconds"]) == ("7", "120 / 45", "2.5")

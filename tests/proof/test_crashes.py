@@ -77,24 +77,26 @@ SPEC: dict[str, Any] = {
 EPSILON = SPEC["epsilon_vocab"] + SPEC["epsilon_kde"]
 SEQUENCES = 2 * SPEC["per_class"]  # two classes
 # The job's stage after each write of the sequences task to the job row, for two
-# classes (start, then one write per stage change: progress writes are throttled away).
+# classes (start, then one write per change of stage or of its shown progress, which is
+# 0 or 1 only: a private stage shows its start and its end, never a fraction).
 TRACE = (
     "extract",  # the task started: running, ε committed
     "extract",  # the models are loaded, the documents are about to be read
+    "extract",  # the documents are read and their phrases extracted
     "private_vocabulary",
     "embed",
     "dp_kde",  # first class
-    "sequences",
     "dp_kde",  # second class
+    "sequences",  # first class sampled
     "sequences",
     "prompts",  # the sequences are saved
 )
 # stage -> how many writes the worker makes before it is killed, waiting for the next
 KILL_AFTER = {
-    "extract": 2,  # documents read, phrases extracted, DP vocabulary histogram drawn
-    "private_vocabulary": 3,  # embeddings of the private vocabulary computed
-    "embed": 4,  # DP-KDE of the first class built
-    "dp_kde": 5,  # first class sampled
+    "extract": 2,  # documents read, phrases extracted
+    "private_vocabulary": 4,  # DP vocabulary drawn, embeddings of Ṽ computed
+    "embed": 5,  # DP-KDE of the first class built
+    "dp_kde": 6,  # DP-KDE of the second class built
     "sequences": 8,  # every class sampled, the sequences about to be saved (SaveGate)
 }
 JOB_TIMEOUT = 180.0  # seconds
@@ -438,6 +440,7 @@ def scene(
             KEYSEED_LLM_CONCURRENCY=str(LLM_CONCURRENCY),
             KEYSEED_LLM_MAX_RETRIES="0",
             KEYSEED_PROGRESS_INTERVAL="3600",  # a write per stage change, none between
+            KEYSEED_KEYRING_DIR=str(settings.keyring_path),  # the API's: the dataset keys
         )
         here = Scene(TestClient(app), world, db, llm, tap, prefix, env, tmp_path, corpus)
         try:

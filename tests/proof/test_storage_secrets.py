@@ -191,7 +191,7 @@ def test_a_raw_database_dump_holds_no_document_text_nor_row_label(
             holders = set().union(*(tables_holding(dump, form) for form in encodings(label)))
             assert holders == {"datasets"}, holders
 
-    # The documents are there, sealed: they open with the application's key only.
+    # The documents are there, sealed: they open with their dataset's key only.
     cipher: DocumentCipher = app.state.cipher
     with db.session() as session:
         stored = session.scalars(
@@ -201,4 +201,7 @@ def test_a_raw_database_dump_holds_no_document_text_nor_row_label(
     opened = [cipher.open(d.dataset_id, d.row, d.key_id, d.nonce, d.ciphertext) for d in stored]
     assert [text for text, _ in opened] == texts
     assert [label for _, label in opened] == [labels[i % 2] for i in range(40)]
-    assert all(cipher.key_id in dump for dump in dumps)  # which key sealed them, not the key
+    # which key sealed them (the dataset's own), not the key; the master key never does
+    dataset_key = cipher.dataset_key(dataset_id)
+    assert all(dataset_key.key_id in dump for dump in dumps)
+    assert {d.key_id for d in stored} == {dataset_key.key_id} != {cipher.key_id}

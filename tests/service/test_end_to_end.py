@@ -97,6 +97,7 @@ def worker(database_url: str, prefix: str, tmp_path: Path) -> Iterator[Worker]:
         KEYSEED_BROKER_URL=REDIS_URL,
         KEYSEED_BROKER_KEY_PREFIX=prefix,
         KEYSEED_DATA_KEY=DATA_KEY,
+        KEYSEED_KEYRING_DIR=str(tmp_path / "keyring"),  # the API's: the dataset keys
         KEYSEED_CACHE_DIR=str(tmp_path / "cache"),
         KEYSEED_LLM_MAX_TOKENS="64",
         KEYSEED_PROGRESS_INTERVAL="0.5",
@@ -137,7 +138,11 @@ def test_a_job_runs_end_to_end_on_a_real_worker(
 ) -> None:
     started = time.monotonic()
     settings = make_settings(
-        database_url, tmp_path / "api", broker_url=REDIS_URL, broker_key_prefix=prefix
+        database_url,
+        tmp_path / "api",
+        broker_url=REDIS_URL,
+        broker_key_prefix=prefix,
+        keyring_dir=tmp_path / "keyring",
     )
     app = create_app(settings)
     client = TestClient(app)

@@ -15,7 +15,7 @@ from app.jobs import runner
 from app.jobs.schemas import ENGINE_FIELDS, JobSpec
 from app.worker import RUN_SEQUENCES
 from tests.service import factories
-from workers.dpkps.config import GenerationConfig
+from workers.methods.dpkps.config import GenerationConfig
 
 
 def _submit(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any):  # type: ignore[no-untyped-def]

@@ -168,26 +168,25 @@ def _views(
 
 
 def _without_dp_outputs(views: dict[str, Any]) -> None:
-    """Leave out of the release manifests and the ledger's reports what the engine
-    derived from the private vocabulary Ṽ (a DP output): the exact kernel's sensitivity
-    is its largest column sum on Ṽ, and the noise scale follows from it (and so, in its
-    last digits, OpenDP's ε of the release)."""
-    for _, body in views.values():
-        for item in body if isinstance(body, list) else [body]:
-            if not isinstance(item, dict):
-                continue
-            realised = []
-            if "manifest" in item:
-                realised.append(item["manifest"]["privacy"].get("events_released", []))
-            for report in item.get("reports", []):
-                realised.append(report["events"])
-                report["epsilon"] = round(float(report["epsilon"]), 9)
-            for events in realised:
-                for event in events:
-                    for name in ("sensitivity", "scale"):
-                        event.pop(name, None)
-                    if event.get("epsilon") is not None:
-                        event["epsilon"] = round(float(event["epsilon"]), 9)
+    """Leave out what the engine derived from the private vocabulary Ṽ (a DP output): a
+    realised release (it has a ``name``; the planned ones, which the ledger reserves,
+    do not) of the exact kernel has its sensitivity from Ṽ (the largest column sum or
+    norm), and its noise scale follows from it. Everything else must match."""
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if value.get("name") and "sensitivity" in value and "noise" in value:
+                for name in ("sensitivity", "scale"):
+                    value.pop(name, None)
+                if value.get("epsilon") is not None:
+                    value["epsilon"] = round(float(value["epsilon"]), 9)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(views)
 
 
 def _flow(
@@ -257,6 +256,27 @@ def _flow(
     return normalised
 
 
+def _first_differences(one: Any, other: Any, keys: list[str]) -> list[str]:
+    """Where two records first differ, as paths (for a readable failure)."""
+    found: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if len(found) >= 10 or a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k), b.get(k), f"{path}.{k}")
+        elif isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                walk(x, y, f"{path}[{i}]")
+        else:
+            found.append(f"{path}: {a!r} != {b!r}")
+
+    for key in keys:
+        walk(one[key], other.get(key), key)
+    return found
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_neighbouring_uploads_look_alike_to_everyone_but_their_owner(
     case: str, client: TestClient, world: factories.World, worker: WorkerContext
@@ -272,4 +292,4 @@ def test_neighbouring_uploads_look_alike_to_everyone_but_their_owner(
     assert one["prompts stage"] == "succeeded", one
     assert one["private stages timed"] == [], "the private stages' durations are exported"
     differing = [key for key in one if one[key] != other.get(key)]
-    assert differing == [], {key: (one[key], other.get(key)) for key in differing}
+    assert differing == [], _first_differences(one, other, differing)

@@ -7,6 +7,6 @@
 * :mod:`workers.llm.serve`: that engine behind an OpenAI-compatible HTTP API;
 * :mod:`workers.llm.local`: the packaged SmolLM2 served by it in a subprocess.
 
-What goes into a prompt is each method's business (``workers.dpkps.prompting``): nothing
+What goes into a prompt is each method's business (``workers.methods.dpkps.prompting``): nothing
 here builds one.
 """

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

@@ -1,20 +1,36 @@
-"""Continuous batching on llama.cpp: several chat completions decoded in one batch.
+"""Continuous batching on llama.cpp: several chat completions decoded together.
 
 llama-cpp-python's own server holds a lock around one ``Llama`` object, so it generates
-one completion at a time however many arrive together. A decoding step of a small model
-on a CPU costs nearly the same for one sequence as for eight (the weights are read once
-per step either way), so :class:`BatchEngine` keeps ``slots`` sequences in one llama.cpp
-context (one KV-cache stream per slot, ``n_seq_max = slots``) and, at every step, puts
-into a single ``llama_decode`` call the next token of every slot that is generating and
-the prompt tokens of every slot that is starting (prompts are cut to fit the batch).
-A request that finishes frees its slot at once for the next one in the queue: the
-"continuous batching" of llama.cpp's ``llama-server --parallel N``, written here on
-llama-cpp-python's low-level API (``llama_batch``, ``llama_decode``, samplers, memory),
-because no package on PyPI ships a ``llama-server`` that runs on a generic x86-64 CPU.
+one completion at a time however many arrive together. :class:`BatchEngine` serves
+``slots`` completions at once instead, the way llama.cpp's ``llama-server --parallel N``
+does, written on llama-cpp-python's low-level API (``llama_batch``, ``llama_decode``,
+samplers, memory) because no PyPI package we found ships a ``llama-server`` that runs
+here (README, "The local LLM"):
 
-Only the scheduler thread touches the llama.cpp context; other threads tokenise (the
-vocabulary is read-only) and hand requests over through a queue, getting a
-``concurrent.futures.Future`` back.
+* **Batched decoding.** The slots of a *lane* are the sequences of one llama.cpp context
+  (one KV-cache stream each, ``n_seq_max`` = its slots). Every step puts into a single
+  ``llama_decode`` the next token of each slot that is generating and the prompt tokens
+  of each slot that is starting (cut to fit the batch), then samples one token per slot.
+* **Continuous batching.** A finished request frees its slot at once; the next queued
+  request takes it at the following step, while the other slots go on.
+* **Prompt cache.** A slot keeps the tokens of its last request in its KV stream; a new
+  request goes to the free slot sharing the longest prefix with its prompt and only the
+  rest is decoded (every DP-KPS prompt starts with the same system message and template).
+* **Lanes, not spinning threads.** llama.cpp's worker threads meet at a busy-wait
+  barrier after every operation, so a context with two threads on two cores that other
+  processes also use can run many times slower than with one (measured: minutes instead
+  of seconds). The engine therefore runs ``threads`` independent lanes, each a context
+  with its own scheduler thread and one llama.cpp thread, sharing the model weights and
+  one request queue; ``llama_decode`` releases the GIL, so lanes decode in parallel and a
+  lane that loses its core delays only its own slots.
+* **Weights the CPU can batch.** llama.cpp's CPU backend has matrix-matrix kernels
+  (llamafile's tinyBLAS) for Q8_0, F16 and BF16 but none for Q4_1, the packaged
+  SmolLM2's type, where a batch of eight costs nearly eight single steps.
+  :func:`convert_weights` writes the model once as Q8_0 (145 MB): 8 bits hold the 4-bit
+  weights with next to no loss (perplexity on 3,228 AG News tokens: Q4_1 as packaged
+  75.34, Q8_0 75.44, F16 75.01, BF16 75.06; Q4_0, faster still, 92.30, so it is not
+  offered), and it streams half the bytes of F16 per step, which matters once several
+  lanes read the weights at the same time.
 
 Sampling follows llama-cpp-python's chat completions (same defaults, same chain order):
 repetition penalties over the last 64 tokens, top-k 40, top-p 0.95, min-p 0.05,
@@ -22,8 +38,10 @@ temperature, then a draw with the request's seed (random when none); temperature
 greedy. Chat prompts use the template stored in the gguf file (SmolLM2: ChatML), applied
 by llama.cpp's ``llama_chat_apply_template``.
 
-Nothing here logs a prompt or a completion; llama.cpp's own log is silenced unless
-``verbose``.
+Only a lane's scheduler thread touches its context; other threads tokenise (the
+vocabulary is read-only) and hand requests over through the queue, getting a
+``concurrent.futures.Future`` back. Nothing here logs a prompt or a completion, and
+llama.cpp's own log is silenced unless ``verbose``.
 """
 
 from __future__ import annotations
@@ -46,8 +64,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_SLOTS = 8
 DEFAULT_CTX_PER_SLOT = 2048
 DEFAULT_BATCH = 512
-DEFAULT_WEIGHT_TYPE = os.environ.get("WT", "f16") or None  # TEMP
+DEFAULT_WEIGHT_TYPE = "q8_0"
 PENALTY_LAST_N = 64
+WEIGHT_TYPES = {
+    "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+}
 
 
 class EngineError(Exception):
@@ -86,30 +109,21 @@ class Generation:
 
 @dataclass
 class EngineStats:
-    """Counters of a running engine (read without a lock: monotone ints)."""
+    """Counters of a running engine, summed over its lanes."""
 
     slots: int
-    busy: int = 0
-    max_busy: int = 0
+    lanes: int
+    busy: int = 0  # slots serving a request now
+    max_busy: int = 0  # the most slots ever busy at once
     queued: int = 0
     requests: int = 0
     decode_calls: int = 0
-    reused_tokens: int = 0  # prompt tokens served from a slot's cache
+    reused_tokens: int = 0  # prompt tokens found in a slot's cache, not decoded again
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "slots": self.slots,
-            "busy": self.busy,
-            "max_busy": self.max_busy,
-            "queued": self.queued,
-            "requests": self.requests,
-            "decode_calls": self.decode_calls,
-            "reused_tokens": self.reused_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
+        return {name: int(value) for name, value in vars(self).items()}
 
 
 @dataclass
@@ -121,7 +135,7 @@ class _Request:
 
 @dataclass
 class _Slot:
-    """A request being served by sequence ``seq_id`` of the context."""
+    """A request being served by sequence ``seq_id`` of a lane's context."""
 
     seq_id: int
     request: _Request
@@ -129,7 +143,6 @@ class _Slot:
     prefilled: int = 0  # prompt tokens already in this sequence's KV cache or batch
     n_past: int = 0  # tokens in this sequence's KV cache
     pending: int | None = None  # sampled token still to be decoded
-    reused: int = 0  # prompt tokens found in the KV cache from the slot's last request
     generated: list[int] = field(default_factory=list)
     pieces: bytearray = field(default_factory=bytearray)
     logits_at: int = -1  # batch index of this slot's logits in the current step
@@ -139,22 +152,12 @@ class _Slot:
         return self.prefilled < len(self.request.prompt)
 
 
-WEIGHT_TYPES = {
-    "f16": "LLAMA_FTYPE_MOSTLY_F16",
-    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
-    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-}
-
-
 def convert_weights(source: Path, weight_type: str, cache_dir: Path) -> Path:
     """``source`` re-encoded as ``weight_type`` (a file in ``cache_dir``, made once).
 
-    llama.cpp's CPU backend has matrix-matrix kernels (llamafile's tinyBLAS, repacked
-    layouts) for F16, Q8_0 and Q4_0 but none for Q4_1, the packaged SmolLM2's type: a
-    batch of eight sequences then costs eight single-sequence steps. Converting Q4_1 to
-    F16 is exact up to F16 rounding of the dequantised weights; the file is written
-    next to nothing private (it is the public model) and reused while the source's
-    size and modification time are unchanged.
+    The file is the public model in another encoding; it is reused while the source's
+    size and modification time are unchanged and written atomically, so engines that
+    start together never read half a file.
     """
     import llama_cpp
 
@@ -174,24 +177,22 @@ def convert_weights(source: Path, weight_type: str, cache_dir: Path) -> Path:
         code = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
         if code != 0:
             raise EngineError(f"llama.cpp could not convert the model to {weight_type}")
-        os.replace(partial, target)  # atomic: a concurrent starter sees all or nothing
+        os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
     return target
 
 
 def default_threads() -> int:
-    """Half the CPUs, at least one: llama.cpp's threads spin at barriers, so on cores
-    shared with other work more threads can be much slower (one per physical core is
-    llama.cpp's own rule of thumb)."""
-    return max(1, (os.cpu_count() or 2) // 2)
+    """One lane per CPU: lanes never wait for each other (see the module docstring)."""
+    return max(1, os.cpu_count() or 1)
 
 
 class BatchEngine:
-    """A gguf model decoding up to ``slots`` chat completions at once.
+    """A gguf model decoding up to ``slots`` chat completions at once on ``threads`` lanes.
 
-    ``start()`` loads the model and starts the scheduler thread; ``close()`` stops it
-    (requests still waiting fail with :class:`EngineError`) and frees the model.
+    ``start()`` loads the model and starts the lanes; ``close()`` stops them (requests in
+    flight or still queued fail with :class:`EngineError`) and frees the model.
     """
 
     def __init__(
@@ -219,36 +220,32 @@ class BatchEngine:
         self.model_path = Path(model_path)
         self.slots = slots
         self.ctx_per_slot = ctx_per_slot
-        self.threads = threads or default_threads()
+        self.threads = min(threads or default_threads(), slots)
         self.batch_size = batch_size
         self.weight_type = weight_type
         self.cache_dir = cache_dir
         self.verbose = verbose
-        self.stats = EngineStats(slots=slots)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # the counters
+        self._stats = EngineStats(slots=slots, lanes=self.threads)
+        self._lanes: list[_Lane] = []
         self._model: Any = None
-        self._ctx: Any = None
         self._vocab: Any = None
-        self._memory: Any = None
-        self._batch: Any = None
         self._template: bytes | None = None
         self._n_vocab = 0
-        self._active: dict[int, _Slot] = {}
-        self._cached: list[list[int]] = [[] for _ in range(slots)]  # tokens in each KV stream
 
     # ----------------------------------------------------------------- lifecycle
 
     def start(self) -> BatchEngine:
         import llama_cpp
 
-        if self._thread is not None:
+        if self._lanes:
             return self
         if not self.verbose:
             from llama_cpp import _logger
 
-            _logger.set_verbose(False)  # llama.cpp's log goes to stderr only at ERROR
+            _logger.set_verbose(False)  # llama.cpp's log reaches stderr only at ERROR
         llama_cpp.llama_backend_init()
         path = self.model_path
         if self.weight_type is not None:
@@ -264,46 +261,38 @@ class BatchEngine:
         if not model:
             raise EngineError(f"llama.cpp could not load {self.model_path.name}")
         self._model = model
-        ctx_params = llama_cpp.llama_context_default_params()
-        ctx_params.n_ctx = self.slots * self.ctx_per_slot
-        ctx_params.n_batch = self.batch_size
-        ctx_params.n_ubatch = self.batch_size
-        ctx_params.n_seq_max = self.slots
-        ctx_params.n_threads = self.threads
-        ctx_params.n_threads_batch = self.threads
-        ctx_params.kv_unified = os.environ.get("KVU") == "1"  # TEMP
-        ctx_params.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(model, ctx_params)
-        if not ctx:
-            llama_cpp.llama_model_free(model)
-            self._model = None
-            raise EngineError("llama.cpp could not create a context")
-        self._ctx = ctx
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._memory = llama_cpp.llama_get_memory(ctx)
-        self._batch = llama_cpp.llama_batch_init(self.batch_size, 0, 1)
         self._template = llama_cpp.llama_model_chat_template(model, None)
         self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="llm-batch-engine", daemon=True)
-        self._thread.start()
+        sizes = [
+            self.slots // self.threads + (i < self.slots % self.threads)
+            for i in range(self.threads)
+        ]
+        try:
+            self._lanes = [_Lane(self, number, size) for number, size in enumerate(sizes)]
+        except EngineError:
+            self.close()
+            raise
+        for lane in self._lanes:
+            lane.start()
         logger.info(
-            "batch engine: %d slots × %d tokens, %d thread(s)",
+            "batch engine: %d slots × %d tokens on %d lane(s), %s weights",
             self.slots,
             self.ctx_per_slot,
             self.threads,
+            self.weight_type or "packaged",
         )
         return self
 
     def close(self) -> None:
         import llama_cpp
 
-        thread = self._thread
-        if thread is not None:
-            self._stopping.set()
-            self._queue.put(None)  # wakes an idle scheduler
-            thread.join()
-            self._thread = None
+        self._stopping.set()
+        for _ in self._lanes:
+            self._queue.put(None)  # wakes an idle lane
+        for lane in self._lanes:
+            lane.join()
         while True:  # nobody serves what is still queued
             try:
                 request = self._queue.get_nowait()
@@ -311,12 +300,9 @@ class BatchEngine:
                 break
             if request is not None and request.future.set_running_or_notify_cancel():
                 request.future.set_exception(EngineError("the engine stopped"))
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        for lane in self._lanes:
+            lane.free()
+        self._lanes = []
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
@@ -326,6 +312,13 @@ class BatchEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def stats(self) -> EngineStats:
+        with self._lock:
+            snapshot = EngineStats(**vars(self._stats))
+        snapshot.queued = self._queue.qsize()
+        return snapshot
 
     # ----------------------------------------------------------------- requests
 
@@ -343,7 +336,7 @@ class BatchEngine:
             keep += [role, content]
             chat[i].role = role
             chat[i].content = content
-        size = max(1024, 2 * sum(len(b) for b in keep) + 256)
+        size = 2 * sum(len(b) for b in keep) + 1024
         for _ in range(2):
             buffer = ctypes.create_string_buffer(size)
             length = llama_cpp.llama_chat_apply_template(
@@ -357,6 +350,7 @@ class BatchEngine:
         raise EngineError("the chat template output kept growing")
 
     def tokenize(self, text: bytes, *, special: bool) -> list[int]:
+        """Tokens of ``text`` (with the model's BOS if it adds one)."""
         import llama_cpp
 
         capacity = len(text) + 16
@@ -364,7 +358,7 @@ class BatchEngine:
         count = llama_cpp.llama_tokenize(
             self._vocab, text, len(text), tokens, capacity, True, special
         )
-        if count < 0:  # never for bytes → tokens, but llama.cpp asks us to check
+        if count < 0:  # not for bytes → tokens in practice, but llama.cpp asks us to check
             capacity = -count
             tokens = (llama_cpp.llama_token * capacity)()
             count = llama_cpp.llama_tokenize(
@@ -374,7 +368,7 @@ class BatchEngine:
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Generation]:
         """Queue a completion of ``prompt`` (tokens); its future resolves when done."""
-        if self._thread is None or self._stopping.is_set():
+        if not self._lanes or self._stopping.is_set():
             raise EngineError("the engine is not running")
         if not prompt:
             raise RequestTooLong("the prompt is empty")
@@ -386,71 +380,15 @@ class BatchEngine:
             raise ValueError("max_tokens must be at least 1")
         future: Future[Generation] = Future()
         self._queue.put(_Request(list(prompt), params, future))
-        self.stats.queued = self._queue.qsize()
         return future
 
-    # ----------------------------------------------------------------- scheduler
+    # ----------------------------------------------------------------- for the lanes
 
-    def _run(self) -> None:
-        reason = "the engine stopped"
-        try:
-            while not self._stopping.is_set():
-                self._admit()
-                if self._active:
-                    self._step()
-        except Exception as exc:  # a llama.cpp failure: fail what is in flight, stop serving
-            logger.error("batch engine stopped: %s", type(exc).__name__)
-            reason = "the engine failed"
-            self._stopping.set()
-        finally:
-            for slot in list(self._active.values()):
-                self._forget(slot.seq_id)
-                self._release(slot, error=EngineError(reason))
-
-    def _forget(self, seq_id: int) -> None:
-        import llama_cpp
-
-        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
-        self._cached[seq_id].clear()
-
-    def _admit(self) -> None:
-        """Move queued requests into free slots (block while there is nothing to do)."""
-        while len(self._active) < self.slots:
-            try:
-                block = not self._active
-                request = self._queue.get(block=block, timeout=0.5 if block else None)
-            except queue.Empty:
-                break
-            if request is None:  # close() woke us
-                break
-            if not request.future.set_running_or_notify_cancel():
-                continue  # the client gave up while queued
-            self._assign(request)
-        self.stats.busy = len(self._active)
-        self.stats.max_busy = max(self.stats.max_busy, self.stats.busy)
-        self.stats.queued = self._queue.qsize()
-
-    def _assign(self, request: _Request) -> None:
-        """Serve ``request`` in the free slot whose cached tokens share the longest prefix
-        with its prompt (llama-server's prompt cache): only the rest is decoded again."""
-        import llama_cpp
-
-        prompt = request.prompt
-        best, shared = -1, -1
-        for seq_id in range(self.slots):
-            if seq_id in self._active:
-                continue
-            common = _common_prefix(self._cached[seq_id], prompt)
-            if common > shared:
-                best, shared = seq_id, common
-        shared = min(shared, len(prompt) - 1)  # the last prompt token is decoded for logits
-        llama_cpp.llama_memory_seq_rm(self._memory, best, shared, -1)
-        del self._cached[best][shared:]
-        slot = _Slot(best, request, self._sampler(request.params))
-        slot.prefilled = slot.n_past = slot.reused = shared
-        self._active[best] = slot
-        self.stats.requests += 1
-        self.stats.reused_tokens += shared
+    def _count(self, **increments: int) -> None:
+        with self._lock:
+            for name, value in increments.items():
+                setattr(self._stats, name, getattr(self._stats, name) + value)
+            self._stats.max_busy = max(self._stats.max_busy, self._stats.busy)
 
     def _sampler(self, params: SamplingParams) -> Any:
         import llama_cpp
@@ -478,77 +416,6 @@ class BatchEngine:
         add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return chain
 
-    def _step(self) -> None:
-        """One ``llama_decode`` over every active slot, then one token per slot."""
-        import llama_cpp
-
-        batch = self._batch
-        n = 0
-        for slot in list(self._active.values()):
-            slot.logits_at = -1
-            if slot.pending is not None:  # generating: its last sampled token
-                batch.token[n] = slot.pending
-                batch.pos[n] = slot.n_past
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = slot.seq_id
-                batch.logits[n] = True
-                slot.logits_at = n
-                slot.n_past += 1
-                self._cached[slot.seq_id].append(slot.pending)
-                slot.pending = None
-                n += 1
-        for slot in self._active.values():  # prompts fill what is left of the batch
-            prompt = slot.request.prompt
-            while slot.prefilling and n < self.batch_size:
-                batch.token[n] = prompt[slot.prefilled]
-                batch.pos[n] = slot.n_past
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = slot.seq_id
-                self._cached[slot.seq_id].append(prompt[slot.prefilled])
-                slot.prefilled += 1
-                slot.n_past += 1
-                last = not slot.prefilling
-                batch.logits[n] = last
-                if last:
-                    slot.logits_at = n
-                n += 1
-        if n == 0:
-            return
-        batch.n_tokens = n
-        code = llama_cpp.llama_decode(self._ctx, batch)
-        self.stats.decode_calls += 1
-        if code != 0:
-            for slot in list(self._active.values()):
-                self._forget(slot.seq_id)
-                self._release(slot, error=EngineError(f"llama_decode returned {code}"))
-            return
-        for slot in list(self._active.values()):
-            if slot.logits_at >= 0:
-                self._advance(
-                    slot, llama_cpp.llama_sampler_sample(slot.sampler, self._ctx, slot.logits_at)
-                )
-
-    def _advance(self, slot: _Slot, token: int) -> None:
-        import llama_cpp
-
-        params = slot.request.params
-        if llama_cpp.llama_vocab_is_eog(self._vocab, token):
-            self._finish(slot, "stop")
-            return
-        slot.generated.append(token)
-        slot.pieces += self._piece(token)
-        if params.stop:
-            text = slot.pieces.decode("utf-8", errors="ignore")
-            cut = min((text.find(s) for s in params.stop if s and s in text), default=-1)
-            if cut >= 0:
-                self._finish(slot, "stop", text=text[:cut])
-                return
-        full = slot.n_past + 1 >= self.ctx_per_slot
-        if len(slot.generated) >= params.max_tokens or full:
-            self._finish(slot, "length")
-            return
-        slot.pending = token
-
     def _piece(self, token: int) -> bytes:
         import llama_cpp
 
@@ -560,32 +427,190 @@ class BatchEngine:
                 return buffer.raw[:length]
             size = -length
 
+
+class _Lane:
+    """One llama.cpp context (one thread) serving ``size`` slots from the shared queue."""
+
+    def __init__(self, engine: BatchEngine, number: int, size: int) -> None:
+        import llama_cpp
+
+        self.engine = engine
+        self.size = size
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = size * engine.ctx_per_slot
+        params.n_batch = engine.batch_size
+        params.n_ubatch = engine.batch_size
+        params.n_seq_max = size
+        params.n_threads = 1
+        params.n_threads_batch = 1
+        params.kv_unified = False  # one KV stream per slot: attention reads its own only
+        params.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(engine._model, params)
+        if not self.ctx:
+            raise EngineError("llama.cpp could not create a context")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(engine.batch_size, 0, 1)
+        self.active: dict[int, _Slot] = {}
+        self.cached: list[list[int]] = [[] for _ in range(size)]  # tokens in each KV stream
+        self.thread = threading.Thread(target=self._run, name=f"llm-lane-{number}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> None:
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def free(self) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_batch_free(self.batch)
+        llama_cpp.llama_free(self.ctx)
+
+    # ----------------------------------------------------------------- scheduling
+
+    def _run(self) -> None:
+        engine = self.engine
+        reason = "the engine stopped"
+        try:
+            while not engine._stopping.is_set():
+                self._admit()
+                if self.active:
+                    self._step()
+        except Exception as exc:  # a llama.cpp failure: fail what is in flight, stop serving
+            logger.error("batch engine lane stopped: %s", type(exc).__name__)
+            reason = "the engine failed"
+            engine._stopping.set()
+        finally:
+            for slot in list(self.active.values()):
+                self._forget(slot.seq_id)
+                self._release(slot, error=EngineError(reason))
+
+    def _admit(self) -> None:
+        """Move queued requests into free slots (block while there is nothing to do)."""
+        while len(self.active) < self.size:
+            try:
+                idle = not self.active
+                request = self.engine._queue.get(block=idle, timeout=0.5 if idle else None)
+            except queue.Empty:
+                return
+            if request is None:  # close() woke us
+                return
+            if request.future.set_running_or_notify_cancel():
+                self._assign(request)
+            # else: the client gave up while it was queued
+
+    def _assign(self, request: _Request) -> None:
+        """Serve ``request`` in the free slot whose cached tokens share the longest prefix
+        with its prompt (llama-server's prompt cache): only the rest is decoded."""
+        import llama_cpp
+
+        prompt = request.prompt
+        best, shared = -1, -1
+        for seq_id in range(self.size):
+            if seq_id not in self.active:
+                common = _common_prefix(self.cached[seq_id], prompt)
+                if common > shared:
+                    best, shared = seq_id, common
+        shared = min(shared, len(prompt) - 1)  # the last prompt token is decoded for logits
+        llama_cpp.llama_memory_seq_rm(self.memory, best, shared, -1)
+        del self.cached[best][shared:]
+        slot = _Slot(best, request, self.engine._sampler(request.params))
+        slot.prefilled = slot.n_past = shared
+        self.active[best] = slot
+        self.engine._count(requests=1, busy=1, reused_tokens=shared)
+
+    def _step(self) -> None:
+        """One ``llama_decode`` over every active slot, then one token per slot."""
+        import llama_cpp
+
+        batch, n = self.batch, 0
+        for slot in self.active.values():  # generating slots: their last sampled token
+            slot.logits_at = -1
+            if slot.pending is not None:
+                self._put(n, slot, slot.pending, logits=True)
+                slot.pending = None
+                n += 1
+        for slot in self.active.values():  # prompts fill what is left of the batch
+            prompt = slot.request.prompt
+            while slot.prefilling and n < self.engine.batch_size:
+                slot.prefilled += 1
+                self._put(n, slot, prompt[slot.prefilled - 1], logits=not slot.prefilling)
+                n += 1
+        if n == 0:
+            return
+        batch.n_tokens = n
+        code = llama_cpp.llama_decode(self.ctx, batch)
+        self.engine._count(decode_calls=1)
+        if code != 0:
+            for slot in list(self.active.values()):
+                self._forget(slot.seq_id)
+                self._release(slot, error=EngineError(f"llama_decode returned {code}"))
+            return
+        for slot in list(self.active.values()):
+            if slot.logits_at >= 0:
+                token = llama_cpp.llama_sampler_sample(slot.sampler, self.ctx, slot.logits_at)
+                self._advance(slot, token)
+
+    def _put(self, index: int, slot: _Slot, token: int, *, logits: bool) -> None:
+        batch = self.batch
+        batch.token[index] = token
+        batch.pos[index] = slot.n_past
+        batch.n_seq_id[index] = 1
+        batch.seq_id[index][0] = slot.seq_id
+        batch.logits[index] = logits
+        if logits:
+            slot.logits_at = index
+        slot.n_past += 1
+        self.cached[slot.seq_id].append(token)
+
+    def _advance(self, slot: _Slot, token: int) -> None:
+        import llama_cpp
+
+        params = slot.request.params
+        if llama_cpp.llama_vocab_is_eog(self.engine._vocab, token):
+            self._finish(slot, "stop")
+            return
+        slot.generated.append(token)
+        slot.pieces += self.engine._piece(token)
+        if params.stop:
+            text = slot.pieces.decode("utf-8", errors="ignore")
+            cut = min((text.find(s) for s in params.stop if s and s in text), default=-1)
+            if cut >= 0:
+                self._finish(slot, "stop", text=text[:cut])
+                return
+        full = slot.n_past + 1 >= self.engine.ctx_per_slot
+        if len(slot.generated) >= params.max_tokens or full:
+            self._finish(slot, "length")
+            return
+        slot.pending = token
+
     def _finish(self, slot: _Slot, reason: str, *, text: str | None = None) -> None:
         prompt_tokens = len(slot.request.prompt)
         completion_tokens = len(slot.generated)
         if text is None:
             text = slot.pieces.decode("utf-8", errors="replace")
-        self.stats.prompt_tokens += prompt_tokens
-        self.stats.completion_tokens += completion_tokens
+        self.engine._count(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
         self._release(slot, result=Generation(text, prompt_tokens, completion_tokens, reason))
 
+    def _forget(self, seq_id: int) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        self.cached[seq_id].clear()
+
     def _release(
-        self,
-        slot: _Slot,
-        *,
-        result: Generation | None = None,
-        error: BaseException | None = None,
+        self, slot: _Slot, *, result: Generation | None = None, error: BaseException | None = None
     ) -> None:
         import llama_cpp
 
         llama_cpp.llama_sampler_free(slot.sampler)
-        del self._active[slot.seq_id]
-        self.stats.busy = len(self._active)
-        future = slot.request.future
+        del self.active[slot.seq_id]
+        self.engine._count(busy=-1)
         if error is not None:
-            future.set_exception(error)
+            slot.request.future.set_exception(error)
         elif result is not None:
-            future.set_result(result)
+            slot.request.future.set_result(result)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

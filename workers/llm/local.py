@@ -11,9 +11,9 @@ Engines:
 * ``"batched"`` (the default): :mod:`workers.llm.serve`, continuous batching on llama.cpp
   (:mod:`workers.llm.engine`): ``slots`` completions (8) are decoded together, a finished
   one frees its slot for the next request at once, and each slot reuses the prompt
-  prefix it already holds. The Q4_1 weights are converted once to F16 in the cache
-  folder (``KEYSEED_CACHE_DIR``/``llm``), because llama.cpp's CPU backend batches F16
-  matrix products and not Q4_1 ones (see :func:`~workers.llm.engine.convert_weights`).
+  prefix it already holds. The Q4_1 weights are converted once to Q8_0 in the cache
+  folder (``KEYSEED_CACHE_DIR``/``llm``), because llama.cpp's CPU backend batches Q8_0
+  matrix products and not Q4_1 ones (see :mod:`workers.llm.engine`).
 * ``"llama-cpp-python"``: llama-cpp-python's own server, which runs one completion at a
   time (a lock around the model). Kept as the reference the benchmark compares with.
 
@@ -24,9 +24,10 @@ Choices, and why:
 * Chat template: the gguf metadata carries SmolLM2's ChatML template; both engines apply
   it (llama.cpp's ``llama_chat_apply_template``; llama-cpp-python's Jinja formatter).
 * Threads: llama.cpp's threads spin at barriers, so on cores shared with other work
-  more threads can be much slower (measured here on 2 busy cores: 48 tokens in 6.4 s
-  with 2 threads, 0.7-1.0 s with 1). The default is therefore half the CPUs (llama.cpp's
-  own rule of thumb: one per physical core), at least one; pass ``threads=`` to change it.
+  more threads in one context can be much slower (measured here on 2 busy cores: 48
+  tokens in 6.4 s with 2 threads, 0.7-1.0 s with 1). llama-cpp-python's server therefore
+  gets half the CPUs (at least one); the batched engine runs ``threads`` independent
+  single-threaded lanes instead (default: one per CPU), which never wait for each other.
 * ``HF_HUB_OFFLINE=1``: nothing is ever downloaded at run time.
 * The server's output goes to a temporary log file (a pipe nobody reads would block it
   once full); its tail is quoted when the server fails to start. Neither engine writes
@@ -59,7 +60,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from workers.dpkps.errors import ConfigError, LLMError
+from workers.errors import ConfigError, LLMError
 from workers.llm.client import LLMEndpoint
 from workers.llm.engine import DEFAULT_SLOTS, DEFAULT_WEIGHT_TYPE, default_threads
 
@@ -160,7 +161,10 @@ class LocalLLMServer:
         self.requested_port = port
         self.port: int | None = None
         self.n_ctx = n_ctx
-        self.threads = threads or default_threads()
+        if threads is None:
+            half = max(1, (os.cpu_count() or 2) // 2)
+            threads = default_threads() if engine == "batched" else half
+        self.threads = threads
         self.engine = engine
         self.slots = slots
         self.weight_type = weight_type
@@ -190,7 +194,7 @@ class LocalLLMServer:
 
     @property
     def endpoint(self) -> LLMEndpoint:
-        """An endpoint for :func:`~workers.dpkps.prompting.prompt_sequences`."""
+        """An endpoint for :func:`~workers.methods.dpkps.prompting.prompt_sequences`."""
         if self.model_name is None:
             raise LLMError("the local LLM server is not running", field="llm_base_url")
         return LLMEndpoint(

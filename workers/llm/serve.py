@@ -255,12 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8081)
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS)
     parser.add_argument("--ctx-per-slot", type=int, default=DEFAULT_CTX_PER_SLOT)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="lanes (default: one per CPU)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     parser.add_argument(
         "--weight-type",
         choices=[*sorted(WEIGHT_TYPES), "as-is"],
-        default=DEFAULT_WEIGHT_TYPE or "as-is",
+        default=DEFAULT_WEIGHT_TYPE,
+        help="the weights' encoding in memory (as-is: the file's own)",
     )
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true", help="llama.cpp's own log")

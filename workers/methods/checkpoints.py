@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 

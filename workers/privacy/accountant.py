@@ -78,7 +78,7 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.privacy.events import (
     CompositionPlan,
     PrivacyEvent,

@@ -45,7 +45,7 @@ from decimal import ROUND_FLOOR, Decimal, localcontext
 
 import dp_accounting
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.privacy.accountant import Composition, compose
 from workers.privacy.events import (
     GAUSSIAN_NOISES,

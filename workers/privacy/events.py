@@ -61,7 +61,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 
 PURE_NOISES = ("laplace", "discrete_laplace", "gumbel_top_k", "exponential")
 GAUSSIAN_NOISES = ("gaussian", "discrete_gaussian")

@@ -36,7 +36,7 @@ import numpy as np
 import opendp.prelude as dp
 from numpy.typing import NDArray
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.privacy.events import PrivacyEvent, exact_decimal
 
 dp.enable_features("contrib")

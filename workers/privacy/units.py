@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers.dpkps.errors import InputDataError
+from workers.errors import InputDataError
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.methods.aug_pe.params import AugPEParams
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import GaussianRelease, calibrate_noise_multiplier

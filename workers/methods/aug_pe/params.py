@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from workers.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
+from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 
 DOCUMENT_TYPE_CHARS = 200
 MAX_LLM_CALLS = 10_000_000  # per run, retries excluded: far above what a machine can serve

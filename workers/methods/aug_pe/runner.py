@@ -50,10 +50,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.dpkps.embeddings import Embedder
-from workers.dpkps.errors import ConfigError, InputDataError, LLMError
-from workers.dpkps.pipeline import check_corpus
-from workers.dpkps.proportions import allocate
+from workers.errors import ConfigError, InputDataError, LLMError
 from workers.llm.client import LLMCosts, LLMEndpoint, complete, run_sync
 from workers.methods.aug_pe import prompts
 from workers.methods.aug_pe.accounting import (
@@ -73,9 +70,12 @@ from workers.methods.aug_pe.mechanism import (
 )
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.checkpoints import Checkpoints
+from workers.methods.dpkps.pipeline import check_corpus
+from workers.methods.dpkps.proportions import allocate
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import discrete_gaussian_noise
+from workers.text.embeddings import Embedder
 
 METHOD = "aug-pe"
 DESCRIPTION = (
@@ -178,7 +178,7 @@ def run_aug_pe(
     each unit is assigned to the class most of its documents carry and votes there with
     norm 1 (:func:`~workers.methods.aug_pe.mechanism.group_units`). Bad input raises
     before anything private is read; after that only LLM failures can end a run
-    (:class:`~workers.dpkps.errors.LLMError`), and a re-run with the same
+    (:class:`~workers.errors.LLMError`), and a re-run with the same
     ``checkpoints`` resumes it without spending again.
     """
     declared = check_label_set(label_set)

@@ -22,7 +22,7 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.llm.client import (
     LLMCosts,
     LLMEndpoint,

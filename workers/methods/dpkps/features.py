@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 
 
 class RandomFourierFeatures:

@@ -3,7 +3,7 @@
 :func:`generate_sequences` takes a labelled private corpus and returns keyphrase
 sequences per class together with the exact privacy spend of the run. Prompting an LLM
 with the sequences (step 7) is post-processing and lives in
-:mod:`workers.dpkps.prompting`; callers persist the sequences first, so prompting can be
+:mod:`workers.methods.dpkps.prompting`; callers persist the sequences first, so prompting can be
 retried without touching private data or spending budget again.
 
 What leaves :func:`generate_sequences` in :class:`GenerationResult`:
@@ -27,26 +27,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.dpkps.accounting import PrivacyReport
-from workers.dpkps.config import GenerationConfig, method_description
-from workers.dpkps.embeddings import Embedder, EmbeddingCache, select_device
-from workers.dpkps.errors import InputDataError
-from workers.dpkps.extraction import KeyphraseExtractor
-from workers.dpkps.features import RandomFourierFeatures
-from workers.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
-from workers.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
-from workers.dpkps.private_vocab import select_private_vocabulary
-from workers.dpkps.proportions import allocate, noisy_class_counts
-from workers.dpkps.sampling import (
+from workers.errors import InputDataError
+from workers.methods.dpkps.accounting import PrivacyReport
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.features import RandomFourierFeatures
+from workers.methods.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
+from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
+from workers.methods.dpkps.private_vocab import select_private_vocabulary
+from workers.methods.dpkps.proportions import allocate, noisy_class_counts
+from workers.methods.dpkps.sampling import (
     class_contrast,
     floored_bag_scores,
     floored_density,
     sample_from_scores,
     sample_iterative,
 )
-from workers.dpkps.vocabulary import Vocabulary
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
+from workers.text.embeddings import Embedder, EmbeddingCache, select_device
+from workers.text.extraction import KeyphraseExtractor
+from workers.text.vocabulary import Vocabulary
 
 STAGES = ("extract", "private_vocabulary", "embed", "dp_kde", "sequences")
 ProgressFn = Callable[[str, float], None]

@@ -1,6 +1,6 @@
 """DP kernel density estimates over keyphrase embeddings (method.md, step 4; Wagner et al. 2023).
 
-Noise: the planned release of :mod:`workers.dpkps.plan` — Laplace (pure ε, L1
+Noise: the planned release of :mod:`workers.methods.dpkps.plan` — Laplace (pure ε, L1
 sensitivities below) or Gaussian ((ε, δ), L2 sensitivities: contributions are clipped in
 L2 to ``c·√I`` instead of L1 to ``c·I``, and the exact kernel's sensitivity is its largest
 column norm instead of its largest column sum). One unit (a document, or a patient's
@@ -46,10 +46,10 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from workers.dpkps.config import EXACT_KERNEL_LIMIT, MODES, ensemble_block_counts
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.features import RandomFourierFeatures, feature_map
-from workers.dpkps.noise import noise_std, release_vector
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import EXACT_KERNEL_LIMIT, MODES, ensemble_block_counts
+from workers.methods.dpkps.features import RandomFourierFeatures, feature_map
+from workers.methods.dpkps.noise import noise_std, release_vector
 from workers.privacy.events import PrivacyEvent
 
 _DOC_CHUNK = 2048

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from workers.dpkps.plan import Plan, matches
+from workers.methods.dpkps.plan import Plan, matches
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 
 DEFAULT_MODEL = "default"
 

@@ -3,7 +3,7 @@
 Noise is added to the count of EVERY phrase of the public vocabulary, zeros included
 (noising only the phrases that occur would reveal which ones occur), and the ``N``
 largest noisy counts form the private vocabulary Ṽ. Picking the top ``N`` is
-post-processing. Two histograms, by the planned noise (:mod:`workers.dpkps.plan`):
+post-processing. Two histograms, by the planned noise (:mod:`workers.methods.dpkps.plan`):
 
 * Laplace (pure ε): each unit contributes its first ``S`` matched phrases, repeats
   included, so adding or removing one unit moves the histogram by at most ``S`` in L1;
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.noise import release_counts
+from workers.errors import ConfigError
+from workers.methods.dpkps.noise import release_counts
 from workers.privacy.events import PrivacyEvent
 
 

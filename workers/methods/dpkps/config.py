@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 
 MODES = ("independent", "iterative")
 ENSEMBLES = ("log", "linear")
@@ -173,7 +173,7 @@ class GenerationConfig:
       8 runs with it 0.778; a run's spread is about ±0.01);
     * class contrast β = 1: without it a class's sequences were mostly the words every
       class uses ("said", "new", weekdays, agency names). Weighting each class's scores
-      by its share of the phrase (see :func:`workers.dpkps.sampling.class_contrast`,
+      by its share of the phrase (see :func:`workers.methods.dpkps.sampling.class_contrast`,
       post-processing of the released scores) raised accuracy with both methods (exact
       kernel, τ = 1: 0.759 without it against 0.795–0.833 with it).
     """

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from workers.dpkps.config import GenerationConfig, ensemble_block_counts
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import GenerationConfig, ensemble_block_counts
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import PlannedMechanism, split_budget
 from workers.privacy.events import PrivacyEvent

@@ -37,7 +37,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from workers.dpkps.errors import ConfigError, InputDataError
+from workers.errors import ConfigError, InputDataError
 
 BUILTIN_VOCABULARIES: tuple[str, ...] = ("english", "medical")
 

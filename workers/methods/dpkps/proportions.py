@@ -3,7 +3,7 @@
 Either a fixed number per class (what the paper does; costs nothing, but every class of
 the declared label set gets the same share), or a total split in proportion to noisy
 class counts. Each unit (a document, or a patient with a unit column) lies in one class
-(:func:`workers.dpkps.units.pool`), so the count vector over the declared labels moves
+(:func:`workers.methods.dpkps.units.pool`), so the count vector over the declared labels moves
 by 1 in L1 and in L2 when one unit is added or removed: discrete Laplace noise of scale
 ``1/ε_count`` (pure) or discrete Gaussian noise (planned σ) protects it; the split itself
 is post-processing. Raw counts are never used.
@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.noise import release_counts
+from workers.errors import ConfigError
+from workers.methods.dpkps.noise import release_counts
 from workers.privacy.events import PrivacyEvent
 
 

@@ -10,7 +10,7 @@ real texts themselves. :func:`train_and_score` is that measure, with two classif
   baseline: on AG News it matched the embedding classifier both when trained on real
   texts and when trained on bags of eight keyphrases.
 * ``"embedding"``: L2-normalised sentence embeddings of the public all-MiniLM-L6-v2
-  (:class:`~workers.dpkps.embeddings.SentenceEmbedder`) and a small torch network
+  (:class:`~workers.text.embeddings.SentenceEmbedder`) and a small torch network
   ``linear → ReLU hidden features → dropout → linear logits`` trained with Adam. It
   reads meaning rather than exact wording, so it does not need the synthetic texts to
   share n-grams with the real ones, and its hidden features give the domain adaptation
@@ -42,8 +42,8 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from workers.dpkps.embeddings import Embedder, SentenceEmbedder, select_device
-from workers.dpkps.errors import ConfigError, InputDataError
+from workers.errors import ConfigError, InputDataError
+from workers.text.embeddings import Embedder, SentenceEmbedder, select_device
 
 CLASSIFIERS = ("tfidf", "embedding")
 # The 1/(4d²) normaliser makes the CORAL term ~1e-3 of the loss: weight 1 does nothing.

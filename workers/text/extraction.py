@@ -30,8 +30,8 @@ from collections.abc import Iterable
 
 import ahocorasick
 
-from workers.dpkps.errors import ConfigError, InputDataError
-from workers.dpkps.vocabulary import Vocabulary, normalise
+from workers.errors import ConfigError, InputDataError
+from workers.text.vocabulary import Vocabulary, normalise
 
 _START = "\ufdd0"  # a noncharacter: "a word may start here"
 _END = "\ufdd1"  # a noncharacter: "a word may end here"

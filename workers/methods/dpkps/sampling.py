@@ -23,11 +23,11 @@ from collections.abc import Sequence
 
 import torch
 
-from workers.dpkps.config import check_class_contrast, check_noise_floor, check_temperature
-from workers.dpkps.errors import ConfigError
-from workers.dpkps.features import RandomFourierFeatures, feature_map
-from workers.dpkps.kde import DPKDE, ExactKDE
-from workers.dpkps.noise import noise_std
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import check_class_contrast, check_noise_floor, check_temperature
+from workers.methods.dpkps.features import RandomFourierFeatures, feature_map
+from workers.methods.dpkps.kde import DPKDE, ExactKDE
+from workers.methods.dpkps.noise import noise_std
 
 
 def draw(

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.dpkps.errors import InputDataError
+from workers.errors import InputDataError
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # clinical notes can be long
 

@@ -1,6 +1,6 @@
 """DP-KPS's releases: a planned event's noise applied to an aggregate, the event recorded.
 
-Every release of a run was planned before the private read (:mod:`workers.dpkps.plan`);
+Every release of a run was planned before the private read (:mod:`workers.methods.dpkps.plan`);
 here an aggregate gets the planned noise per unit of sensitivity times the sensitivity it
 really has, from the shared OpenDP samplers (:mod:`workers.privacy.noise`), and the
 realised :class:`~workers.privacy.events.PrivacyEvent` is returned beside it. For pure
@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.dpkps.errors import ConfigError
+from workers.errors import ConfigError
 from workers.privacy import noise as samplers
 from workers.privacy.events import PrivacyEvent
 

@@ -1,0 +1,199 @@
+"""The packaged SmolLM2 on the batched local server (``workers.llm.local``, ``serve``,
+``engine``), over real HTTP.
+
+What is shown: concurrent requests are decoded together (the server's own counters: all
+slots busy at once, far fewer ``llama_decode`` calls than generated tokens, where one
+request at a time needs one per token; wall-clock figures are in BENCHMARKS.md, not
+here, because a shared CI machine makes them noisy); token counts reach the client's
+``LLMCosts``; a slot reuses the prompt prefix it holds; the OpenAI-shaped answers and
+errors; the weight conversion is made once. Marked ``llm`` and ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from workers.llm.client import LLMCosts
+from workers.llm.engine import (
+    BatchEngine,
+    EngineError,
+    RequestTooLong,
+    SamplingParams,
+    convert_weights,
+)
+from workers.llm.local import LocalLLMServer, packaged_gguf_path
+from workers.methods.dpkps.prompting import PromptSpec, run_prompts
+
+pytestmark = [pytest.mark.llm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+SPEC = PromptSpec(document_type="news article")
+TOPICS = [
+    ["stock market", "oil prices"],
+    ["football", "championship"],
+    ["vaccine", "clinical trial"],
+    ["election", "parliament"],
+    ["smartphone", "battery"],
+    ["drought", "harvest"],
+    ["museum", "exhibition"],
+    ["airline", "strike"],
+]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("llm-cache")
+
+
+@pytest.fixture(scope="module")
+def server(cache_dir: Path) -> Iterator[LocalLLMServer]:
+    with LocalLLMServer(max_tokens=24, cache_dir=cache_dir, startup_timeout=300) as running:
+        yield running
+
+
+def slots(server: LocalLLMServer) -> dict[str, int]:
+    response = httpx.get(server.base_url.removesuffix("/v1") + "/slots", timeout=10)
+    response.raise_for_status()
+    data: dict[str, int] = response.json()
+    return data
+
+
+def chat(server: LocalLLMServer, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=300)
+
+
+def test_concurrent_requests_are_decoded_together(server: LocalLLMServer) -> None:
+    assert server.engine == "batched" and server.slots == 8
+    before = slots(server)
+    costs = LLMCosts()
+    outcomes = run_prompts(
+        TOPICS, endpoint=server.endpoint, spec=SPEC, concurrency=8, max_retries=0, costs=costs
+    )
+    after = slots(server)
+    assert [o.error for o in outcomes] == [None] * 8
+    assert after["max_busy"] == 8  # all eight slots were serving at the same moment
+    decodes = after["decode_calls"] - before["decode_calls"]
+    generated = after["completion_tokens"] - before["completion_tokens"]
+    # one request at a time needs a llama_decode per generated token; here each call
+    # advanced several sequences at once
+    assert generated >= 8 * 12
+    assert decodes <= generated / 3
+    # the client's costs are the server's own token counts
+    assert costs.calls == 8
+    assert costs.completion_tokens == generated == sum(o.completion_tokens for o in outcomes)
+    assert costs.prompt_tokens == after["prompt_tokens"] - before["prompt_tokens"] > 8 * 20
+
+
+def test_slots_reuse_the_prompt_prefix_they_hold(server: LocalLLMServer) -> None:
+    """Every DP-KPS prompt starts with the same system message and template: once the
+    slots hold one, a new prompt decodes only what differs."""
+    run_prompts(TOPICS, endpoint=server.endpoint, spec=SPEC, concurrency=8, max_retries=0)
+    before = slots(server)
+    others = [[f"{a} report", f"{b} news"] for a, b in TOPICS]
+    costs = LLMCosts()
+    run_prompts(others, endpoint=server.endpoint, spec=SPEC, concurrency=8, costs=costs)
+    reused = slots(server)["reused_tokens"] - before["reused_tokens"]
+    assert reused >= 8 * 20
+    assert reused < costs.prompt_tokens  # the keyphrases themselves are decoded
+
+
+def test_answers_are_openai_chat_completions_with_usage(server: LocalLLMServer) -> None:
+    models = httpx.get(f"{server.base_url}/models", timeout=10).json()
+    assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "max_tokens": 3,
+        "temperature": 0.0,
+    }
+    first, second = chat(server, body).json(), chat(server, body).json()
+    assert first["object"] == "chat.completion"
+    [choice] = first["choices"]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = first["usage"]
+    assert 1 <= usage["completion_tokens"] <= 3
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    # temperature 0 is greedy: the same prompt gives the same text
+    assert second["choices"][0]["message"]["content"] == choice["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"messages": []}, 400),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400),
+        ({"messages": [{"role": "user", "content": 3}]}, 400),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, 400),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400),
+        ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400),  # > 2,048 tokens
+    ],
+)
+def test_bad_requests_are_400_without_quoting_the_prompt(
+    server: LocalLLMServer, body: dict[str, object], status: int
+) -> None:
+    response = chat(server, body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "word word" not in error["message"]
+
+
+def test_unknown_paths_and_bodies(server: LocalLLMServer) -> None:
+    root = server.base_url.removesuffix("/v1")
+    assert httpx.get(f"{root}/health", timeout=10).json() == {"status": "ok"}
+    assert httpx.get(f"{root}/v1/nothing", timeout=10).status_code == 404
+    broken = httpx.post(f"{server.base_url}/chat/completions", content=b"{not json", timeout=10)
+    assert broken.status_code == 400
+
+
+def test_stop_strings_cut_the_text(cache_dir: Path) -> None:
+    with BatchEngine(packaged_gguf_path(), slots=2, threads=1, cache_dir=cache_dir) as engine:
+        prompt = engine.chat_prompt([{"role": "user", "content": "Count from 1 to 20."}])
+        greedy = SamplingParams(max_tokens=40, temperature=0.0)
+        full = engine.submit(prompt, greedy).result(timeout=120)
+        assert full.text.strip()
+        stop = full.text.strip()[len(full.text.strip()) // 2 :][:3]
+        cut = engine.submit(prompt, SamplingParams(max_tokens=40, temperature=0.0, stop=(stop,)))
+        result = cut.result(timeout=120)
+        assert result.finish_reason == "stop"
+        assert stop not in result.text
+        assert full.text.startswith(result.text)
+
+
+def test_the_engine_refuses_what_does_not_fit_and_fails_what_it_cannot_finish(
+    cache_dir: Path,
+) -> None:
+    engine = BatchEngine(
+        packaged_gguf_path(), slots=1, ctx_per_slot=256, threads=1, cache_dir=cache_dir
+    ).start()
+    try:
+        with pytest.raises(RequestTooLong):
+            engine.submit(list(range(300)), SamplingParams())
+        prompt = engine.chat_prompt([{"role": "user", "content": "Tell a long story."}])
+        running = engine.submit(prompt, SamplingParams(max_tokens=200))
+        waiting = engine.submit(prompt, SamplingParams(max_tokens=200))
+    finally:
+        engine.close()
+    for future in (running, waiting):  # in flight or queued: both fail, neither hangs
+        assert future.done()
+        if future.exception() is not None:
+            assert isinstance(future.exception(), EngineError)
+    assert waiting.exception() is not None
+    with pytest.raises(EngineError):
+        engine.submit(prompt, SamplingParams())
+
+
+def test_the_weights_are_converted_once(cache_dir: Path) -> None:
+    source = packaged_gguf_path()
+    first = convert_weights(source, "q8_0", cache_dir)
+    stamp = os.stat(first).st_mtime_ns
+    again = convert_weights(source, "q8_0", cache_dir)
+    assert again == first and os.stat(again).st_mtime_ns == stamp
+    assert not list(cache_dir.glob(".*.partial"))

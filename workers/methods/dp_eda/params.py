@@ -1,0 +1,86 @@
+"""Every parameter of a DP-EDA run (dp-eda.md §4–§6), validated with errors naming the field.
+
+Names: ``iterations`` is T, ``domain`` the limited domain K, ``parents`` k = N_par,
+``initial_population`` N_pb, ``offspring`` N_cld, ``alpha`` α and ``top_r`` R of the EDA.
+Defaults are the paper's (K = 300, N_par = 30, N_cld = 3000, α = 0.1, N_pb = 1000) except
+T, which the paper does not state (7 is the smallest it discusses, §4.6).
+
+Privacy: ``epsilon``/``delta`` are the run's total, every class and all T iterations
+(classes compose in parallel). ``ld_delta_share`` of δ goes to the T domain restrictions
+(δ_LD = δ·share/T per LimitedDomain call, dp-eda.md §9 Q3); the rest is the δ at which
+the shared accountant composes the T·k Gumbel selections. The per-selection ε_s is never
+a parameter: it is calibrated from (ε, δ, T, k) (:mod:`.accounting`).
+
+``adjacency`` picks the calibration of dp-eda.md §5: ``"add_remove"`` (Durfee & Rogers's
+own constants, keyseed's ledger) or ``"replace_one"`` (the paper's printed factor 2;
+valid under add/remove as well, with twice the noise).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
+
+DOCUMENT_TYPE_CHARS = 200
+
+
+class DPEDAParams(BaseModel):
+    """The job's DP-EDA parameters (module docstring); frozen once validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
+    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
+    delta: float = Field(gt=0.0, le=1e-3)
+    ld_delta_share: float = Field(default=0.5, gt=0.0, lt=1.0)
+    adjacency: Literal["add_remove", "replace_one"] = "add_remove"
+    iterations: int = Field(default=7, ge=1, le=100)
+    domain: int = Field(default=300, ge=1, le=100_000)
+    parents: int = Field(default=30, ge=2, le=10_000)
+    initial_population: int = Field(default=1000, ge=2, le=100_000)
+    offspring: int = Field(default=3000, ge=2, le=100_000)
+    alpha: float = Field(default=0.1, ge=0.0, le=1.0)
+    top_r: int = Field(default=5, ge=2, le=10_000)
+    population_source: Literal["llm", "vocabulary"] = "llm"
+    decoder: Literal["llm_reconstruction", "retrieval"] = "llm_reconstruction"
+    vocabulary: str = "english"
+    nearest_phrases: int = Field(default=8, ge=1, le=100)
+    candidates: int = Field(default=4, ge=1, le=32)
+    rounds: int = Field(default=2, ge=1, le=10)
+    perplexity_percentile: float = Field(default=95.0, gt=0.0, le=100.0)
+    max_tokens: int = Field(default=96, ge=8, le=32_768)
+    temperature: float = Field(default=0.9, ge=0.0, le=2.0)
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    seed: int = Field(default=0, ge=0, le=2**53 - 1)
+
+    @field_validator("document_type")
+    @classmethod
+    def _visible(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        if any(ch in value for ch in "\r\n\t\x00"):
+            raise ValueError("must be one line of text")
+        return value.strip()
+
+    @field_validator("parents")
+    @classmethod
+    def _within_domain(cls, value: int, info: ValidationInfo) -> int:
+        domain = info.data.get("domain")
+        if domain is not None and value > domain:
+            raise ValueError(f"must be at most the limited domain K = {domain}")
+        return value
+
+    @field_validator("initial_population", "offspring")
+    @classmethod
+    def _above_domain(cls, value: int, info: ValidationInfo) -> int:
+        domain = info.data.get("domain")
+        if domain is not None and value < domain + 1:
+            raise ValueError(f"must be at least K + 1 = {domain + 1} (dp-eda.md §9 Q6)")
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form recorded in manifests."""
+        return self.model_dump(mode="json")

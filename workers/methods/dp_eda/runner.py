@@ -1,0 +1,468 @@
+"""DP-EDA end to end: :func:`run_dp_eda` (dp-eda.md §4 corrected Algorithm 1, per class).
+
+Steps (T = ``params.iterations``):
+
+1. **Initial population**, per class, from public inputs only: N_pb zero-shot LLM texts
+   from the document type and the label, or the N_pb vocabulary phrases nearest to the
+   embedded "document type + label"; embedded and normalised. The readability filter is
+   fitted on these public texts (:class:`~.decoding.CharBigramPerplexity`).
+2. **Iterations t = 1 … T**, per class: the class's units vote for their nearest member;
+   LimitedDomain selects up to k parents (the only private read,
+   :mod:`.limited_domain`); the parents are decoded, filtered, and the survivors, in
+   the DP order, feed the Gaussian EDA (:mod:`.evolution`) which samples N_cld offspring.
+   A class stops when LimitedDomain returns ∅, when no parent survives the filter, or
+   with fewer than two survivors (fix 2): all functions of DP outputs.
+3. **Release**: each class's decoded survivors of its last productive iteration.
+
+Privacy. The plan (:func:`~.accounting.noise_plan`) fixes ε_s, δ_LD and every event
+before the first private read; every planned event is recorded, early stops included
+(nothing is refunded). Clean counts live in :func:`~.limited_domain.select_parents` only.
+
+Checkpoints: the initial texts; per class and iteration the selection (saved before it
+is used) and the decoded texts; the LLM costs. Populations are recomputed from them and
+the public seed. A re-run resumes without drawing noise again and records each event once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from workers.errors import ConfigError, LLMError
+from workers.llm.client import LLMCosts, LLMEndpoint, complete, run_sync
+from workers.methods.aug_pe.accounting import check_label_set
+from workers.methods.aug_pe.mechanism import group_units
+from workers.methods.aug_pe.runner import check_units
+from workers.methods.checkpoints import Checkpoints
+from workers.methods.dp_eda import decoding
+from workers.methods.dp_eda.accounting import Plan, noise_plan, selection_event
+from workers.methods.dp_eda.evolution import normalise, offspring
+from workers.methods.dp_eda.limited_domain import select_parents, unit_means
+from workers.methods.dp_eda.params import DPEDAParams
+from workers.methods.dpkps.pipeline import check_corpus
+from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
+from workers.text.embeddings import Embedder
+from workers.text.vocabulary import Vocabulary, load_vocabulary
+
+METHOD = "dp-eda"
+DECODERS = {
+    "llm_reconstruction": "DP-EDA selection + LLM reconstruction (nearest public vocabulary "
+    "phrases, candidates re-ranked by embedding similarity); decoded from DP-selected "
+    "embeddings",
+    "retrieval": "DP-EDA selection + retrieval of the nearest public-pool text; decoded "
+    "from DP-selected embeddings",
+}
+DESCRIPTION = (
+    "DP-EDA (Zhao, Song, Zhou): evolution of public embeddings with LimitedDomain "
+    "selection (Durfee & Rogers 2019, OpenDP Gumbel noise), Gaussian EDA, decoding to text"
+)
+RANDOM_ROUNDS = 3
+ProgressFn = Callable[[str, float], None]
+RUN_KEY = "dp-eda-run"
+INITIAL_KEY = "dp-eda-initial"
+COSTS_KEY = "dp-eda-llm-costs"
+
+
+def selection_key(c: int, t: int) -> str:
+    return f"dp-eda-select-{c}-{t}"
+
+
+def decode_key(c: int, t: int) -> str:
+    return f"dp-eda-decode-{c}-{t}"
+
+
+def _json(data: Any) -> bytes:
+    return json.dumps(data, ensure_ascii=False, allow_nan=False).encode()
+
+
+def _noop(stage: str, fraction: float) -> None:
+    return None
+
+
+@dataclass
+class DPEDAResult:
+    """What a run releases: records, the events of its releases, a public manifest."""
+
+    records: list[tuple[str, str]]  # (label, text)
+    events: list[PrivacyEvent]
+    manifest: dict[str, Any]
+    llm_costs: LLMCosts
+
+
+def run_dp_eda(
+    documents: Sequence[str],
+    labels: Sequence[str],
+    *,
+    label_set: Sequence[str],
+    units: Sequence[str] | None,
+    params: DPEDAParams,
+    llm: LLMEndpoint,
+    embedder: Embedder,
+    checkpoints: Checkpoints,
+    progress: ProgressFn | None = None,
+    vocabulary: Vocabulary | None = None,
+    public_pool: Sequence[str] | None = None,
+) -> DPEDAResult:
+    """Run DP-EDA on a labelled private corpus (module docstring).
+
+    ``vocabulary`` overrides ``params.vocabulary`` (a :func:`load_vocabulary` spec);
+    ``public_pool`` is the retrieval decoder's pool (default: the initial population).
+    Bad input raises before anything private is read.
+    """
+    declared = check_label_set(label_set)
+    check_corpus(documents, labels, list(declared))
+    if units is not None:
+        check_units(units, len(documents))
+    plan = noise_plan(params, declared)
+    endpoint = replace(llm, max_tokens=params.max_tokens, temperature=params.temperature)
+    endpoint.validate()
+    needs_vocabulary = params.decoder == "llm_reconstruction" or (
+        params.population_source == "vocabulary"
+    )
+    if vocabulary is None and needs_vocabulary:
+        vocabulary = load_vocabulary(params.vocabulary)
+    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or _noop)
+    run.vocabulary = vocabulary
+    run.pool = None if public_pool is None else [str(t) for t in public_pool]
+    run.claim(unit_level=units is not None)
+    return run.execute(documents, labels, units)
+
+
+@dataclass
+class _Run:
+    params: DPEDAParams
+    labels: tuple[str, ...]
+    plan: Plan
+    endpoint: LLMEndpoint
+    embedder: Embedder
+    checkpoints: Checkpoints
+    progress: ProgressFn
+    costs: LLMCosts = field(default_factory=LLMCosts)
+    vocabulary: Vocabulary | None = None
+    pool: list[str] | None = None
+    unit_level: bool = False
+    _phrase_rows: NDArray[np.float32] | None = None
+    _pool_rows: NDArray[np.float32] | None = None
+
+    # ------------------------------------------------------------ checkpoints
+
+    def claim(self, *, unit_level: bool) -> None:
+        """Tie the checkpoints to this run's public configuration (refuse another's)."""
+        self.unit_level = unit_level
+        settings = self.params.to_dict()
+        settings.pop("concurrency")
+        identity = {
+            "method": METHOD,
+            "parameters": settings,
+            "labels": list(self.labels),
+            "unit_level": unit_level,
+            "llm_model": self.endpoint.model,
+            "embedding_model": self.embedder.name,
+            "vocabulary": None if self.vocabulary is None else self.vocabulary.fingerprint,
+            "pool": None
+            if self.pool is None
+            else hashlib.sha256("\n".join(self.pool).encode()).hexdigest(),
+        }
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        stored = self.checkpoints.load(RUN_KEY)
+        if stored is None:
+            self.checkpoints.save(RUN_KEY, _json({"method": METHOD, "fingerprint": digest}))
+        elif json.loads(stored).get("fingerprint") != digest:
+            raise ConfigError(
+                "the checkpoints belong to a run with other parameters", field="checkpoints"
+            )
+        saved = self.checkpoints.load(COSTS_KEY)
+        if saved is not None:
+            self.costs = LLMCosts(**json.loads(saved))
+
+    def _save_costs(self) -> None:
+        data: dict[str, Any] = dict(self.costs.as_dict())
+        data["wall_seconds"] = self.costs.wall_seconds
+        self.checkpoints.save(COSTS_KEY, _json(data))
+
+    # ------------------------------------------------------------ the run
+
+    def execute(
+        self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
+    ) -> DPEDAResult:
+        p = self.params
+        initial = self.initial_texts()
+        public_texts = [t for label in self.labels for t in initial[label]]
+        readability = decoding.CharBigramPerplexity(
+            public_texts, percentile=p.perplexity_percentile
+        )
+        self.progress("initial_population", 1.0)
+        voters: dict[int, NDArray[np.float32]] | None = None
+        drawn: dict[tuple[int, str], PrivacyEvent] = {}
+        released: list[tuple[str, str]] = []
+        stops: dict[str, dict[str, Any]] = {}
+        for c, label in enumerate(self.labels):
+            population = normalise(self.embedder.encode(initial[label]))
+            last: list[str] = []
+            reason = "completed"
+            t_done = 0
+            for t in range(1, p.iterations + 1):
+                stored = self.checkpoints.load(selection_key(c, t))
+                if stored is None:
+                    if voters is None:
+                        voters = self.private_voters(documents, labels, units)
+                    record = self.select(c, t, label, voters[c], population)
+                else:
+                    record = json.loads(stored)
+                drawn[(t, label)] = PrivacyEvent.from_dict(record["event"])
+                selected = [int(i) for i in record["selected"]]
+                t_done = t
+                if not selected:
+                    reason = "empty_selection"
+                    break
+                texts = self.decoded(c, t, label, population[selected])
+                kept = [
+                    (row, text)
+                    for row, text in zip(selected, texts, strict=True)
+                    if text is not None and readability.readable(text)
+                ]
+                if not kept:
+                    reason = "no_parent_passed_the_filter"
+                    break
+                last = [text for _, text in kept]
+                if len(kept) < 2:
+                    reason = "fewer_than_two_parents"
+                    break
+                if t < p.iterations:
+                    population = offspring(
+                        population[[row for row, _ in kept]],
+                        count=p.offspring,
+                        alpha=p.alpha,
+                        top_r=p.top_r,
+                        rng=np.random.default_rng([p.seed, c, t]),
+                    )
+                self.progress(
+                    "iteration", (c * p.iterations + t) / (len(self.labels) * p.iterations)
+                )
+            released += [(label, text) for text in last]
+            stops[label] = {"iterations_run": t_done, "stop": reason, "released": len(last)}
+        del voters
+        events = self.committed(drawn)
+        self.progress("release", 1.0)
+        return DPEDAResult(
+            records=released,
+            events=events,
+            manifest=self.manifest(events, released, stops, readability.threshold),
+            llm_costs=self.costs,
+        )
+
+    def committed(self, drawn: dict[tuple[int, str], PrivacyEvent]) -> list[PrivacyEvent]:
+        """Every planned event, in plan order: drawn ones checked, the rest committed."""
+        events: list[PrivacyEvent] = []
+        for planned in self.plan.events:
+            iteration = int((planned.name or "").split("=")[1].rstrip("]"))
+            event = drawn.get((iteration, planned.partition or ""), planned)
+            if event != planned:
+                raise RuntimeError("a selection differs from the plan")  # a bug, never data
+            events.append(event)
+        return events
+
+    # ------------------------------------------------------------ private reads
+
+    def private_voters(
+        self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
+    ) -> dict[int, NDArray[np.float32]]:
+        """One row per unit and class: the embedding (mean for a unit), memory only."""
+        unit_of, class_of_unit, votes = group_units(labels, units, self.labels)
+        rows = np.flatnonzero(votes)
+        embedded = np.asarray(
+            self.embedder.encode([documents[i] for i in rows.tolist()]), dtype=np.float32
+        )
+        out: dict[int, NDArray[np.float32]] = {}
+        for c in range(len(self.labels)):
+            mine = np.flatnonzero(class_of_unit[unit_of[rows]] == c)
+            out[c] = (
+                unit_means(embedded[mine], unit_of[rows][mine])
+                if len(mine)
+                else (np.zeros((0, embedded.shape[1]), dtype=np.float32))
+            )
+        return out
+
+    def select(
+        self, c: int, t: int, label: str, voters: NDArray[np.float32], population: NDArray[Any]
+    ) -> dict[str, Any]:
+        """LimitedDomain on the class's votes; saved before anything uses it."""
+        chosen = select_parents(voters, population, self.plan.calibration)
+        event = selection_event(self.plan.calibration, t, label)
+        if event != self.plan.event(t, label):
+            raise RuntimeError("a selection differs from the plan")
+        record = {"selected": chosen, "event": event.to_dict()}
+        self.checkpoints.save(selection_key(c, t), _json(record))
+        return record
+
+    # ------------------------------------------------------------ public work
+
+    def generate(self, requests: Sequence[decoding.Messages]) -> list[str | None]:
+        if not requests:
+            return []
+        outcomes = run_sync(
+            complete(
+                lambda i: requests[i],
+                len(requests),
+                endpoint=self.endpoint,
+                concurrency=self.params.concurrency,
+                costs=self.costs,
+            )
+        )
+        return [o.text for o in outcomes]
+
+    def initial_texts(self) -> dict[str, list[str]]:
+        stored = self.checkpoints.load(INITIAL_KEY)
+        if stored is not None:
+            data = json.loads(stored)
+            return {label: list(data[label]) for label in self.labels}
+        p = self.params
+        result: dict[str, list[str]] = {}
+        if p.population_source == "vocabulary":
+            rows = self.phrase_rows()
+            assert self.vocabulary is not None
+            for label in self.labels:
+                target = normalise(self.embedder.encode([f"{p.document_type}: {label}"]))[0]
+                chosen = decoding.nearest_rows(target, rows, p.initial_population)
+                result[label] = [self.vocabulary.phrases[i] for i in chosen]
+        else:
+            for label in self.labels:
+                texts: list[str | None] = [None] * p.initial_population
+                for _ in range(RANDOM_ROUNDS):
+                    missing = [i for i, text in enumerate(texts) if text is None]
+                    if not missing:
+                        break
+                    message = decoding.population_messages(
+                        document_type=p.document_type, label=label
+                    )
+                    for i, answer in zip(missing, self.generate([message] * len(missing)),
+                                         strict=True):  # fmt: skip
+                        texts[i] = answer
+                if any(text is None for text in texts):
+                    self._save_costs()
+                    raise LLMError(
+                        "the LLM failed initial-population requests "
+                        f"{RANDOM_ROUNDS} times; re-run to resume",
+                        field="llm",
+                    )
+                result[label] = [text for text in texts if text is not None]
+        if len(result[self.labels[0]]) < p.domain + 1:
+            raise ConfigError("the vocabulary is smaller than K + 1", field="vocabulary")
+        self.checkpoints.save(INITIAL_KEY, _json(result))
+        self._save_costs()
+        return result
+
+    def phrase_rows(self) -> NDArray[np.float32]:
+        if self._phrase_rows is None:
+            assert self.vocabulary is not None
+            self._phrase_rows = normalise(self.embedder.encode(list(self.vocabulary.phrases)))
+        return self._phrase_rows
+
+    def decoded(self, c: int, t: int, label: str, targets: NDArray[np.float32]) -> list[str | None]:
+        stored = self.checkpoints.load(decode_key(c, t))
+        if stored is not None:
+            return list(json.loads(stored))
+        if self.params.decoder == "retrieval":
+            texts = self.retrieval(c, targets)
+        else:
+            texts = self.reconstruction(label, targets)
+        self.checkpoints.save(decode_key(c, t), _json(texts))
+        self._save_costs()
+        return texts
+
+    def retrieval(self, c: int, targets: NDArray[np.float32]) -> list[str | None]:
+        pool = self.pool
+        if pool is None:
+            pool = json.loads(self.checkpoints.load(INITIAL_KEY) or b"{}")[self.labels[c]]
+            rows = normalise(self.embedder.encode(pool))
+        else:
+            if self._pool_rows is None:
+                self._pool_rows = normalise(self.embedder.encode(pool))
+            rows = self._pool_rows
+        return [pool[decoding.retrieve(target, rows)] for target in targets]
+
+    def reconstruction(self, label: str, targets: NDArray[np.float32]) -> list[str | None]:
+        p = self.params
+        assert self.vocabulary is not None
+        rows = self.phrase_rows()
+        phrases = [
+            [self.vocabulary.phrases[i] for i in decoding.nearest_rows(e, rows, p.nearest_phrases)]
+            for e in targets
+        ]
+        best: list[str | None] = [None] * len(targets)
+        score = np.full(len(targets), -np.inf)
+        for _ in range(p.rounds):
+            requests = [
+                decoding.reconstruction_messages(
+                    document_type=p.document_type, label=label, phrases=phrases[i], draft=best[i]
+                )
+                for i in range(len(targets))
+                for _ in range(p.candidates)
+            ]
+            answers = self.generate(requests)
+            ok = [j for j, a in enumerate(answers) if a is not None]
+            if not ok:
+                continue
+            embedded = normalise(self.embedder.encode([str(answers[j]) for j in ok]))
+            for j, row in zip(ok, embedded, strict=True):
+                i = j // p.candidates
+                similarity = float(row @ targets[i])
+                if similarity > score[i]:
+                    score[i], best[i] = similarity, answers[j]
+        return best
+
+    # ------------------------------------------------------------ manifest
+
+    def manifest(
+        self,
+        events: Sequence[PrivacyEvent],
+        records: Sequence[tuple[str, str]],
+        stops: dict[str, dict[str, Any]],
+        threshold: float,
+    ) -> dict[str, Any]:
+        """Public facts only: parameters, models, calibration, events, DP-derived sizes."""
+        p = self.params
+        cal = self.plan.calibration
+        privacy = compose(events).to_dict(delta=self.plan.accountant_delta)
+        privacy["domain_delta"] = self.plan.domain_delta
+        privacy["total_delta"] = self.plan.total_delta
+        return {
+            "method": METHOD,
+            "description": DESCRIPTION,
+            "parameters": p.to_dict(),
+            "labels": list(self.labels),
+            "adjacency": (
+                "add/remove one unit (one vote per unit: the mean of its documents of the "
+                "class most of them carry)"
+                if self.unit_level
+                else "add/remove one document (one vote per document)"
+            ),
+            "models": {"llm": self.endpoint.model, "embedding": self.embedder.name},
+            "decoder": {"name": p.decoder, "description": DECODERS[p.decoder]},
+            "filter": {
+                "name": decoding.FILTER_NAME,
+                "threshold": threshold,
+                "percentile": p.perplexity_percentile,
+            },
+            "population_source": p.population_source,
+            "limited_domain": {
+                "calibration": p.adjacency,
+                "epsilon_per_selection": cal.epsilon,
+                "delta_per_call": cal.delta,
+                "gumbel_scale": cal.scale,
+                "threshold_gap": cal.gap(p.offspring),
+                "domain": cal.domain,
+                "parents": cal.parents,
+            },
+            "privacy": privacy,
+            "classes": stops,
+            "released": len(records),
+            "llm_costs": dict(self.costs.as_dict()),
+        }

@@ -1,0 +1,145 @@
+"""What a PATE-tutor run releases, and the noise that makes it (ε, δ)-DP (pate-tutor.md §7).
+
+Releases, under add/remove of one privacy unit (a document, or a patient with a unit
+column), both fixed by the parameters before anything private is read (rule 1):
+
+* **teacher votes**, Q queries: for each public text x of pool B the 2-vector
+  S(x) = Σ_m P_m(·|x) of the M teachers' soft outputs, plus Gaussian noise σ on both
+  coordinates (OpenDP). Units go to teachers by a keyed hash (rule 3), so one unit
+  changes one teacher's model and each S(x) by at most ‖P − P′‖₂ ≤ √2; it can change it
+  on every query, so the Q queries compose sequentially: one event with ``count`` = Q,
+  Δ₂ = √2 (rule 11), μ_KD = √(2Q)/σ.
+* **tutor counts** (with more than one class): the number of units of each declared
+  class plus discrete Gaussian noise σ_t (OpenDP); one unit moves one count by 1, Δ₂ = 1
+  (rule 5). Never divided by the true N.
+
+Calibration. One noise multiplier z is found by bisection on the shared accountant's ε
+(:func:`workers.privacy.calibration.calibrate_noise_multiplier`), so everything above
+composes to at most (ε, δ) as the accountant certifies it — the data-independent bound
+of rule 2; no data-dependent PATE ε is ever computed (rule 7). ``tutor_share`` of μ²
+goes to the counts, the rest to the votes. With one class there are no counts and σ is
+the analytic Gaussian σ for Δ₂ = √(2Q) (Balle & Wang 2018), up to OpenDP's lattice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from workers.errors import ConfigError
+from workers.methods.pate_tutor.params import PateTutorParams
+from workers.privacy.accountant import compose
+from workers.privacy.calibration import GaussianRelease, calibrate_noise_multiplier
+from workers.privacy.events import PrivacyEvent
+from workers.privacy.noise import release_event
+
+VOTES = "pate-teacher-votes"
+TUTOR = "pate-tutor-counts"
+VOTE_SENSITIVITY = math.sqrt(2.0)  # ‖P − P′‖₂ of two probability 2-vectors
+ACCOUNTANT_NOTE = (
+    "data-independent: Q Gaussian vote queries (Δ₂ = √2 each) and the discrete Gaussian "
+    "tutor counts (Δ₂ = 1), composed by dp-accounting's PLD accountant"
+)
+
+
+@dataclass(frozen=True)
+class NoisePlan:
+    """σ of every release of a run and the events they make, before any private read."""
+
+    vote_sigma: float
+    tutor_sigma: float | None  # None with one class: nothing to count
+    events: tuple[PrivacyEvent, ...]
+
+    def tutor_event(self) -> PrivacyEvent | None:
+        return next((e for e in self.events if e.mechanism == TUTOR), None)
+
+    def vote_event(self) -> PrivacyEvent:
+        return next(e for e in self.events if e.mechanism == VOTES)
+
+
+def check_label_set(label_set: Sequence[str]) -> tuple[str, ...]:
+    labels = tuple(label_set)
+    if not labels:
+        raise ConfigError("the label set is empty", field="labels")
+    if any(not isinstance(label, str) or not label for label in labels):
+        raise ConfigError("labels must be non-empty strings", field="labels")
+    if len(set(labels)) != len(labels):
+        raise ConfigError("the label set repeats a label", field="labels")
+    return labels
+
+
+def plan_pate_tutor(params: PateTutorParams, label_set: Sequence[str]) -> list[PrivacyEvent]:
+    """Every event the run will record, computed from public inputs only."""
+    return list(noise_plan(params, label_set).events)
+
+
+def noise_plan(params: PateTutorParams, label_set: Sequence[str]) -> NoisePlan:
+    """σ_KD and σ_t for the run (module docstring) and the events they make."""
+    return _noise_plan(params, check_label_set(label_set))
+
+
+@lru_cache(maxsize=32)
+def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
+    # The sensitivity OpenDP certifies for a 2-vector includes its lattice rounding; the
+    # scale does not matter for it.
+    certified = vote_release(1.0, 1).sensitivity
+    tutor = len(labels) > 1
+    votes = GaussianRelease(
+        mechanism=VOTES,
+        sensitivity=certified,
+        dimension=2,
+        count=params.queries,
+        # weights share μ² per release: the Q queries together get 1 − tutor_share
+        weight=(1.0 - params.tutor_share) / params.queries if tutor else 1.0,
+    )
+    releases = [votes]
+    counts: GaussianRelease | None = None
+    if tutor:
+        counts = GaussianRelease(
+            mechanism=TUTOR,
+            sensitivity=1.0,
+            dimension=len(labels),
+            noise="discrete_gaussian",
+            weight=params.tutor_share,
+        )
+        releases.append(counts)
+    z = calibrate_noise_multiplier(epsilon=params.epsilon, delta=params.delta, releases=releases)
+    total_weight = sum(r.weight for r in releases)
+    vote_sigma = votes.scale(z, total_weight)
+    events: list[PrivacyEvent] = []
+    tutor_sigma: float | None = None
+    if counts is not None:
+        tutor_sigma = counts.scale(z, total_weight)
+        events.append(tutor_release(tutor_sigma, len(labels)))
+    events.append(vote_release(vote_sigma, params.queries))
+    spent = compose(events).epsilon(params.delta)
+    if float(spent) > params.epsilon:  # the bisection's answer is certified; never here
+        raise ConfigError(f"calibration overshoots: ε = {spent}", field="epsilon")
+    return NoisePlan(vote_sigma=vote_sigma, tutor_sigma=tutor_sigma, events=tuple(events))
+
+
+def tutor_release(sigma: float, classes: int) -> PrivacyEvent:
+    """The event of the tutor's class counts drawn with discrete Gaussian noise ``sigma``."""
+    return release_event(
+        mechanism=TUTOR,
+        noise="discrete_gaussian",
+        scale=sigma,
+        sensitivity=1.0,
+        dimension=classes,
+        name="tutor-class-counts",
+    )
+
+
+def vote_release(sigma: float, queries: int) -> PrivacyEvent:
+    """The event of ``queries`` noisy 2-vector teacher votes, each of L2 sensitivity √2."""
+    return release_event(
+        mechanism=VOTES,
+        noise="gaussian",
+        scale=sigma,
+        sensitivity=VOTE_SENSITIVITY,
+        dimension=2,
+        count=queries,
+        name="teacher-votes",
+    )
