@@ -9,7 +9,14 @@ from fastapi import APIRouter, File, Form, UploadFile, status
 from pydantic.json_schema import SkipJsonSchema
 
 from app.datasets import service
-from app.datasets.schemas import MAX_EPSILON, CapChange, DatasetOut, LedgerEntryOut, LedgerOut
+from app.datasets.schemas import (
+    MAX_EPSILON,
+    MIN_EPSILON_CAP,
+    CapChange,
+    DatasetOut,
+    LedgerEntryOut,
+    LedgerOut,
+)
 from app.datasets.upload import UploadSpec, detect_format
 from app.deps import CipherDep, SessionDep, SettingsDep, allowed
 from app.errors import ContentTooLarge, Unprocessable, problems
@@ -43,7 +50,7 @@ def _names(values: list[str], *, field: str, limit: int) -> tuple[str, ...]:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=DatasetOut,
-    responses=problems(400, 413, 415),
+    responses=problems(400, 409, 413, 415),
     summary="Upload a labelled corpus (CSV or JSONL)",
 )
 def upload_dataset(
@@ -66,7 +73,7 @@ def upload_dataset(
     epsilon_cap: Annotated[
         float,
         Form(
-            gt=0,
+            ge=MIN_EPSILON_CAP,
             le=MAX_EPSILON,
             allow_inf_nan=False,
             description="Carved out of the organisation's privacy budget",
@@ -85,6 +92,8 @@ def upload_dataset(
             min_length=1,
             max_length=200,
             pattern=_NAME,
+            # the union with a hidden None drops the pattern from the schema: restate it
+            json_schema_extra={"pattern": _NAME},
             description="The column naming each row's privacy unit (a patient id, say); "
             "without it every row is its own unit",
         ),

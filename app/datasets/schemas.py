@@ -21,7 +21,12 @@ def not_a_boolean(value: Any) -> Any:
 
 # A privacy parameter: finite (``allow_inf_nan=False`` on the models), positive, bounded.
 # (The bounds come first: after a validator they would be missing from the JSON schema.)
-Epsilon = Annotated[float, Field(gt=0, le=MAX_EPSILON), BeforeValidator(not_a_boolean)]
+# A cap below the smallest ε one mechanism may spend could never hold a job; and stored
+# in the ledger's fixed units it could round to nothing.
+MIN_EPSILON_CAP = 1e-3
+Epsilon = Annotated[
+    float, Field(ge=MIN_EPSILON_CAP, le=MAX_EPSILON), BeforeValidator(not_a_boolean)
+]
 
 
 class BudgetOut(BaseModel):

@@ -171,13 +171,18 @@ def _without_dp_outputs(views: dict[str, Any]) -> None:
     """Leave out what the engine derived from the private vocabulary Ṽ (a DP output): a
     realised release (it has a ``name``; the planned ones, which the ledger reserves,
     do not) of the exact kernel has its sensitivity from Ṽ (the largest column sum or
-    norm), and its noise scale follows from it. Everything else must match."""
+    norm), and its noise scale follows from it. The LLM's tokens and time are those of
+    prompts built from the released sequences (post-processing of DP outputs); the
+    number of calls stays compared. Everything else must match."""
 
     def walk(value: Any) -> None:
         if isinstance(value, dict):
             realised = value.get("name") and "sensitivity" in value and "noise" in value
             if realised:
                 for name in ("sensitivity", "scale"):
+                    value.pop(name, None)
+            if "prompt_tokens" in value:  # LLM costs: of prompts built from DP outputs
+                for name in ("prompt_tokens", "completion_tokens", "wall_seconds"):
                     value.pop(name, None)
             report = isinstance(value.get("events"), list)  # a ledger report, a manifest
             if (realised or report) and isinstance(value.get("epsilon"), float | str):
