@@ -151,21 +151,27 @@ def _check_delta(delta: float | Decimal | str) -> float:
 # ------------------------------------------------------------------ PLD building blocks
 
 
-@lru_cache(maxsize=128)
+# The caches hold privacy loss distributions, whose size grows as the noise shrinks (a
+# discrete Gaussian at ε near 100 takes hundreds of MB): a few entries keep a ledger's
+# repeated figures fast without letting a calibration's many trial σ pile up in memory.
+PLD_CACHE = 4
+
+
+@lru_cache(maxsize=PLD_CACHE)
 def _pure_pld(epsilon: float, times: int) -> PLD:
     params = pld_common.DifferentialPrivacyParameters(epsilon, 0.0)
     pld = pld_lib.from_privacy_parameters(params, value_discretization_interval=DISCRETIZATION)
     return pld if times == 1 else pld.self_compose(times)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=PLD_CACHE)
 def _gaussian_pld(mu: float) -> PLD:
     return pld_lib.from_gaussian_mechanism(
         1.0, sensitivity=mu, value_discretization_interval=DISCRETIZATION
     )
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=PLD_CACHE)
 def _discrete_gaussian_pld(sigma: float, sensitivity: int, times: int) -> PLD:
     pld = pld_lib.from_discrete_gaussian_mechanism(
         sigma, sensitivity=sensitivity, value_discretization_interval=DISCRETIZATION
@@ -301,7 +307,7 @@ class _Signature:
         return min(bounds)
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=PLD_CACHE)
 def _plds(signature: _Signature) -> tuple[PLD | None, PLD | None]:
     """PLDs of a signature's Gaussian part and of all of it (cached across ledgers).
 
