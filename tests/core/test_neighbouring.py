@@ -211,7 +211,7 @@ def test_gaussian_vocabulary_histogram_within_epsilon_delta() -> None:
     corpus = [[0, 1, 2], [1, 1], [2]]
     neighbour = [*corpus, [0, 0, 3, 4, 5, 6, 7]]  # distinct 0, 3, 4, 5 within the first S
     size = 8
-    plan = planned("discrete_gaussian", math.sqrt(s), multiplier=SIGMA_1, dimension=size)
+    plan = planned("gaussian", math.sqrt(s), multiplier=SIGMA_1, dimension=size)
     raw = phrase_histogram(corpus, vocabulary_size=size, max_per_document=s, distinct=True)
     raw2 = phrase_histogram(neighbour, vocabulary_size=size, max_per_document=s, distinct=True)
     assert np.linalg.norm(raw2 - raw) == pytest.approx(math.sqrt(s))
@@ -228,7 +228,7 @@ def test_gaussian_vocabulary_histogram_within_epsilon_delta() -> None:
         out[chosen.indices] = chosen.noisy_counts
         return out
 
-    check_gaussian(draw, raw, raw2, SIGMA_1 * math.sqrt(s), integer=True)
+    check_gaussian(draw, raw, raw2, SIGMA_1 * math.sqrt(s))
 
 
 def test_gaussian_exact_kde_within_epsilon_delta() -> None:
@@ -290,7 +290,7 @@ def test_gaussian_random_feature_kde_within_epsilon_delta() -> None:
 
 def test_gaussian_class_counts_within_epsilon_delta() -> None:
     labels = ["a"] * 12 + ["b"] * 5
-    plan = planned("discrete_gaussian", 1.0, multiplier=SIGMA_1, dimension=2)
+    plan = planned("gaussian", 1.0, multiplier=SIGMA_1, dimension=2)
 
     def draw(add: bool) -> np.ndarray:
         counts = noisy_class_counts(
@@ -298,7 +298,7 @@ def test_gaussian_class_counts_within_epsilon_delta() -> None:
         )[0]
         return np.array([counts["a"], counts["b"]], dtype=float)
 
-    check_gaussian(draw, np.array([12, 5]), np.array([13, 5]), SIGMA_1, integer=True)
+    check_gaussian(draw, np.array([12.0, 5.0]), np.array([13.0, 5.0]), SIGMA_1)
 
 
 # ---------------------------------------------------------------- patients (unit column)

@@ -196,8 +196,8 @@ def test_a_total_gaussian_budget_is_met_and_every_release_recorded(
     assert float(report.epsilon) <= 1.0 and report.delta == 1e-6
     noises = {e.mechanism: e.noise for e in report.events}
     assert noises == {
-        "vocabulary": "discrete_gaussian",
-        "class_counts": "discrete_gaussian",
+        "vocabulary": "gaussian",
+        "class_counts": "gaussian",
         "kde": "gaussian",
     }
     kde = [e for e in report.events if e.mechanism == "kde"]

@@ -283,8 +283,8 @@ def test_a_dry_run_plans_the_releases_without_a_job_or_a_reservation(
     assert plan["accountant"].startswith("pld(dp-accounting")
     mechanisms = {e["mechanism"]: e["noise"] for e in plan["events"]}
     assert mechanisms == {
-        "vocabulary": "discrete_gaussian",
-        "class_counts": "discrete_gaussian",
+        "vocabulary": "gaussian",
+        "class_counts": "gaussian",
         "kde": "gaussian",
     }
     assert all(e["scale"] > 0 for e in plan["events"])

@@ -500,7 +500,7 @@ def test_a_gaussian_job_is_charged_at_the_caps_delta_and_says_by_which_accountan
         charged["delta"],
         charged["accountant"],
     )
-    assert {e["noise"] for e in entry["events"]} == {"gaussian", "discrete_gaussian"}
+    assert {e["noise"] for e in entry["events"]} == {"gaussian"}
     assert all(e["epsilon"] is None and e["norm"] == "l2" for e in entry["events"])
     assert book["budget"]["reserved"] == charged["epsilon"]
     assert book["budget"]["accountant"] == charged["accountant"]

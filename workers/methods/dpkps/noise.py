@@ -12,6 +12,7 @@ Noise is never seeded: a DP release must not be reproducible by whoever knows a 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -108,3 +109,26 @@ def release_vector(
         noisy = samplers.gaussian_noise(data, scale=scale)
     event = _event(planned, scale=scale, sensitivity=declared, partition=partition, name=name)
     return noisy, event
+
+
+def release(
+    values: NDArray[Any],
+    planned: PrivacyEvent,
+    *,
+    sensitivity: float,
+    name: str,
+    partition: str | None = None,
+) -> tuple[NDArray[Any], PrivacyEvent]:
+    """Counts or a vector plus the planned noise: integer noise keeps integer counts,
+    real noise (Laplace, Gaussian) takes them as reals."""
+    if planned.noise in ("discrete_laplace", "discrete_gaussian"):
+        return release_counts(
+            values, planned, sensitivity=sensitivity, name=name, partition=partition
+        )
+    return release_vector(
+        np.asarray(values, dtype=np.float64),
+        planned,
+        sensitivity=sensitivity,
+        name=name,
+        partition=partition,
+    )

@@ -14,8 +14,8 @@ added or removed):
 ==================  ====================  ===================  =====================
 mechanism           Laplace (pure ε)      Gaussian (ε, δ)      dimension, partitions
 ==================  ====================  ===================  =====================
-``vocabulary``      discrete, L1 Δ = S    discrete, L2 Δ = √S  |V|, whole corpus
-``class_counts``    discrete, L1 Δ = 1    discrete, L2 Δ = 1   #labels, whole corpus
+``vocabulary``      discrete, L1 Δ = S    L2 Δ = √S            |V|, whole corpus
+``class_counts``    discrete, L1 Δ = 1    L2 Δ = 1             #labels, whole corpus
 ``kde``             L1 (see below)        L2 (see below)       per class, in parallel
 ==================  ====================  ===================  =====================
 
@@ -75,7 +75,7 @@ def _mechanisms(
     out = [
         PlannedMechanism(
             mechanism=VOCABULARY,
-            noise="discrete_gaussian" if gaussian else "discrete_laplace",
+            noise="gaussian" if gaussian else "discrete_laplace",
             sensitivity=math.sqrt(s) if gaussian else float(s),
             norm="l2" if gaussian else "l1",
             dimension=vocabulary_size,
@@ -86,7 +86,7 @@ def _mechanisms(
         out.append(
             PlannedMechanism(
                 mechanism=CLASS_COUNTS,
-                noise="discrete_gaussian" if gaussian else "discrete_laplace",
+                noise="gaussian" if gaussian else "discrete_laplace",
                 sensitivity=1.0,
                 norm="l2" if gaussian else "l1",
                 dimension=len(label_set),

@@ -10,8 +10,10 @@ post-processing. Two histograms, by the planned noise (:mod:`workers.methods.dpk
   discrete Laplace noise of scale ``S/ε_voc``.
 * Gaussian (ε, δ): each unit contributes each of its first ``S`` DISTINCT phrases once,
   so one unit moves at most ``S`` counts by exactly 1: the L2 sensitivity is ``√S``
-  (against ``S`` in L1), and discrete Gaussian noise of σ = z·√S — the noise per count
-  grows with √S instead of S, which is what makes a small ε affordable.
+  (against ``S`` in L1), and Gaussian noise of σ = z·√S — the noise per count grows with
+  √S instead of S, which is what makes a small ε affordable. The noise is the continuous
+  Gaussian on the counts taken as reals: the accountant composes it exactly and at once,
+  where S discrete Gaussian coordinates at a small ε cost it minutes and gigabytes.
 
 A unit is one document, or the pooled documents of one patient when the dataset has a
 unit column (``units``): its matches are concatenated in document order before the
@@ -23,12 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from workers.errors import ConfigError
-from workers.methods.dpkps.noise import release_counts
+from workers.methods.dpkps.noise import release
 from workers.privacy.events import PrivacyEvent
 
 
@@ -57,7 +60,7 @@ class PrivateVocabulary:
     """Ṽ: indices into the public vocabulary, by decreasing noisy count."""
 
     indices: NDArray[np.int64]
-    noisy_counts: NDArray[np.int64]
+    noisy_counts: NDArray[Any]
     event: PrivacyEvent
 
 
@@ -77,7 +80,7 @@ def select_private_vocabulary(
             f"asks for {size} phrases but the public vocabulary has {vocabulary_size}",
             field="vocabulary_size",
         )
-    gaussian = planned.noise == "discrete_gaussian"
+    gaussian = planned.noise in ("gaussian", "discrete_gaussian")
     counts = phrase_histogram(
         doc_matches,
         vocabulary_size=vocabulary_size,
@@ -85,7 +88,7 @@ def select_private_vocabulary(
         distinct=gaussian,
     )
     sensitivity = math.sqrt(max_per_document) if gaussian else float(max_per_document)
-    noisy, event = release_counts(counts, planned, sensitivity=sensitivity, name="vocabulary")
+    noisy, event = release(counts, planned, sensitivity=sensitivity, name="vocabulary")
     del counts  # the raw histogram lives no longer than this call
     # Largest noisy counts first; ties broken by a fresh random permutation so the order
     # of the public vocabulary does not decide them.

@@ -5,7 +5,7 @@ the declared label set gets the same share), or a total split in proportion to n
 class counts. Each unit (a document, or a patient with a unit column) lies in one class
 (:func:`workers.methods.dpkps.units.pool`), so the count vector over the declared labels moves
 by 1 in L1 and in L2 when one unit is added or removed: discrete Laplace noise of scale
-``1/ε_count`` (pure) or discrete Gaussian noise (planned σ) protects it; the split itself
+``1/ε_count`` (pure) or Gaussian noise (planned σ) protects it; the split itself
 is post-processing. Raw counts are never used.
 """
 
@@ -16,21 +16,21 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from workers.errors import ConfigError
-from workers.methods.dpkps.noise import release_counts
+from workers.methods.dpkps.noise import release
 from workers.privacy.events import PrivacyEvent
 
 
 def noisy_class_counts(
     labels: Sequence[str], *, label_set: Sequence[str], planned: PrivacyEvent
-) -> tuple[dict[str, int], PrivacyEvent]:
+) -> tuple[dict[str, float], PrivacyEvent]:
     """Noisy counts of every declared label (zeros included), one label per unit."""
     position = {label: i for i, label in enumerate(label_set)}
     counts = np.zeros(len(label_set), dtype=np.int64)
     for label in labels:
         counts[position[label]] += 1
-    noisy, event = release_counts(counts, planned, sensitivity=1, name="class_counts")
+    noisy, event = release(counts, planned, sensitivity=1, name="class_counts")
     del counts
-    return {label: int(noisy[i]) for i, label in enumerate(label_set)}, event
+    return {label: float(noisy[i]) for i, label in enumerate(label_set)}, event
 
 
 def allocate(total: int, weights: Mapping[str, float]) -> dict[str, int]:
