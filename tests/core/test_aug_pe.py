@@ -99,8 +99,12 @@ def test_plan_lists_counts_then_every_iteration_of_every_class() -> None:
     p = params(iterations=3, population=10, initial_variation_folds=2, variation_folds=3)
     events = plan_aug_pe(p, ["a", "b"])
     counts, histograms = events[0], events[1:]
-    assert counts.mechanism == COUNTS and counts.noise == "discrete_gaussian"
-    assert counts.dimension == 2 and counts.sensitivity == 1.0 and counts.partition is None
+    assert counts.mechanism == COUNTS and counts.noise == "gaussian"
+    assert (
+        counts.dimension == 2
+        and counts.sensitivity == pytest.approx(1.0, rel=1e-9)
+        and counts.partition is None
+    )
     assert [(e.name, e.partition, e.dimension) for e in histograms] == [
         ("vote-histogram[t=1]", "a", 30),
         ("vote-histogram[t=1]", "b", 30),
@@ -516,9 +520,7 @@ def test_a_killed_run_resumes_without_drawing_noise_again(
         return spy
 
     monkeypatch.setattr(runner, "release_histogram", counted("histogram", release_histogram))
-    monkeypatch.setattr(
-        runner, "discrete_gaussian_noise", counted("counts", runner.discrete_gaussian_noise)
-    )
+    monkeypatch.setattr(runner, "gaussian_noise", counted("counts", runner.gaussian_noise))
 
     def die_after_first_iteration(stage: str, fraction: float) -> None:
         if stage == "iteration":

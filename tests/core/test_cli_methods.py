@@ -19,7 +19,7 @@ from app.cli import main
 from tests.fake_llm import FakeLLM
 from workers.methods.aug_pe import AugPEParams, plan_aug_pe, runner
 from workers.privacy.accountant import compose
-from workers.privacy.noise import discrete_gaussian_noise
+from workers.privacy.noise import gaussian_noise
 
 LABELS = ("Sports", "Business")
 TEXTS = {
@@ -217,9 +217,9 @@ def test_a_failed_run_resumes_from_its_checkpoints_without_releasing_again(
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         draws.append(args)
-        return discrete_gaussian_noise(*args, **kwargs)
+        return gaussian_noise(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "discrete_gaussian_noise", spy)
+    monkeypatch.setattr(runner, "gaussian_noise", spy)
     assert main(aug_pe_args(corpus)) == 0
     assert draws == []  # the class counts were loaded, not drawn (and spent) again
     manifest = manifest_of(corpus["out"])

@@ -3,7 +3,7 @@
 Steps of one run (T = ``params.iterations``, N = ``params.population``):
 
 1. **Class counts** (with more than one class): DP counts of the privacy units per
-   declared class (discrete Gaussian, OpenDP). Every class's share of the N seeds and of
+   declared class (Gaussian, OpenDP). Every class's share of the N seeds and of
    the released documents is allocated from them (largest remainders); raw counts are
    never used (caveat A1). With one class there is nothing to count.
 2. **Initial population**, per class: its share of N texts from the RANDOM_API (document
@@ -74,7 +74,7 @@ from workers.methods.dpkps.pipeline import check_corpus
 from workers.methods.dpkps.proportions import allocate
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
-from workers.privacy.noise import discrete_gaussian_noise
+from workers.privacy.noise import gaussian_noise
 from workers.text.embeddings import Embedder
 
 METHOD = "aug-pe"
@@ -297,7 +297,7 @@ class _Run:
     def class_counts(
         self, labels: Sequence[str], units: Sequence[str] | None, events: list[PrivacyEvent]
     ) -> dict[str, int] | None:
-        """Noisy counts of units per class (discrete Gaussian, Δ₂ = 1), saved once."""
+        """Noisy counts of units per class (Gaussian, Δ₂ = 1; rounded), saved once."""
         planned = self.plan.count_event()
         if planned is None:
             return None
@@ -308,13 +308,13 @@ class _Run:
             return {label: int(data["noisy"][label]) for label in self.labels}
         assert self.plan.count_sigma is not None
         _, class_of_unit, _ = group_units(labels, units, self.labels)
-        clean = np.bincount(class_of_unit, minlength=len(self.labels)).astype(np.int64)
-        noisy = discrete_gaussian_noise(clean, scale=self.plan.count_sigma)
+        clean = np.bincount(class_of_unit, minlength=len(self.labels)).astype(np.float64)
+        noisy = gaussian_noise(clean, scale=self.plan.count_sigma)
         del clean, class_of_unit
         event = count_release(self.plan.count_sigma, len(self.labels))
         if event != planned:
             raise RuntimeError("the class counts differ from the plan")
-        result = {label: int(noisy[i]) for i, label in enumerate(self.labels)}
+        result = {label: round(float(noisy[i])) for i, label in enumerate(self.labels)}
         self.checkpoints.save(COUNTS_KEY, _json({"noisy": result, "event": event.to_dict()}))
         events.append(event)
         return result
