@@ -183,10 +183,15 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         errors = _clean_validation_errors(exc.errors())
         field = _field(errors[0]) if errors else None
+        # A rule between fields (a model's own validator: ``value_error``) is no bound the
+        # schema can state; the rest are the schema's own bounds and types.
+        semantic = bool(errors) and all(e.get("type") == "value_error" for e in errors)
         return problem_response(
             422,
             Unprocessable.title,
-            "the request does not match the schema",
+            "the request breaks a rule between its fields"
+            if semantic
+            else "the request does not match the schema",
             instance=request.url.path,
             field=field,
             errors=errors,

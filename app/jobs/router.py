@@ -20,7 +20,10 @@ router = APIRouter(prefix="/v1", tags=["jobs"], responses=problems(401, 403, 404
     "/datasets/{dataset_id}/jobs",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut | JobPlanOut,
-    responses=problems(400, 409),
+    responses={
+        **problems(400, 409),
+        200: {"model": JobPlanOut, "description": "With dry_run=true: the plan, nothing stored"},
+    },
 )
 def submit_job(
     dataset_id: uuid.UUID,

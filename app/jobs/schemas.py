@@ -176,7 +176,12 @@ class JobSpec(BaseModel):
 class AugPEJobSpec(AugPEParams):
     """An Aug-PE job (``method: aug-pe``): the LLM, a cap on its calls and every
     :class:`~workers.methods.aug_pe.params.AugPEParams` field (``epsilon`` and ``delta``
-    are the run's total; ``concurrency`` is capped by the server's LLM concurrency)."""
+    are the run's total; ``concurrency`` is capped by the server's LLM concurrency).
+
+    Over JSON, numbers are read as JSON Schema reads them (``2.0`` is the integer 2), not
+    strictly as the engine's own model does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
     method: Literal["aug-pe"]
     llm: LLMName = "local"
