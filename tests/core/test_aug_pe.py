@@ -30,7 +30,6 @@ from workers.methods.aug_pe.accounting import (
 )
 from workers.methods.aug_pe.mechanism import (
     VOTE_SCALE,
-    group_units,
     nearest_candidates,
     post_process,
     release_histogram,
@@ -42,6 +41,7 @@ from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.aug_pe.prompts import blank, tokens, variation_messages
 from workers.methods.checkpoints import Checkpoints, DirectoryCheckpoints, MemoryCheckpoints
 from workers.privacy.accountant import compose
+from workers.privacy.units import group_units
 from workers.text.embeddings import SentenceEmbedder
 
 RELEASES = 40_000

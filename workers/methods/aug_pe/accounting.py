@@ -40,6 +40,7 @@ from functools import lru_cache
 
 from workers.errors import ConfigError
 from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.common import check_label_set
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import GaussianRelease, calibrate_noise_multiplier
 from workers.privacy.events import PrivacyEvent
@@ -71,17 +72,6 @@ class NoisePlan:
 
 def histogram_name(iteration: int) -> str:
     return f"vote-histogram[t={iteration}]"
-
-
-def check_label_set(label_set: Sequence[str]) -> tuple[str, ...]:
-    labels = tuple(label_set)
-    if not labels:
-        raise ConfigError("the label set is empty", field="labels")
-    if any(not isinstance(label, str) or not label for label in labels):
-        raise ConfigError("labels must be non-empty strings", field="labels")
-    if len(set(labels)) != len(labels):
-        raise ConfigError("the label set repeats a label", field="labels")
-    return labels
 
 
 def plan_aug_pe(params: AugPEParams, label_set: Sequence[str]) -> list[PrivacyEvent]:

@@ -21,7 +21,6 @@ which adds OpenDP Gaussian noise to it before it leaves.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -152,28 +151,3 @@ def select(
     total = weights.sum()
     p = weights / total if total > 0 else np.full(size, 1.0 / size)
     return rng.choice(size, size=count, replace=True, p=p).astype(np.int64)
-
-
-def group_units(
-    labels: Sequence[str], units: Sequence[str] | None, label_set: Sequence[str]
-) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-    """Privacy units and the class each is assigned to.
-
-    Returns ``(unit_of_document, class_of_unit, votes)`` where ``votes[i]`` says whether
-    document ``i`` votes. Without units every document is its own unit in its own class.
-    With units, a unit is assigned to the class most of its documents carry (ties to the
-    class declared first); only its documents of that class vote, the others are not
-    used at all, so the unit's whole contribution lies in one class.
-    """
-    position = {label: i for i, label in enumerate(label_set)}
-    classes = np.fromiter((position[label] for label in labels), dtype=np.int64, count=len(labels))
-    if units is None:
-        return np.arange(len(labels), dtype=np.int64), classes, np.ones(len(labels), dtype=bool)
-    ids: dict[str, int] = {}
-    unit_of = np.fromiter(
-        (ids.setdefault(unit, len(ids)) for unit in units), dtype=np.int64, count=len(units)
-    )
-    tally = np.zeros((len(ids), len(label_set)), dtype=np.int64)
-    np.add.at(tally, (unit_of, classes), 1)
-    class_of_unit = np.argmax(tally, axis=1).astype(np.int64)  # first maximum: declared order
-    return unit_of, class_of_unit, class_of_unit[unit_of] == classes

@@ -41,7 +41,6 @@ LLM costs are saved with the populations and add up across resumptions.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,18 +49,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.errors import ConfigError, InputDataError, LLMError
-from workers.llm.client import LLMCosts, LLMEndpoint, complete, run_sync
+from workers.errors import LLMError
+from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe import prompts
 from workers.methods.aug_pe.accounting import (
     NoisePlan,
-    check_label_set,
     count_release,
     histogram_release,
     noise_plan,
 )
 from workers.methods.aug_pe.mechanism import (
-    group_units,
     nearest_candidates,
     post_process,
     release_histogram,
@@ -70,11 +67,23 @@ from workers.methods.aug_pe.mechanism import (
 )
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.checkpoints import Checkpoints
+from workers.methods.common import (
+    MethodResult,
+    check_label_set,
+    check_units,
+    checkpoint_json,
+    claim_checkpoints,
+    complete_texts,
+    load_costs,
+    no_progress,
+    save_costs,
+)
 from workers.methods.dpkps.pipeline import check_corpus
 from workers.methods.dpkps.proportions import allocate
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import gaussian_noise
+from workers.privacy.units import group_units
 from workers.text.embeddings import Embedder
 
 METHOD = "aug-pe"
@@ -123,14 +132,7 @@ class Population:
         return cls(tuple(data["texts"]), tuple(data["labels"]), tuple(data["parents"]))
 
 
-@dataclass
-class AugPEResult:
-    """What a run releases: records, the events of its releases, a public manifest."""
-
-    records: list[tuple[str, str]]  # (label, text)
-    events: list[PrivacyEvent]
-    manifest: dict[str, Any]
-    llm_costs: LLMCosts
+AugPEResult = MethodResult
 
 
 @dataclass
@@ -140,24 +142,6 @@ class _Private:
     embeddings: NDArray[np.float32]
     units: NDArray[np.int64]
     classes: NDArray[np.int64]
-
-
-def _json(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, allow_nan=False).encode()
-
-
-def _noop(stage: str, fraction: float) -> None:
-    return None
-
-
-def check_units(units: Sequence[str], documents: int) -> None:
-    """A unit id per document, each a non-empty string; errors name rows, never ids."""
-    if isinstance(units, str) or len(units) != documents:
-        raise InputDataError("give one unit per document", field="units")
-    bad = [i + 1 for i, u in enumerate(units) if not isinstance(u, str) or not u]
-    if bad:
-        rows = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
-        raise InputDataError(f"empty or non-string unit (rows {rows})", field="units")
 
 
 def run_aug_pe(
@@ -176,7 +160,7 @@ def run_aug_pe(
 
     ``units`` (one id per document, e.g. a patient) makes the unit the privacy unit:
     each unit is assigned to the class most of its documents carry and votes there with
-    norm 1 (:func:`~workers.methods.aug_pe.mechanism.group_units`). Bad input raises
+    norm 1 (:func:`~workers.privacy.units.group_units`). Bad input raises
     before anything private is read; after that only LLM failures can end a run
     (:class:`~workers.errors.LLMError`), and a re-run with the same
     ``checkpoints`` resumes it without spending again.
@@ -188,7 +172,7 @@ def run_aug_pe(
     plan = noise_plan(params, declared)
     endpoint = replace(llm, max_tokens=params.max_tokens, temperature=params.temperature)
     endpoint.validate()
-    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or _noop)
+    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
     run.claim(unit_level=units is not None)
     return run.execute(documents, labels, units)
 
@@ -221,25 +205,14 @@ class _Run:
             "llm_model": self.endpoint.model,
             "embedding_model": self.embedder.name,
         }
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-        stored = self.checkpoints.load(RUN_KEY)
-        if stored is None:
-            self.checkpoints.save(RUN_KEY, _json({"method": METHOD, "fingerprint": digest}))
-        elif json.loads(stored).get("fingerprint") != digest:
-            raise ConfigError(
-                "the checkpoints belong to a run with other parameters", field="checkpoints"
-            )
-        saved = self.checkpoints.load(COSTS_KEY)
+        claim_checkpoints(self.checkpoints, RUN_KEY, identity)
+        saved = load_costs(self.checkpoints, COSTS_KEY)
         if saved is not None:
-            data = json.loads(saved)
-            self.failed = int(data.pop("failed_requests"))
-            self.costs = LLMCosts(**data)
+            self.failed = int(saved.pop("failed_requests"))
+            self.costs = LLMCosts(**saved)
 
     def _save_costs(self) -> None:
-        data: dict[str, Any] = dict(self.costs.as_dict())
-        data["wall_seconds"] = self.costs.wall_seconds
-        data["failed_requests"] = self.failed
-        self.checkpoints.save(COSTS_KEY, _json(data))
+        save_costs(self.checkpoints, COSTS_KEY, self.costs, failed_requests=self.failed)
 
     def rng(self, *stream: int) -> np.random.Generator:
         return np.random.default_rng([self.params.seed, *stream])
@@ -315,7 +288,9 @@ class _Run:
         if event != planned:
             raise RuntimeError("the class counts differ from the plan")
         result = {label: round(float(noisy[i])) for i, label in enumerate(self.labels)}
-        self.checkpoints.save(COUNTS_KEY, _json({"noisy": result, "event": event.to_dict()}))
+        self.checkpoints.save(
+            COUNTS_KEY, checkpoint_json({"noisy": result, "event": event.to_dict()})
+        )
         events.append(event)
         return result
 
@@ -368,25 +343,16 @@ class _Run:
             record["scores"][label] = scores.tolist()
             record["selected"][label] = chosen.tolist()
             record["events"].append(event.to_dict())
-        self.checkpoints.save(histogram_key(t), _json(record))
+        self.checkpoints.save(histogram_key(t), checkpoint_json(record))
         return record
 
     # ------------------------------------------------------------ public work (LLM)
 
     def generate(self, requests: Sequence[prompts.Messages]) -> list[str | None]:
         """One completion per request; ``None`` where the endpoint failed."""
-        if not requests:
-            return []
-        outcomes = run_sync(
-            complete(
-                lambda i: requests[i],
-                len(requests),
-                endpoint=self.endpoint,
-                concurrency=self.params.concurrency,
-                costs=self.costs,
-            )
+        return complete_texts(
+            requests, endpoint=self.endpoint, concurrency=self.params.concurrency, costs=self.costs
         )
-        return [o.text for o in outcomes]
 
     def variations(self, texts: Sequence[str], labels: Sequence[str], *stream: int) -> list[str]:
         """One VARIATION_API text per input; a failed request keeps its input text."""

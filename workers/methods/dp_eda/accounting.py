@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from workers.errors import ConfigError
-from workers.methods.aug_pe.accounting import check_label_set
+from workers.methods.common import check_label_set
 from workers.methods.dp_eda.limited_domain import FACTOR, Calibration
 from workers.methods.dp_eda.params import DPEDAParams
 from workers.privacy.accountant import compose

@@ -35,11 +35,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from workers.errors import ConfigError, LLMError
-from workers.llm.client import LLMCosts, LLMEndpoint, complete, run_sync
-from workers.methods.aug_pe.accounting import check_label_set
-from workers.methods.aug_pe.mechanism import group_units
-from workers.methods.aug_pe.runner import check_units
+from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.checkpoints import Checkpoints
+from workers.methods.common import (
+    MethodResult,
+    check_label_set,
+    check_units,
+    checkpoint_json,
+    claim_checkpoints,
+    complete_texts,
+    load_costs,
+    no_progress,
+    save_costs,
+)
 from workers.methods.dp_eda import decoding
 from workers.methods.dp_eda.accounting import Plan, noise_plan, selection_event
 from workers.methods.dp_eda.evolution import normalise, offspring
@@ -48,6 +56,7 @@ from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dpkps.pipeline import check_corpus
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
+from workers.privacy.units import group_units
 from workers.text.embeddings import Embedder
 from workers.text.vocabulary import Vocabulary, load_vocabulary
 
@@ -78,22 +87,7 @@ def decode_key(c: int, t: int) -> str:
     return f"dp-eda-decode-{c}-{t}"
 
 
-def _json(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, allow_nan=False).encode()
-
-
-def _noop(stage: str, fraction: float) -> None:
-    return None
-
-
-@dataclass
-class DPEDAResult:
-    """What a run releases: records, the events of its releases, a public manifest."""
-
-    records: list[tuple[str, str]]  # (label, text)
-    events: list[PrivacyEvent]
-    manifest: dict[str, Any]
-    llm_costs: LLMCosts
+DPEDAResult = MethodResult
 
 
 def run_dp_eda(
@@ -128,7 +122,7 @@ def run_dp_eda(
     )
     if vocabulary is None and needs_vocabulary:
         vocabulary = load_vocabulary(params.vocabulary)
-    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or _noop)
+    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
     run.vocabulary = vocabulary
     run.pool = None if public_pool is None else [str(t) for t in public_pool]
     run.claim(unit_level=units is not None)
@@ -170,22 +164,13 @@ class _Run:
             if self.pool is None
             else hashlib.sha256("\n".join(self.pool).encode()).hexdigest(),
         }
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-        stored = self.checkpoints.load(RUN_KEY)
-        if stored is None:
-            self.checkpoints.save(RUN_KEY, _json({"method": METHOD, "fingerprint": digest}))
-        elif json.loads(stored).get("fingerprint") != digest:
-            raise ConfigError(
-                "the checkpoints belong to a run with other parameters", field="checkpoints"
-            )
-        saved = self.checkpoints.load(COSTS_KEY)
+        claim_checkpoints(self.checkpoints, RUN_KEY, identity)
+        saved = load_costs(self.checkpoints, COSTS_KEY)
         if saved is not None:
-            self.costs = LLMCosts(**json.loads(saved))
+            self.costs = LLMCosts(**saved)
 
     def _save_costs(self) -> None:
-        data: dict[str, Any] = dict(self.costs.as_dict())
-        data["wall_seconds"] = self.costs.wall_seconds
-        self.checkpoints.save(COSTS_KEY, _json(data))
+        save_costs(self.checkpoints, COSTS_KEY, self.costs)
 
     # ------------------------------------------------------------ the run
 
@@ -299,24 +284,15 @@ class _Run:
         if event != self.plan.event(t, label):
             raise RuntimeError("a selection differs from the plan")
         record = {"selected": chosen, "event": event.to_dict()}
-        self.checkpoints.save(selection_key(c, t), _json(record))
+        self.checkpoints.save(selection_key(c, t), checkpoint_json(record))
         return record
 
     # ------------------------------------------------------------ public work
 
     def generate(self, requests: Sequence[decoding.Messages]) -> list[str | None]:
-        if not requests:
-            return []
-        outcomes = run_sync(
-            complete(
-                lambda i: requests[i],
-                len(requests),
-                endpoint=self.endpoint,
-                concurrency=self.params.concurrency,
-                costs=self.costs,
-            )
+        return complete_texts(
+            requests, endpoint=self.endpoint, concurrency=self.params.concurrency, costs=self.costs
         )
-        return [o.text for o in outcomes]
 
     def initial_texts(self) -> dict[str, list[str]]:
         stored = self.checkpoints.load(INITIAL_KEY)
@@ -355,7 +331,7 @@ class _Run:
                 result[label] = [text for text in texts if text is not None]
         if len(result[self.labels[0]]) < p.domain + 1:
             raise ConfigError("the vocabulary is smaller than K + 1", field="vocabulary")
-        self.checkpoints.save(INITIAL_KEY, _json(result))
+        self.checkpoints.save(INITIAL_KEY, checkpoint_json(result))
         self._save_costs()
         return result
 
@@ -373,7 +349,7 @@ class _Run:
             texts = self.retrieval(c, targets)
         else:
             texts = self.reconstruction(label, targets)
-        self.checkpoints.save(decode_key(c, t), _json(texts))
+        self.checkpoints.save(decode_key(c, t), checkpoint_json(texts))
         self._save_costs()
         return texts
 

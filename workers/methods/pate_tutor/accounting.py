@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from workers.errors import ConfigError
+from workers.methods.common import check_label_set
 from workers.methods.pate_tutor.params import PateTutorParams
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import GaussianRelease, calibrate_noise_multiplier
@@ -57,17 +58,6 @@ class NoisePlan:
 
     def vote_event(self) -> PrivacyEvent:
         return next(e for e in self.events if e.mechanism == VOTES)
-
-
-def check_label_set(label_set: Sequence[str]) -> tuple[str, ...]:
-    labels = tuple(label_set)
-    if not labels:
-        raise ConfigError("the label set is empty", field="labels")
-    if any(not isinstance(label, str) or not label for label in labels):
-        raise ConfigError("labels must be non-empty strings", field="labels")
-    if len(set(labels)) != len(labels):
-        raise ConfigError("the label set repeats a label", field="labels")
-    return labels
 
 
 def plan_pate_tutor(params: PateTutorParams, label_set: Sequence[str]) -> list[PrivacyEvent]:

@@ -28,7 +28,6 @@ texts and the data-independent key only. A re-run loads them instead of spending
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,16 +36,26 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.errors import ConfigError, InputDataError, LLMError
-from workers.llm.client import LLMCosts, LLMEndpoint, complete, run_sync
+from workers.errors import LLMError
+from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe.prompts import random_messages
 from workers.methods.checkpoints import Checkpoints
+from workers.methods.common import (
+    MethodResult,
+    check_label_set,
+    check_units,
+    checkpoint_json,
+    claim_checkpoints,
+    complete_texts,
+    load_costs,
+    no_progress,
+    save_costs,
+)
 from workers.methods.dpkps.pipeline import check_corpus
 from workers.methods.dpkps.proportions import allocate
 from workers.methods.pate_tutor.accounting import (
     ACCOUNTANT_NOTE,
     NoisePlan,
-    check_label_set,
     noise_plan,
     tutor_release,
     vote_release,
@@ -100,7 +109,7 @@ class Pool:
     labels: tuple[str, ...]
 
     def to_bytes(self) -> bytes:
-        return _json({"texts": self.texts, "labels": self.labels})
+        return checkpoint_json({"texts": self.texts, "labels": self.labels})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Pool:
@@ -108,32 +117,7 @@ class Pool:
         return cls(tuple(data["texts"]), tuple(data["labels"]))
 
 
-@dataclass
-class PateTutorResult:
-    """What a run releases: records, the events of its releases, a public manifest."""
-
-    records: list[tuple[str, str]]  # (label, text)
-    events: list[PrivacyEvent]
-    manifest: dict[str, Any]
-    llm_costs: LLMCosts
-
-
-def _json(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, allow_nan=False).encode()
-
-
-def _noop(stage: str, fraction: float) -> None:
-    return None
-
-
-def check_units(units: Sequence[str], documents: int) -> None:
-    """A unit id per document, each a non-empty string; errors name rows, never ids."""
-    if isinstance(units, str) or len(units) != documents:
-        raise InputDataError("give one unit per document", field="units")
-    bad = [i + 1 for i, u in enumerate(units) if not isinstance(u, str) or not u]
-    if bad:
-        rows = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
-        raise InputDataError(f"empty or non-string unit (rows {rows})", field="units")
+PateTutorResult = MethodResult
 
 
 def run_pate_tutor(
@@ -164,7 +148,7 @@ def run_pate_tutor(
     plan = noise_plan(params, declared)
     endpoint = replace(llm, max_tokens=params.max_tokens, temperature=params.temperature)
     endpoint.validate()
-    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or _noop)
+    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
     run.claim(unit_level=units is not None)
     return run.execute(documents, labels, units)
 
@@ -196,17 +180,10 @@ class _Run:
             "llm_model": self.endpoint.model,
             "embedding_model": self.embedder.name,
         }
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-        stored = self.checkpoints.load(RUN_KEY)
-        if stored is None:
-            self.checkpoints.save(RUN_KEY, _json({"method": METHOD, "fingerprint": digest}))
-        elif json.loads(stored).get("fingerprint") != digest:
-            raise ConfigError(
-                "the checkpoints belong to a run with other parameters", field="checkpoints"
-            )
-        saved = self.checkpoints.load(COSTS_KEY)
+        claim_checkpoints(self.checkpoints, RUN_KEY, identity)
+        saved = load_costs(self.checkpoints, COSTS_KEY)
         if saved is not None:
-            self.costs = LLMCosts(**json.loads(saved))
+            self.costs = LLMCosts(**saved)
 
     def teacher_key(self) -> bytes:
         """The run's secret hash key: drawn once, kept with the checkpoints."""
@@ -218,9 +195,7 @@ class _Run:
         return key
 
     def _save_costs(self) -> None:
-        data: dict[str, Any] = dict(self.costs.as_dict())
-        data["wall_seconds"] = self.costs.wall_seconds
-        self.checkpoints.save(COSTS_KEY, _json(data))
+        save_costs(self.checkpoints, COSTS_KEY, self.costs)
 
     def rng(self, *stream: int) -> np.random.Generator:
         return np.random.default_rng([self.params.seed, *stream])
@@ -268,17 +243,14 @@ class _Run:
                 random_messages(document_type=self.params.document_type, label=wanted[i])
                 for i in missing
             ]
-            outcomes = run_sync(
-                complete(
-                    requests.__getitem__,
-                    len(requests),
-                    endpoint=self.endpoint,
-                    concurrency=self.params.concurrency,
-                    costs=self.costs,
-                )
+            answers = complete_texts(
+                requests,
+                endpoint=self.endpoint,
+                concurrency=self.params.concurrency,
+                costs=self.costs,
             )
-            for i, outcome in zip(missing, outcomes, strict=True):
-                texts[i] = outcome.text
+            for i, answer in zip(missing, answers, strict=True):
+                texts[i] = answer
         self._save_costs()
         failures = sum(text is None for text in texts)
         if failures:
@@ -321,7 +293,9 @@ class _Run:
             if event != planned:
                 raise RuntimeError("the tutor counts differ from the plan")
             noisy = {label: int(counts[i]) for i, label in enumerate(self.labels)}
-            self.checkpoints.save(TUTOR_KEY, _json({"noisy": noisy, "event": event.to_dict()}))
+            self.checkpoints.save(
+                TUTOR_KEY, checkpoint_json({"noisy": noisy, "event": event.to_dict()})
+            )
             events.append(event)
         return {label: max(float(noisy[label]), 0.0) for label in self.labels}
 
@@ -377,7 +351,7 @@ class _Run:
         if event != self.plan.vote_event():
             raise RuntimeError("the votes differ from the plan")
         self.checkpoints.save(
-            VOTES_KEY, _json({"labels": answers.tolist(), "event": event.to_dict()})
+            VOTES_KEY, checkpoint_json({"labels": answers.tolist(), "event": event.to_dict()})
         )
         events.append(event)
         return answers
