@@ -1,5 +1,7 @@
 """What every generation method's run shares, written once.
 
+* :class:`MethodParams`: the parameters every LLM method takes (public document type,
+  total (ε, δ), the client's concurrency, the public seed), validated strictly;
 * :class:`MethodResult`: what a run releases (records, the events of its releases, a
   public manifest, its LLM costs);
 * :func:`check_label_set`, :func:`check_units`: the input checks made before any
@@ -17,10 +19,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from workers.errors import ConfigError, InputDataError
 from workers.llm.client import LLMCosts, LLMEndpoint, Messages, complete, run_sync
 from workers.methods.checkpoints import Checkpoints
+from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
+
+DOCUMENT_TYPE_CHARS = 200
+
+
+class MethodParams(BaseModel):
+    """Parameters every LLM method shares; each method's model adds its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
+    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
+    delta: float = Field(gt=0.0, le=1e-3)
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    seed: int = Field(default=0, ge=0, le=2**53 - 1)
+
+    @field_validator("document_type")
+    @classmethod
+    def _visible(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        if any(ch in value for ch in "\r\n\t\x00"):
+            raise ValueError("must be one line of text")
+        return value.strip()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form recorded in manifests."""
+        return self.model_dump(mode="json")
 
 
 @dataclass

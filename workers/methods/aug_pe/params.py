@@ -24,24 +24,18 @@ This module imports no numerical library, so an API process can validate job spe
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
+from workers.methods.common import MethodParams
 
-DOCUMENT_TYPE_CHARS = 200
 MAX_LLM_CALLS = 10_000_000  # per run, retries excluded: far above what a machine can serve
 
 
-class AugPEParams(BaseModel):
+class AugPEParams(MethodParams):
     """The job's Aug-PE parameters (module docstring); frozen once validated."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
-    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
-    delta: float = Field(gt=0.0, le=1e-3)
     iterations: int = Field(default=10, ge=1, le=100)
     initial_variation_folds: int = Field(default=3, ge=0, le=20)
     variation_folds: int = Field(default=3, ge=0, le=20)
@@ -60,17 +54,6 @@ class AugPEParams(BaseModel):
     min_word_count: int = Field(default=25, ge=0, le=10_000)
     max_tokens: int = Field(default=128, ge=8, le=32_768)
     temperature: float = Field(default=1.2, ge=0.0, le=2.0)
-    concurrency: int = Field(default=8, ge=1, le=1024)
-    seed: int = Field(default=0, ge=0, le=2**53 - 1)
-
-    @field_validator("document_type")
-    @classmethod
-    def _visible(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        if any(ch in value for ch in "\r\n\t\x00"):
-            raise ValueError("must be one line of text")
-        return value.strip()
 
     @field_validator("keep_selected")
     @classmethod
@@ -142,10 +125,6 @@ class AugPEParams(BaseModel):
             iterations=self.iterations,
             lookahead=self.lookahead_degree,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form recorded in manifests."""
-        return self.model_dump(mode="json")
 
 
 def _candidates(

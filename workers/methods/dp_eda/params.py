@@ -18,23 +18,16 @@ valid under add/remove as well, with twice the noise).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
-
-DOCUMENT_TYPE_CHARS = 200
+from workers.methods.common import MethodParams
 
 
-class DPEDAParams(BaseModel):
+class DPEDAParams(MethodParams):
     """The job's DP-EDA parameters (module docstring); frozen once validated."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
-    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
-    delta: float = Field(gt=0.0, le=1e-3)
     ld_delta_share: float = Field(default=0.5, gt=0.0, lt=1.0)
     adjacency: Literal["add_remove", "replace_one"] = "add_remove"
     iterations: int = Field(default=7, ge=1, le=100)
@@ -53,17 +46,6 @@ class DPEDAParams(BaseModel):
     perplexity_percentile: float = Field(default=95.0, gt=0.0, le=100.0)
     max_tokens: int = Field(default=96, ge=8, le=32_768)
     temperature: float = Field(default=0.9, ge=0.0, le=2.0)
-    concurrency: int = Field(default=8, ge=1, le=1024)
-    seed: int = Field(default=0, ge=0, le=2**53 - 1)
-
-    @field_validator("document_type")
-    @classmethod
-    def _visible(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        if any(ch in value for ch in "\r\n\t\x00"):
-            raise ValueError("must be one line of text")
-        return value.strip()
 
     @field_validator("parents")
     @classmethod
@@ -80,7 +62,3 @@ class DPEDAParams(BaseModel):
         if domain is not None and value < domain + 1:
             raise ValueError(f"must be at least K + 1 = {domain + 1} (dp-eda.md §9 Q6)")
         return value
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form recorded in manifests."""
-        return self.model_dump(mode="json")

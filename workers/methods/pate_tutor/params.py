@@ -23,24 +23,16 @@ This module imports no numerical library, so an API process can validate job spe
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field, ValidationInfo, field_validator
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from workers.methods.common import MethodParams
 
-from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
-
-DOCUMENT_TYPE_CHARS = 200
 MAX_POOL = 1_000_000
 
 
-class PateTutorParams(BaseModel):
+class PateTutorParams(MethodParams):
     """The job's PATE-tutor parameters (module docstring); frozen once validated."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
-    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
-    delta: float = Field(gt=0.0, le=1e-3)
     teachers: int = Field(default=15, ge=2, le=1_000)
     queries: int = Field(default=100, ge=1, le=100_000)
     negatives: int = Field(default=200, ge=1, le=MAX_POOL)
@@ -50,17 +42,6 @@ class PateTutorParams(BaseModel):
     regularization: float = Field(default=1.0, gt=0.0, le=1e6)
     max_tokens: int = Field(default=256, ge=8, le=32_768)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    concurrency: int = Field(default=8, ge=1, le=1024)
-    seed: int = Field(default=0, ge=0, le=2**53 - 1)
-
-    @field_validator("document_type")
-    @classmethod
-    def _visible(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        if any(ch in value for ch in "\r\n\t\x00"):
-            raise ValueError("must be one line of text")
-        return value.strip()
 
     @field_validator("num_released")
     @classmethod
@@ -73,7 +54,3 @@ class PateTutorParams(BaseModel):
     def planned_calls(self) -> int:
         """LLM requests of the three pools, retries and re-requests excluded."""
         return self.negatives + self.queries + self.candidates
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form recorded in manifests."""
-        return self.model_dump(mode="json")
