@@ -2,19 +2,22 @@
 
 ``generate`` is for a data owner on their own machine: it reads a labelled CSV (or
 JSONL), runs a method (``--method dpkps``, the default: DP-KPS, optionally prompting an
-LLM; ``--method aug-pe``: Private Evolution for text, which needs an LLM), and writes
+LLM; ``--method aug-pe`` (Private Evolution for text), ``pate-tutor`` (PATE
+discriminator with a DP label tutor) or ``dp-eda`` (DP evolution of embeddings), which
+need an LLM: :mod:`workers.methods.registry`), and writes
 ``OUT.jsonl`` (one synthetic document a line) and ``OUT.manifest.json`` (every
 parameter, the models, the privacy events and their composed (ε, δ), LLM costs). Both
 files appear only when the run succeeded: they are written under temporary names and
 renamed at the end, so an interrupted or failed run leaves nothing that looks complete.
 
-Aug-PE's options are generated from :class:`~workers.methods.aug_pe.params.AugPEParams`
-(a field ``variation_folds`` is ``--variation-folds``; ``temperature`` and
-``concurrency`` are the LLM's, ``--llm-temperature`` and ``--llm-concurrency``), so
-the model is the one list of them and its errors name the option. An Aug-PE run keeps
-its DP outputs in ``OUT.checkpoints/`` as it goes: a killed run, started again with the
-same arguments, resumes at the next iteration without drawing (or spending) again. The
-folder is removed once the outputs are in place.
+The LLM methods' options are generated from their parameter models (a field
+``variation_folds`` is ``--variation-folds``; ``temperature`` and ``concurrency`` are
+the LLM's, ``--llm-temperature`` and ``--llm-concurrency``; a field two methods share is
+one option), so each model is the one list of its options and its errors name the
+option; an option of another method is refused. Such a run keeps its DP outputs in
+``OUT.checkpoints/`` as it goes: a killed run, started again with the same arguments,
+resumes without drawing (or spending) again. The folder is removed once the outputs
+are in place.
 
 What reaches the terminal: progress bars and errors on stderr. Errors name the option
 (``--epsilon-kde: must be finite and > 0``) or the row of the input, never a document's
@@ -50,20 +53,22 @@ from workers.methods.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
 
 HANDLER = "workers.offline_cli"
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
-METHODS = ("dpkps", "aug-pe")
+METHODS = ("dpkps", "aug-pe", "pate-tutor", "dp-eda")  # workers.methods.registry's, in order
 
-# Aug-PE fields that reuse an option DP-KPS already has (same meaning), by option dest.
-AUG_PE_SHARED = {
+# Fields of the LLM methods' parameters that reuse an option DP-KPS already has (same
+# meaning), by option dest.
+SHARED_OPTIONS = {
     "epsilon": "epsilon",
     "delta": "delta",
     "seed": "seed",
     "document_type": "document_type",
     "concurrency": "llm_concurrency",
+    "vocabulary": "vocabulary",
 }
-# Aug-PE fields whose option name says they are the LLM's (DP-KPS's --temperature is τ).
-AUG_PE_RENAMED = {"temperature": "llm_temperature"}
-AUG_PE_PREFIX = "aug_pe_"  # dest of a generated option: aug_pe_<field>
-# DP-KPS options without a default value, refused with --method aug-pe when given.
+# Fields whose option name says they are the LLM's (DP-KPS's --temperature is τ).
+RENAMED_OPTIONS = {"temperature": "llm_temperature"}
+METHOD_PREFIX = "method_"  # dest of a generated option: method_<field>
+# DP-KPS options without a default value, refused with another --method when given.
 DPKPS_ONLY = (
     "epsilon_vocab",
     "epsilon_kde",
@@ -247,7 +252,7 @@ def register(sub: Any) -> None:
     )
     llm.add_argument("--llm-concurrency", type=int, default=None)
     llm.add_argument("--max-llm-calls", type=int, default=None)
-    _register_aug_pe(gen)
+    _register_llm_methods(gen)
 
     ev = sub.add_parser(
         "evaluate",
@@ -281,15 +286,10 @@ def register(sub: Any) -> None:
     ev.add_argument("--seed", type=int, default=0)
 
 
-def _aug_pe_dest(field: str) -> str:
-    """The option, as a field name, of an AugPEParams field (``temperature`` ->
+def _method_dest(field: str) -> str:
+    """The option, as a field name, of an LLM method's field (``temperature`` ->
     ``llm_temperature``): what a ConfigError names so that :func:`_option` prints it."""
-    return AUG_PE_SHARED.get(field) or AUG_PE_RENAMED.get(field) or field
-
-
-def _aug_pe_option(field: str) -> str:
-    """The option of an AugPEParams field (``variation_folds`` -> ``--variation-folds``)."""
-    return _option(_aug_pe_dest(field))
+    return SHARED_OPTIONS.get(field) or RENAMED_OPTIONS.get(field) or field
 
 
 def _optional(annotation: Any) -> tuple[Any, bool]:
@@ -301,42 +301,60 @@ def _optional(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def _register_aug_pe(gen: Any) -> None:
-    """One option per AugPEParams field not already an option (module docstring).
+def _methods_of_fields() -> dict[str, list[str]]:
+    """Each LLM-method field not already an option, with the methods that take it."""
+    from workers.methods.registry import LLM_METHODS
+
+    fields: dict[str, list[str]] = {}
+    for method in LLM_METHODS.values():
+        for name in method.params.model_fields:
+            if name not in SHARED_OPTIONS:
+                fields.setdefault(name, []).append(method.id)
+    return fields
+
+
+def _register_llm_methods(gen: Any) -> None:
+    """One option per field of the LLM methods' parameters not already an option (module
+    docstring); a field two methods share (``--iterations``) is one option.
 
     Values stay strings (``none`` for an optional field left empty) and are validated by
-    the model itself, so a bad value is reported as ``--option: what is wrong``.
+    the method's model itself, so a bad value is reported as ``--option: what is wrong``.
     """
-    from workers.methods.aug_pe.params import AugPEParams
+    from workers.methods.registry import LLM_METHODS
 
     group = gen.add_argument_group(
-        "Aug-PE (--method aug-pe; also --epsilon, --delta, --seed, --document-type, "
-        "--llm-concurrency)"
+        "LLM methods (--method aug-pe, pate-tutor or dp-eda; also --epsilon, --delta, --seed, "
+        "--document-type, --llm-concurrency, and --vocabulary for dp-eda)"
     )
-    for name, info in AugPEParams.model_fields.items():
-        if name in AUG_PE_SHARED:
-            continue
-        kind, optional = _optional(info.annotation)
-        default = "required" if info.is_required() else f"default {info.default}"
-        options: dict[str, Any] = {"dest": AUG_PE_PREFIX + name, "default": None}
+    for name, methods in _methods_of_fields().items():
+        infos = [LLM_METHODS[m].params.model_fields[name] for m in methods]
+        kind, optional = _optional(infos[0].annotation)
+        defaults = ", ".join(
+            f"{m}: {'required' if i.is_required() else i.default}"
+            for m, i in zip(methods, infos, strict=True)
+        )
+        options: dict[str, Any] = {"dest": METHOD_PREFIX + name, "default": None}
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is typing.Literal:
-            options["choices"] = typing.get_args(kind)
+            choices = [c for i in infos for c in typing.get_args(_optional(i.annotation)[0])]
+            options["choices"] = tuple(dict.fromkeys(choices))
         else:
             options["metavar"] = kind.__name__.upper() + ("|none" if optional else "")
-        group.add_argument(_aug_pe_option(name), help=f"Aug-PE {name} ({default})", **options)
+        group.add_argument(_option(_method_dest(name)), help=f"{name} ({defaults})", **options)
 
 
-def _aug_pe_params(args: argparse.Namespace) -> Any:
-    """The run's AugPEParams from the options given; errors name the option."""
+def _method_params(args: argparse.Namespace) -> Any:
+    """The run's parameters for ``--method`` from the options given; errors name the
+    option."""
     from pydantic import ValidationError
 
-    from workers.methods.aug_pe.params import AugPEParams
+    from workers.methods.registry import LLM_METHODS
 
+    model = LLM_METHODS[args.method].params
     data: dict[str, Any] = {}
-    for name, info in AugPEParams.model_fields.items():
-        dest = AUG_PE_SHARED.get(name, AUG_PE_PREFIX + name)
+    for name, info in model.model_fields.items():
+        dest = SHARED_OPTIONS.get(name, METHOD_PREFIX + name)
         value = getattr(args, dest)
         if value is None:
             continue  # the model's default (or its "field required")
@@ -344,28 +362,27 @@ def _aug_pe_params(args: argparse.Namespace) -> Any:
             value = None
         data[name] = value
     try:
-        return AugPEParams.model_validate(data, strict=False)
+        return model.model_validate(data, strict=False)
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else ""
-        option = _aug_pe_dest(field) if field else None
+        option = _method_dest(field) if field else None
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "missing":
-            message = "required with --method aug-pe"
+            message = f"required with --method {args.method}"
         raise ConfigError(message, field=option) from None
 
 
 def _refuse_other_methods_options(args: argparse.Namespace) -> None:
-    """An option of the other method is a mistake, never silently ignored."""
-    if args.method == "aug-pe":
+    """An option of another method is a mistake, never silently ignored."""
+    if args.method != "dpkps":
         given = [name for name in DPKPS_ONLY if getattr(args, name) is not None]
         if given:
-            raise ConfigError("an option of --method dpkps, not of aug-pe", field=given[0])
-        return
-    for name, value in vars(args).items():
-        if name.startswith(AUG_PE_PREFIX) and value is not None:
+            raise ConfigError(f"an option of --method dpkps, not of {args.method}", field=given[0])
+    for name, methods in _methods_of_fields().items():
+        if args.method not in methods and getattr(args, METHOD_PREFIX + name) is not None:
             raise ConfigError(
-                "an option of --method aug-pe", field=_aug_pe_dest(name[len(AUG_PE_PREFIX) :])
+                f"an option of --method {' or '.join(methods)}", field=_method_dest(name)
             )
 
 
@@ -602,8 +619,8 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         raise ConfigError("must be between 1 and 256", field="llm_concurrency")
     if args.max_llm_calls is not None and args.max_llm_calls < 1:
         raise ConfigError("must be ≥ 1", field="max_llm_calls")
-    if args.method == "aug-pe":
-        return _generate_aug_pe(args, started)
+    if args.method != "dpkps":
+        return _generate_llm_method(args, started)
     config = _config(args)
     settings = CoreSettings()
     label_set = _declared_labels(args)
@@ -689,35 +706,43 @@ def _checkpoint_dir(output: Path) -> Path:
     return output.with_name(output.name[: -len(".jsonl")] + ".checkpoints")
 
 
-def _generate_aug_pe(args: argparse.Namespace, started: float) -> int:
+def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
+    """``--method aug-pe``, ``pate-tutor`` or ``dp-eda``: the run, its checkpoints in
+    ``OUT.checkpoints/`` (a killed run resumes), ``OUT.jsonl`` and its manifest."""
     from workers.llm.local import LocalLLMServer
-    from workers.methods.aug_pe import plan_aug_pe, run_aug_pe
-    from workers.methods.aug_pe.accounting import noise_plan
-    from workers.methods.aug_pe.runner import DESCRIPTION, METHOD
     from workers.methods.checkpoints import DirectoryCheckpoints
+    from workers.methods.registry import LLM_METHODS
     from workers.privacy.accountant import compose
     from workers.settings import CoreSettings
     from workers.text.corpus import read_labelled
     from workers.text.embeddings import SentenceEmbedder
+    from workers.text.vocabulary import load_vocabulary
 
-    params = _aug_pe_params(args)
+    method = LLM_METHODS[args.method]
+    params = _method_params(args)
     label_set = _declared_labels(args)
-    plan = noise_plan(params, label_set)
+    events = method.plan(params, label_set)
     if args.dry_run:  # public inputs only: --input is not opened
-        events = plan_aug_pe(params, label_set)
         planned = {
-            "method": METHOD,
-            "description": DESCRIPTION,
+            "method": method.id,
+            "description": method.description,
             "parameters": params.to_dict(),
             "labels": label_set,
-            "noise": {"histogram_sigma": plan.histogram_sigma, "count_sigma": plan.count_sigma},
-            "planned_llm_calls": params.planned_calls(),
+            "planned_llm_calls": method.planned_calls(params, len(label_set)),
+            "max_released": method.max_released(params, len(label_set)),
+            "events": [e.to_dict() for e in events],
             "privacy": compose(events).to_dict(delta=params.delta),
         }
         print(json.dumps(planned, indent=2, ensure_ascii=False))
         return 0
     if args.llm == "none":
-        raise ConfigError("aug-pe writes texts with an LLM: choose local or openai", field="llm")
+        raise ConfigError(
+            f"{args.method} writes texts with an LLM: choose local or openai", field="llm"
+        )
+    extra: dict[str, Any] = {}
+    vocabulary = method.vocabulary(params)
+    if vocabulary is not None:
+        extra["vocabulary"] = load_vocabulary(vocabulary)
     settings = CoreSettings()
     endpoint = None if args.llm == "local" else _endpoint_for(args.llm, settings)
     corpus = read_labelled(
@@ -733,7 +758,7 @@ def _generate_aug_pe(args: argparse.Namespace, started: float) -> int:
     progress = _Progress()
 
     def run(llm: Any) -> Any:
-        return run_aug_pe(
+        return method.run(
             corpus.texts,
             corpus.labels,
             label_set=label_set,
@@ -743,6 +768,7 @@ def _generate_aug_pe(args: argparse.Namespace, started: float) -> int:
             embedder=embedder,
             checkpoints=DirectoryCheckpoints(checkpoint_dir),
             progress=progress,
+            **extra,
         )
 
     try:

@@ -31,6 +31,8 @@ from pydantic import (
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
 from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.common import MethodParams
+from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dpkps.config import (
     DELTA_CEILING,
     EPSILON_CEILING,
@@ -39,6 +41,8 @@ from workers.methods.dpkps.config import (
     GenerationConfig,
 )
 from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
+from workers.methods.pate_tutor.params import PateTutorParams
+from workers.methods.registry import AUG_PE, DP_EDA, LLM_METHODS, PATE_TUTOR
 
 Example = Annotated[
     str,
@@ -61,8 +65,7 @@ _ENGINE: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Generat
 
 
 DPKPS: Final = "dpkps"
-AUG_PE: Final = "aug-pe"
-METHODS = (DPKPS, AUG_PE)
+METHODS = (DPKPS, *LLM_METHODS)
 
 LLMName = Annotated[
     str,
@@ -173,24 +176,49 @@ class JobSpec(BaseModel):
         return GenerationConfig(**self.engine_parameters()).validate()
 
 
-class AugPEJobSpec(AugPEParams):
-    """An Aug-PE job (``method: aug-pe``): the LLM, a cap on its calls and every
-    :class:`~workers.methods.aug_pe.params.AugPEParams` field (``epsilon`` and ``delta``
-    are the run's total; ``concurrency`` is capped by the server's LLM concurrency).
+class LLMMethodJob(BaseModel):
+    """What a job of an LLM method (:mod:`workers.methods.registry`) adds to the method's
+    own parameters: the LLM and a cap on its calls. ``epsilon`` and ``delta`` are the
+    run's total; ``concurrency`` is capped by the server's LLM concurrency.
 
     Over JSON, numbers are read as JSON Schema reads them (``2.0`` is the integer 2), not
-    strictly as the engine's own model does."""
+    strictly as the engine's own models do."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
-    method: Literal["aug-pe"]
+    method: str
     llm: LLMName = "local"
     max_llm_calls: MaxLLMCalls = None
 
-    def params(self) -> AugPEParams:
+    def params(self) -> MethodParams:
         """The method's own parameters (what the engine and its checkpoints see)."""
         fields = self.model_dump(exclude={"method", "llm", "max_llm_calls"})
-        return AugPEParams.model_validate(fields)
+        return LLM_METHODS[self.method].params.model_validate(fields)
+
+
+class AugPEJobSpec(LLMMethodJob, AugPEParams):
+    """An Aug-PE job (``method: aug-pe``): :class:`LLMMethodJob` and every
+    :class:`~workers.methods.aug_pe.params.AugPEParams` field."""
+
+    model_config = LLMMethodJob.model_config
+    method: Literal["aug-pe"]
+
+
+class PateTutorJobSpec(LLMMethodJob, PateTutorParams):
+    """A PATE-tutor job (``method: pate-tutor``): :class:`LLMMethodJob` and every
+    :class:`~workers.methods.pate_tutor.params.PateTutorParams` field."""
+
+    model_config = LLMMethodJob.model_config
+    method: Literal["pate-tutor"]
+
+
+class DPEDAJobSpec(LLMMethodJob, DPEDAParams):
+    """A DP-EDA job (``method: dp-eda``): :class:`LLMMethodJob` and every
+    :class:`~workers.methods.dp_eda.params.DPEDAParams` field; ``vocabulary`` names a
+    vocabulary of this server (built-in or uploaded), as a DP-KPS job's does."""
+
+    model_config = LLMMethodJob.model_config
+    method: Literal["dp-eda"]
 
 
 def _method(value: Any) -> str:
@@ -200,14 +228,18 @@ def _method(value: Any) -> str:
 
 
 AnyJobSpec = Annotated[
-    Annotated[JobSpec, Tag(f"method={DPKPS}")] | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")],
+    Annotated[JobSpec, Tag(f"method={DPKPS}")]
+    | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")]
+    | Annotated[PateTutorJobSpec, Tag(f"method={PATE_TUTOR}")]
+    | Annotated[DPEDAJobSpec, Tag(f"method={DP_EDA}")],
     Discriminator(
         _method,
         custom_error_type="unknown_method",
         custom_error_message=f"method must be one of {', '.join(METHODS)}",
     ),
 ]
-JOB_SPEC: TypeAdapter[JobSpec | AugPEJobSpec] = TypeAdapter(AnyJobSpec)
+AnySpec = JobSpec | AugPEJobSpec | PateTutorJobSpec | DPEDAJobSpec
+JOB_SPEC: TypeAdapter[AnySpec] = TypeAdapter(AnyJobSpec)
 
 
 class JobPlanOut(BaseModel):

@@ -24,7 +24,7 @@ from app.identity.policy import Actor, Principal
 from app.jobs import recovery, repository
 from app.jobs.schemas import (
     DPKPS,
-    AugPEJobSpec,
+    AnySpec,
     JobCharge,
     JobCounts,
     JobEpsilon,
@@ -32,6 +32,7 @@ from app.jobs.schemas import (
     JobLLMCosts,
     JobOut,
     JobSpec,
+    LLMMethodJob,
 )
 from app.ledger import audit
 from app.ledger import service as ledger
@@ -39,12 +40,11 @@ from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from app.worker import RUN_SEQUENCES
-from workers.methods.aug_pe import plan_aug_pe
-from workers.methods.aug_pe.runner import DESCRIPTION as AUG_PE_DESCRIPTION
 from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.plan import Plan, plan
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from workers.methods.registry import LLM_METHODS
 from workers.privacy.accountant import compose
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -55,11 +55,12 @@ def planned(config: GenerationConfig, labels: list[str], vocabulary_size: int) -
     return plan(config, labels, vocabulary_size)
 
 
-def planned_aug_pe(spec: AugPEJobSpec, labels: list[str]) -> Plan:
-    """Every release an Aug-PE run of ``spec`` will make, composed at the spec's δ."""
-    events = tuple(plan_aug_pe(spec.params(), labels))
+def planned_llm_method(spec: LLMMethodJob, labels: list[str]) -> Plan:
+    """Every release a run of ``spec``'s LLM method will make, composed at its δ."""
+    events = tuple(LLM_METHODS[spec.method].plan(spec.params(), labels))
     composition = compose(events)
-    return Plan(events, composition.epsilon(spec.delta), spec.delta, composition.name)
+    delta = spec.params().delta
+    return Plan(events, composition.epsilon(delta), delta, composition.name)
 
 
 def method_of(spec: Mapping[str, Any]) -> str:
@@ -67,7 +68,7 @@ def method_of(spec: Mapping[str, Any]) -> str:
     return str(spec.get("method", DPKPS))
 
 
-def _check_llm(spec: JobSpec | AugPEJobSpec, settings: Settings) -> None:
+def _check_llm(spec: JobSpec | LLMMethodJob, settings: Settings) -> None:
     if spec.llm not in settings.llm_names:
         raise Unprocessable(
             f"unknown LLM endpoint; this server offers {', '.join(settings.llm_names)}",
@@ -79,22 +80,27 @@ def _check_llm(spec: JobSpec | AugPEJobSpec, settings: Settings) -> None:
         )
 
 
-def _check_aug_pe(spec: AugPEJobSpec, settings: Settings) -> None:
+def _check_llm_method(spec: LLMMethodJob, classes: int, settings: Settings) -> None:
+    """An LLM method's job within the server's limits: an LLM named, the documents it can
+    release and the LLM calls it will make (public parameters only)."""
+    method = LLM_METHODS[spec.method]
     if spec.llm == "none":
-        raise Unprocessable("Aug-PE needs an LLM: name one", field="llm")
+        raise Unprocessable(f"{method.title} needs an LLM: name one", field="llm")
     _check_llm(spec, settings)
-    if spec.num_released > settings.max_sequences_per_job:
+    params = spec.params()
+    released = method.max_released(params, classes)
+    if released > settings.max_sequences_per_job:
         raise Unprocessable(
-            f"asks for {spec.num_released} documents; this server makes at most "
+            f"may release up to {released} documents; this server makes at most "
             f"{settings.max_sequences_per_job} per job",
-            field="num_released",
+            field=method.released_field,
         )
-    calls = spec.params().planned_calls()
+    calls = method.planned_calls(params, classes)
     allowed = spec.max_llm_calls or settings.llm_max_calls
     if calls > allowed:
         raise Unprocessable(
-            f"the run makes {calls} LLM calls, more than the {allowed} allowed",
-            field="max_llm_calls" if spec.max_llm_calls else "population",
+            f"the run makes up to {calls} LLM calls, more than the {allowed} allowed",
+            field="max_llm_calls" if spec.max_llm_calls else method.calls_field,
         )
 
 
@@ -144,15 +150,19 @@ def _prepare(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
-    spec: JobSpec | AugPEJobSpec,
+    spec: AnySpec,
     settings: Settings,
 ) -> tuple[Any, Any, Plan]:
     """Every check of a job spec, and its planned releases (public inputs only); the
-    vocabulary is DP-KPS's (None for Aug-PE)."""
+    vocabulary the run reads, resolved (None for a method that reads none)."""
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
-    if isinstance(spec, AugPEJobSpec):
-        _check_aug_pe(spec, settings)
-        return dataset, None, planned_aug_pe(spec, list(dataset.labels))
+    if isinstance(spec, LLMMethodJob):
+        _check_llm_method(spec, len(dataset.labels), settings)
+        vocabulary = None
+        name = LLM_METHODS[spec.method].vocabulary(spec.params())
+        if name is not None:
+            vocabulary = vocabularies.resolve(session, principal, name)
+        return dataset, vocabulary, planned_llm_method(spec, list(dataset.labels))
     config = spec.generation_config()
     _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
@@ -166,10 +176,10 @@ def _prepare(
     return dataset, vocabulary, planned(config, list(dataset.labels), vocabulary.size)
 
 
-def description(spec: JobSpec | AugPEJobSpec) -> str:
+def description(spec: AnySpec) -> str:
     """What the method of ``spec`` runs, in words (dry runs, release manifests)."""
-    if isinstance(spec, AugPEJobSpec):
-        return AUG_PE_DESCRIPTION
+    if isinstance(spec, LLMMethodJob):
+        return LLM_METHODS[spec.method].description
     return method_description(spec.generation_config())
 
 
@@ -177,7 +187,7 @@ def dry_run(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
-    spec: JobSpec | AugPEJobSpec,
+    spec: AnySpec,
     settings: Settings,
 ) -> dict[str, Any]:
     """What a job of ``spec`` would release and spend, checked like a submission but with
@@ -200,7 +210,7 @@ def submit(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
-    spec: JobSpec | AugPEJobSpec,
+    spec: AnySpec,
     settings: Settings,
 ) -> Job:
     dataset, vocabulary, the_plan = _prepare(session, principal, dataset_id, spec, settings)

@@ -49,7 +49,7 @@ from app.errors import Conflict, NotFound
 from app.jobs import llm, runner
 from app.jobs import repository as jobs_repo
 from app.jobs.recovery import LeaseLost
-from app.jobs.schemas import JOB_SPEC, AugPEJobSpec, JobSpec
+from app.jobs.schemas import JOB_SPEC, AnySpec, JobSpec, LLMMethodJob
 from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.models import Dataset
 from app.vocabularies import service as vocabularies
@@ -60,6 +60,7 @@ from workers.methods.dpkps import prompting
 from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
+from workers.methods.registry import LLM_METHODS
 
 if TYPE_CHECKING:
     from workers.text.embeddings import SentenceEmbedder
@@ -238,7 +239,7 @@ def _vocabulary(ctx: WorkerContext, spec: Mapping[str, Any]) -> Vocabulary:
     return vocabulary
 
 
-def job_spec(stored: Mapping[str, Any]) -> JobSpec | AugPEJobSpec:
+def job_spec(stored: Mapping[str, Any]) -> AnySpec:
     """The spec as submitted (the stored copy also records the vocabulary it resolved)."""
     return JOB_SPEC.validate_python({k: v for k, v in stored.items() if k != "vocabulary_ref"})
 
@@ -344,8 +345,8 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
 def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTracker) -> str:
     """The job's private stages, by its method."""
     spec = job_spec(started.spec)
-    if isinstance(spec, AugPEJobSpec):
-        return _aug_pe(ctx, started, spec, tracker)
+    if isinstance(spec, LLMMethodJob):
+        return _llm_method(ctx, started, spec, tracker)
     return _dpkps(ctx, started, spec, tracker)
 
 
@@ -411,28 +412,31 @@ def _dpkps(
     return _end("succeeded") if without_llm else "prompting"
 
 
-def _aug_pe(
-    ctx: WorkerContext, started: runner.StartedJob, spec: AugPEJobSpec, tracker: StageTracker
+def _llm_method(
+    ctx: WorkerContext, started: runner.StartedJob, spec: LLMMethodJob, tracker: StageTracker
 ) -> str:
-    """An Aug-PE run from its checkpoints (a redelivered or recovered task draws no noise
-    that was drawn and saved already), its released texts saved as the job's outputs.
+    """A run of an LLM method (Aug-PE, PATE-tutor, DP-EDA) from its checkpoints (a
+    redelivered or recovered task draws no noise that was drawn and saved already), its
+    released texts saved as the job's outputs.
 
     The run's LLM calls carry public prompts and synthetic texts only; its progress
     reports are stage boundaries and iteration numbers (public parameters)."""
-    from workers.methods.aug_pe import plan_aug_pe, run_aug_pe
-
+    method = LLM_METHODS[spec.method]
     settings, job_id = ctx.settings, started.job_id
     params = spec.params()
     params = params.model_copy(
         update={"concurrency": min(params.concurrency, llm.concurrency(settings, spec.llm))}
     )
+    extra: dict[str, Any] = {}
+    if method.vocabulary(params) is not None:
+        extra["vocabulary"] = _vocabulary(ctx, started.spec)
     embedder = _embedder(settings.embedding_model, settings.device)
     checkpoints = JobCheckpoints(ctx.database, job_id)
     unit_name = _unit_column(ctx, started)
     with llm.endpoint(settings, spec.llm) as endpoint:
-        tracker("class_counts", 0.0)  # a cancel that came while the models loaded stops us
+        tracker("start", 0.0)  # a cancel that came while the models loaded stops us here
         corpus = load_corpus(ctx, job_id)
-        result = run_aug_pe(
+        result = method.run(
             corpus.texts,
             corpus.labels,
             label_set=started.labels,
@@ -442,11 +446,14 @@ def _aug_pe(
             embedder=embedder,
             checkpoints=checkpoints,
             progress=tracker,
+            **extra,
         )
         del corpus
-    if list(result.events) != plan_aug_pe(params, started.labels):
+    if list(result.events) != method.plan(params, started.labels):
         raise AccountingMismatch("the run's releases are not the ones its reservation holds")
-    check_accounting(epsilon_by_mechanism(result.events, spec.delta), started.epsilon_by_mechanism)
+    check_accounting(
+        epsilon_by_mechanism(result.events, params.delta), started.epsilon_by_mechanism
+    )
     manifest = dict(result.manifest)
     manifest["privacy"] = {
         **manifest["privacy"],
@@ -475,7 +482,8 @@ def _aug_pe(
     if cancelled:
         raise JobCancelled
     log.info(
-        "job.aug_pe.saved",
+        "job.method.saved",
+        method=spec.method,
         job_id=str(job_id),
         documents=len(result.records),
         llm_calls=result.llm_costs.calls,

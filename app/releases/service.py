@@ -22,13 +22,13 @@ from app.identity import repository as identity_repo
 from app.identity.policy import Principal
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs
-from app.jobs.schemas import AUG_PE, DPKPS, ENGINE_FIELDS, JobLLMCosts
+from app.jobs.schemas import DPKPS, ENGINE_FIELDS, JobLLMCosts
 from app.ledger import audit
 from app.models import Download, Job, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
-from workers.methods.aug_pe.runner import DESCRIPTION as AUG_PE_DESCRIPTION
 from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.registry import LLM_METHODS
 from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 
 ADJACENCY = "one row of the uploaded file added or removed"
@@ -94,8 +94,8 @@ def llm_costs_of(job: Job) -> dict[str, Any]:
 
 
 def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
-    if jobs.method_of(job.spec) == AUG_PE:
-        return _aug_pe_manifest(job, settings, documents)
+    if jobs.method_of(job.spec) in LLM_METHODS:
+        return _llm_method_manifest(job, settings, documents)
     spec = job.spec
     engine = job.manifest or {}
     config = _config(spec)
@@ -125,16 +125,21 @@ def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
     }
 
 
-def _aug_pe_manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
-    """An Aug-PE release: the run's own public manifest (parameters, models, noise,
-    released sizes) with the service's privacy block and LLM costs."""
+def _llm_method_manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
+    """A release of an LLM method (Aug-PE, PATE-tutor, DP-EDA): the run's own public
+    manifest (parameters, models, noise, released sizes, and what else the method
+    records, e.g. DP-EDA's decoder) with the service's privacy block and LLM costs."""
     spec = job.spec
+    method = LLM_METHODS[jobs.method_of(spec)]
     engine = job.manifest or {}
     llm = spec.get("llm", "local")
     endpoint = settings.llm_endpoints.get(llm)
+    shown = {"description", "parameters", "labels", "noise", "released_per_class", "models"}
+    own = {k: v for k, v in engine.items() if k not in shown and k != "privacy"}
     return {
-        "method": engine.get("description", AUG_PE_DESCRIPTION),
-        "method_id": AUG_PE,
+        **own,
+        "method": engine.get("description", method.description),
+        "method_id": method.id,
         "job_id": str(job.id),
         "parameters": engine.get("parameters", {}),
         "labels": engine.get("labels", []),

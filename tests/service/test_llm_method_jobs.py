@@ -1,0 +1,321 @@
+"""PATE-tutor and DP-EDA as service jobs, end to end like Aug-PE's and DP-KPS's: submitted
+over HTTP (validated per method, errors naming the field), planned and reserved, run by
+the worker's first stage (real engine, real embedding model), committed, released with
+a manifest, downloaded by a client organisation; LLM costs on the job and the manifest.
+
+PATE-tutor runs on the packaged local LLM (SmolLM2 served by llama.cpp); DP-EDA on a real
+OpenAI-compatible HTTP server scripted by ``tests/fake_llm.py`` (its LLM decoder asks for
+dozens of completions) with a vocabulary uploaded through the API, so the job resolves
+and pins the vocabulary like a DP-KPS job. A crashed DP-EDA job resumes from its
+checkpoints without drawing noise or spending again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app.config import LLMEndpointSettings, Settings
+from app.db import Database
+from app.jobs import recovery, stages
+from app.jobs import repository as jobs_repo
+from app.jobs.stages import WorkerContext
+from app.models import JobCheckpoint
+from tests.fake_llm import FakeLLM
+from tests.service import factories
+
+LABELS = list(factories.LABELS)
+PATE: dict[str, Any] = {
+    "method": "pate-tutor",
+    "llm": "local",
+    "document_type": "clinical note",
+    "epsilon": 4.0,
+    "delta": 1e-5,
+    "teachers": 2,
+    "queries": 4,
+    "negatives": 4,
+    "candidates": 6,
+    "num_released": 4,
+    "max_tokens": 24,
+}
+EDA: dict[str, Any] = {
+    "method": "dp-eda",
+    "llm": "vllm",
+    "document_type": "clinical note",
+    "epsilon": 8.0,
+    "delta": 1e-5,
+    "iterations": 2,
+    "domain": 2,
+    "parents": 2,
+    "initial_population": 4,
+    "offspring": 4,
+    "top_r": 2,
+    "nearest_phrases": 2,
+    "candidates": 1,
+    "rounds": 1,
+    "perplexity_percentile": 100.0,
+    "max_tokens": 24,
+}
+PHRASES = b"chest pain\nheart failure\natrial fibrillation\nfracture\nknee\nfall\nfemur\njoint"
+
+
+def clinical(body: dict[str, Any]) -> str:
+    """A completion on the topic of the label the prompt names (public), numbered."""
+    user = str(body["messages"][-1]["content"])
+    clinical.calls += 1  # type: ignore[attr-defined]
+    n = clinical.calls  # type: ignore[attr-defined]
+    if '"cardio"' in user or "cardio" in user:
+        return f"Patient {n} reports chest pain and palpitations; heart rhythm checked."
+    return f"Patient {n} has knee pain after a fall; the x-ray shows a small fracture."
+
+
+clinical.calls = 0  # type: ignore[attr-defined]
+
+
+class Crash(BaseException):
+    """The worker process dies here (nothing of the stage catches it)."""
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeLLM]:
+    with FakeLLM(content_fn=clinical) as fake:
+        yield fake
+
+
+@pytest.fixture
+def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) -> WorkerContext:
+    """A worker on the test database: ``local`` is the packaged model, ``vllm`` the fake."""
+    endpoints = {"vllm": LLMEndpointSettings(base_url=fake_llm.base_url, model=fake_llm.model)}
+    worker_settings = settings.model_copy(
+        update={
+            "cache_dir": tmp_path,
+            "progress_interval": 0.0,
+            "llm_endpoints": endpoints,
+            "llm_max_retries": 1,
+            "llm_backoff_base": 0.01,
+            "llm_backoff_max": 0.05,
+        }
+    )
+    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+
+
+def _dataset(client: TestClient, world: factories.World) -> str:
+    return factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+
+
+def _vocabulary(client: TestClient, world: factories.World) -> str:
+    response = client.post(
+        "/v1/vocabularies",
+        headers=world.owner.headers,
+        data={"name": "clinical-tiny"},
+        files={"file": ("p.txt", PHRASES)},
+    )
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def _submit(client: TestClient, world: factories.World, dataset_id: str, spec: Any) -> str:
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def _job(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
+    response = client.get(f"/v1/jobs/{job_id}", headers=world.owner.headers)
+    assert response.status_code == 200
+    return dict(response.json())
+
+
+def _ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
+    response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
+    assert response.status_code == 200
+    return [entry["kind"] for entry in response.json()["entries"]]
+
+
+def _release(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
+    response = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)]},
+    )
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def _download(client: TestClient, world: factories.World, release_id: str) -> list[Any]:
+    response = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
+    assert response.status_code == 200
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def _checkpoints(db: Database, job_id: str) -> dict[str, bytes]:
+    with db.session() as session:
+        rows = session.scalars(
+            select(JobCheckpoint).where(JobCheckpoint.job_id == uuid.UUID(job_id))
+        ).all()
+        return {row.key: bytes(row.data) for row in rows}
+
+
+def _events_match(manifest: dict[str, Any]) -> list[str]:
+    charged, released = (
+        sorted(json.dumps(e, sort_keys=True) for e in manifest["privacy"][name])
+        for name in ("events_charged", "events_released")
+    )
+    assert released == charged
+    return charged
+
+
+@pytest.mark.slow
+@pytest.mark.llm
+def test_a_pate_tutor_job_runs_on_the_local_llm_is_released_and_downloaded(
+    client: TestClient, world: factories.World, worker: WorkerContext
+) -> None:
+    dataset_id = _dataset(client, world)
+    job_id = _submit(client, world, dataset_id, PATE)
+    queued = _job(client, world, job_id)
+    assert queued["method"] == "pate-tutor" and queued["epsilon"]["budget_state"] == "reserved"
+    assert 0 < queued["epsilon"]["requested"] <= 4.0 + 1e-9
+    assert set(queued["epsilon"]["by_mechanism"]) == {"pate-teacher-votes", "pate-tutor-counts"}
+
+    assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
+
+    job = _job(client, world, job_id)
+    assert job["state"] == "succeeded" and job["epsilon"]["budget_state"] == "committed"
+    assert 0 < job["counts"]["sequences"] == job["counts"]["texts_done"] <= 4
+    assert job["llm_costs"]["calls"] >= 4 + 4 + 6  # the three public pools, retries aside
+    assert job["llm_costs"]["completion_tokens"] > 0 and job["llm_costs"]["wall_seconds"] > 0
+    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+
+    release = _release(client, world, job_id)
+    manifest = release["manifest"]
+    assert manifest["method_id"] == "pate-tutor" and manifest["method"].startswith("PATE")
+    assert manifest["parameters"]["queries"] == 4 and manifest["parameters"]["teachers"] == 2
+    assert manifest["models"]["llm"]["endpoint"] == "local"
+    assert manifest["llm_costs"] == {"method": "pate-tutor", **job["llm_costs"]}
+    assert len(_events_match(manifest)) == 2  # Q votes (one event, count Q) + the tutor
+    records = _download(client, world, release["id"])
+    assert len(records) == release["documents"] == job["counts"]["sequences"]
+    assert all(r["label"] in LABELS and r["text"].strip() for r in records)
+    private = [text for text, _ in factories.ROWS]
+    assert not any(text in json.dumps(manifest) for text in private)
+
+
+def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
+    app: FastAPI,
+    client: TestClient,
+    world: factories.World,
+    worker: WorkerContext,
+    fake_llm: FakeLLM,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dataset_id = _dataset(client, world)
+    vocabulary = _vocabulary(client, world)
+    spec = {**EDA, "vocabulary": vocabulary}
+    job_id = _submit(client, world, dataset_id, spec)
+    queued = _job(client, world, job_id)
+    assert queued["method"] == "dp-eda" and queued["epsilon"]["budget_state"] == "reserved"
+    assert queued["spec"]["vocabulary_ref"]["name"] == "clinical-tiny"
+    assert set(queued["epsilon"]["by_mechanism"]) == {"dp-eda-limited-domain"}
+    assert 0 < queued["epsilon"]["requested"] <= 8.0 + 1e-9
+
+    # the worker dies right after the first iteration's decoded texts are saved
+    from workers.methods.dp_eda import runner as eda_runner
+
+    decode = eda_runner._Run.decoded
+    state = {"calls": 0}
+
+    def dying(self: Any, c: int, t: int, label: str, targets: Any) -> Any:
+        texts = decode(self, c, t, label, targets)
+        state["calls"] += 1
+        if state["calls"] == 1:
+            raise Crash
+        return texts
+
+    monkeypatch.setattr(eda_runner._Run, "decoded", dying)
+    job_uuid = uuid.UUID(job_id)
+    with pytest.raises(Crash):
+        stages.run_sequences(worker, job_uuid)
+    db: Database = app.state.database
+    saved = _checkpoints(db, job_id)
+    assert "dp-eda-initial" in saved and any(k.startswith("dp-eda-selection") for k in saved)
+    calls_before = len(fake_llm.chat_requests)
+    with db.transaction() as session:  # the lease ran out: recovery hands the job on
+        job_row = jobs_repo.get(session, job_uuid, for_update=True)
+        assert job_row is not None
+        recovery.release(job_row)
+    assert stages.run_sequences(worker, job_uuid) == "succeeded"
+
+    after = _checkpoints(db, job_id)
+    for key, value in saved.items():
+        if key.startswith(("dp-eda-selection", "dp-eda-decode", "dp-eda-initial")):
+            assert after[key] == value  # loaded, not drawn or asked again
+    job = _job(client, world, job_id)
+    assert job["state"] == "succeeded" and job["epsilon"]["budget_state"] == "committed"
+    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    assert job["llm_costs"]["calls"] == len(fake_llm.chat_requests) > calls_before
+    assert not any(text in p for text, _ in factories.ROWS for p in fake_llm.prompts())
+
+    release = _release(client, world, job_id)
+    manifest = release["manifest"]
+    assert manifest["method_id"] == "dp-eda" and manifest["method"].startswith("DP-EDA")
+    assert manifest["decoder"]["name"] == "llm_reconstruction"  # the manifest names it
+    assert manifest["llm_costs"]["method"] == "dp-eda"
+    assert len(_events_match(manifest)) == 2 * len(LABELS)  # T iterations × classes
+    records = _download(client, world, release["id"])
+    assert 0 < len(records) == release["documents"] <= 2 * len(LABELS)
+    assert all(r["label"] in LABELS and r["text"].startswith("Patient") for r in records)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({**PATE, "num_released": 7}, "num_released"),  # more than the 6 candidates
+        ({**PATE, "teachers": 1}, "teachers"),
+        ({**PATE, "llm": "none"}, "llm"),
+        ({**PATE, "iterations": 2}, "iterations"),  # an option of another method
+        ({**EDA, "parents": 3}, "parents"),  # more than the domain K = 2
+        ({**EDA, "vocabulary": "no-such-vocabulary"}, "vocabulary"),
+        ({**EDA, "decoder": "trained"}, "decoder"),
+        ({**EDA, "initial_population": 100_000, "max_llm_calls": 10}, "max_llm_calls"),
+    ],
+)
+def test_a_bad_field_of_a_method_is_a_422_naming_it_and_stores_nothing(
+    client: TestClient, world: factories.World, spec: dict[str, Any], field: str
+) -> None:
+    dataset_id = _dataset(client, world)
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec
+    )
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert field in json.dumps(response.json())
+    listed = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers)
+    assert listed.status_code == 200 and listed.json() == []
+    assert _ledger_kinds(client, world, dataset_id) == []
+
+
+@pytest.mark.parametrize("spec", [PATE, EDA])
+def test_a_dry_run_of_each_method_plans_without_storing_anything(
+    client: TestClient, world: factories.World, spec: dict[str, Any]
+) -> None:
+    dataset_id = _dataset(client, world)
+    body = {**spec, "decoder": "retrieval"} if spec is EDA else spec
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs?dry_run=true", headers=world.owner.headers, json=body
+    )
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert plan["dry_run"] is True and plan["delta"] == spec["delta"]
+    assert 0 < plan["epsilon"] <= spec["epsilon"] + 1e-9
+    assert plan["events"] and plan["method"]
+    assert _ledger_kinds(client, world, dataset_id) == []
