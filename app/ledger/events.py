@@ -2,8 +2,8 @@
 
 Every ledger entry lists the noisy releases it stands for as the shared accountant's
 :class:`~workers.privacy.events.PrivacyEvent` (mechanism, noise and its scale,
-sensitivity and its norm, dimension, partition, count, and the ε of a pure release, as
-an exact decimal string):
+sensitivity and its norm, dimension, partition, count, the ε of a pure release and the
+δ a release spends outright, if any, as exact decimal strings):
 
 * a reservation lists the **planned** releases (:func:`workers.methods.dpkps.plan.plan`, from
   the job's configuration and public facts, before anything private is read); the
@@ -46,7 +46,8 @@ def _groups(events: Sequence[PrivacyEvent]) -> dict[tuple[str, str], list[Privac
 def reconcile(planned: Sequence[PrivacyEvent], realised: Sequence[PrivacyEvent]) -> list[str]:
     """How a job's realised releases differ from those it was charged for (empty: the
     same releases, at the same noise per unit of sensitivity and ε, as
-    :func:`workers.methods.dpkps.plan.matches` compares them).
+    :func:`workers.methods.dpkps.plan.matches` compares them, and spending the same δ
+    outright).
 
     >>> kde = dict(mechanism="kde", noise="laplace", scale=2.0, sensitivity=1.0, norm="l1",
     ...            dimension=8, epsilon="0.5")
@@ -69,4 +70,6 @@ def reconcile(planned: Sequence[PrivacyEvent], realised: Sequence[PrivacyEvent])
             )
         elif not matches(left, right):
             problems.append(f"{mechanism} ({partition}): the noise or ε differs from the plan")
+        elif sum(e.total_delta for e in left) != sum(e.total_delta for e in right):
+            problems.append(f"{mechanism} ({partition}): the δ spent differs from the plan")
     return problems

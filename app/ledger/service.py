@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -113,8 +114,10 @@ def events_of(entry: LedgerEntry | LedgerReport) -> list[PrivacyEvent]:
 @dataclass(frozen=True)
 class Composed:
     """What a set of releases costs at one δ: ε (exact, rounded up to the stored unit;
-    infinite when no finite ε holds, as for Gaussian releases at δ = 0), the δ it is
-    stated at (0 when every release is pure ε-DP), and the accountant that said so."""
+    infinite when no finite ε holds, as for Gaussian releases at δ = 0 or releases that
+    spend more δ outright than the δ asked), the δ it is stated at (0 when every release
+    is pure ε-DP; the δ a release spends outright is part of it), and the accountant that
+    said so."""
 
     epsilon: Decimal
     delta: Decimal
@@ -270,7 +273,12 @@ def _refuse_job(
     left = max(figures.remaining, Decimal(0))
     at = f"δ = {amounts.shown(cap.delta):g}"
     if asked.epsilon.is_infinite():
-        why = f"the job's Gaussian releases have no finite ε at the dataset's {at}"
+        outright = compose(events).spends_delta
+        why = f"the job's releases have no finite ε at the dataset's {at}" + (
+            f" (they spend δ = {float(outright):g} outright)"
+            if outright > Fraction(cap.delta)
+            else " (Gaussian releases need δ > 0)"
+        )
     else:
         why = (
             f"the job asks for {asked.text()} ({asked.accountant}) but the dataset has "

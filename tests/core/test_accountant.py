@@ -12,6 +12,7 @@ import json
 import math
 import time
 from decimal import Decimal
+from fractions import Fraction
 
 import dp_accounting
 import pytest
@@ -46,6 +47,7 @@ def laplace(
     partition: str | None = None,
     count: int = 1,
     mechanism: str = "vocabulary-histogram",
+    delta: str | None = None,
 ) -> PrivacyEvent:
     eps = float(epsilon)
     return PrivacyEvent(
@@ -58,6 +60,7 @@ def laplace(
         partition=partition,
         count=count,
         epsilon=exact_decimal(epsilon),
+        delta=None if delta is None else Decimal(delta),
     )
 
 
@@ -68,6 +71,7 @@ def gaussian(
     count: int = 1,
     partition: str | None = None,
     mechanism: str = "pe-histogram",
+    delta: str | None = None,
 ) -> PrivacyEvent:
     return PrivacyEvent(
         mechanism=mechanism,
@@ -78,6 +82,7 @@ def gaussian(
         dimension=100,
         partition=partition,
         count=count,
+        delta=None if delta is None else Decimal(delta),
     )
 
 
@@ -120,6 +125,12 @@ def test_event_round_trips_through_json_exactly() -> None:
         ({"count": True}, "count"),
         ({"partition": ""}, "partition"),
         ({"mechanism": " "}, "mechanism"),
+        ({"delta": 0}, "delta"),  # no δ is None, not 0
+        ({"delta": Decimal(1)}, "delta"),
+        ({"delta": "-1e-7"}, "delta"),
+        ({"delta": "a lot"}, "delta"),
+        ({"delta": math.nan}, "delta"),
+        ({"delta": True}, "delta"),
     ],
 )
 def test_bad_events_are_refused_naming_the_field(change: dict[str, object], field: str) -> None:
@@ -179,6 +190,33 @@ def test_discrete_gaussian_sensitivity_shape() -> None:
         norm="l2",
         dimension=5,
     )
+
+
+def test_delta_spent_outright_round_trips_and_old_events_read_back() -> None:
+    event = PrivacyEvent(
+        mechanism="dp-eda-limited-domain",
+        name="limited-domain[t=1]",
+        noise="gumbel_top_k",
+        scale=8.0,
+        sensitivity=2.0,
+        norm="linf",
+        dimension=301,
+        partition="a",
+        count=3,
+        epsilon=Decimal("0.25"),
+        delta=7.5e-08,  # type: ignore[arg-type]  # a float reads as the decimal it prints
+    )
+    data = json.loads(json.dumps(event.to_dict()))
+    assert data["delta"] == "7.5E-8"
+    assert PrivacyEvent.from_dict(data) == event
+    assert event.total_delta == Decimal("2.25e-7")
+    assert not event.is_pure
+    # an event without δ is written as before, and a stored row without the key reads back
+    old = laplace("0.5").to_dict()
+    assert "delta" not in old
+    restored = PrivacyEvent.from_dict(old)
+    assert restored.delta is None and restored.total_delta == 0 and restored.is_pure
+    assert PrivacyEvent.from_dict({**old, "delta": None}) == restored
 
 
 def test_from_dict_refuses_unknown_and_missing_fields() -> None:
@@ -245,6 +283,72 @@ def test_pure_delta_below_the_sum_is_positive_and_shrinks() -> None:
     c = compose([laplace("1")] * 4)
     assert c.delta(4) == 0.0
     assert 0 < c.delta(3.5) < c.delta(3) < 1
+
+
+# ---------------------------------------------------------------- δ spent outright
+
+
+def test_delta_spent_outright_is_taken_off_the_target_sequentially() -> None:
+    c = compose([laplace("0.5", delta="1e-7")] * 2 + [laplace("0.5", delta="2e-7")])
+    assert c.name == EXACT_SUM and not c.is_pure
+    assert c.spends_delta == Fraction(4, 10**7)
+    assert c.epsilon("1e-6") == Decimal("1.5")  # the pure sum, with δ = 4e-7 spent
+    assert c.epsilon(Decimal("4e-7")) == Decimal("1.5")  # exactly enough: the pure part
+    assert c.epsilon("3.9999999e-7").is_infinite()  # not enough δ: no finite ε
+    assert c.epsilon(0).is_infinite()
+    assert c.to_dict(delta="1e-7")["epsilon"] is None
+    assert c.delta("1.5") == pytest.approx(4e-7, rel=1e-12)
+    assert c.delta("1.5") >= 4e-7
+    assert c.delta("1.4") > 4e-7  # below the pure sum the rest spends δ too
+    # with a Gaussian: ε at δ is the rest's ε at δ − Σδ_i, to the last digit (powers of
+    # two keep the difference exact in floats)
+    target, spent = 2.0**-20, 4 * 2.0**-24
+    gauss = gaussian(5.0, count=10)
+    mixed = compose([gauss, laplace("0.5", delta=str(Decimal(2.0**-24)), count=4)])
+    rest = compose([gauss, laplace("0.5", count=4)])
+    assert mixed.name == PLD_NAME
+    assert mixed.epsilon(target) == rest.epsilon(target - spent)
+    assert mixed.epsilon(target) > rest.epsilon(target)
+    assert mixed.epsilon(spent).is_infinite()  # δ all spent: the Gaussian gets none
+    assert mixed.delta(3) == pytest.approx(rest.delta(3) + spent, rel=1e-9)
+
+
+def test_delta_spent_outright_in_parallel_is_the_chosen_partitions() -> None:
+    # class a spends more ε, class b more δ: the figure pairs them per class
+    events = [
+        laplace("0.5", partition="a", count=2, mechanism="ld", delta="1e-7"),
+        laplace("0.5", partition="b", mechanism="ld", delta="3e-7"),
+    ]
+    c = compose(events)
+    assert c.spends_delta == Fraction(3, 10**7)  # the worst class's, not the sum 5e-7
+    assert c.epsilon("3e-7") == Decimal(1)
+    assert c.epsilon("2.5e-7").is_infinite()  # class b's releases need 3e-7
+    with_whole = compose([*events, laplace("1", delta="1e-7")])
+    assert with_whole.spends_delta == Fraction(4, 10**7)
+    assert with_whole.epsilon("4e-7") == Decimal(2)
+    assert with_whole.epsilon("3.5e-7").is_infinite()
+    # Gaussian classes: each choice composes at the δ its own releases leave
+    delta, spent = 2.0**-20, 2.0**-20 - 2.0**-30
+    uneven = compose(
+        [
+            gaussian(5.0, partition="a", delta=str(Decimal(spent))),
+            gaussian(5.0, count=2, partition="a"),
+            gaussian(5.0, count=4, partition="b"),
+        ]
+    )
+    a = compose([gaussian(5.0, count=3)]).epsilon(delta - spent)
+    b = compose([gaussian(5.0, count=4)]).epsilon(delta)
+    assert a > b  # class a is the worse at this δ, though it makes fewer releases
+    assert uneven.epsilon(delta) == a
+    # a class whose releases are fewer but spend δ is not dropped as "contained"
+    contained = compose(
+        [
+            laplace("0.5", partition="a", mechanism="ld", delta="2e-7"),
+            laplace("0.5", partition="b", count=2, mechanism="ld"),
+        ]
+    )
+    assert contained.epsilon("1e-7").is_infinite()
+    assert contained.epsilon("2e-7") == Decimal(1)
 
 
 # ---------------------------------------------------------------- PLD for Gaussians

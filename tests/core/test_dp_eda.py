@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -15,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.fake_llm import FakeLLM
+from workers.errors import ConfigError
 from workers.methods.checkpoints import MemoryCheckpoints
 from workers.methods.dp_eda import DPEDAParams, DPEDAResult, plan_dp_eda, run_dp_eda
 from workers.methods.dp_eda import limited_domain as ld
@@ -110,17 +114,36 @@ def test_composed_epsilon_delta_over_t_iterations_through_the_accountant() -> No
     # pure Gumbel peels: basic composition of T·k = 12 peels is what the accountant gives
     assert eps_s == pytest.approx(2.0 / 12, rel=1e-6)
     assert plan.calibration.scale == pytest.approx(1 / eps_s)
-    spent = float(compose(plan.events).epsilon(plan.accountant_delta))
-    assert 0.999 * p.epsilon < spent <= p.epsilon
-    # δ: half to the T domain restrictions (δ_LD each), half where the accountant composes
+    # every call spends δ_LD outright: half of δ over the T restrictions of a class
     assert plan.calibration.delta == pytest.approx(0.5e-6 / 4)
-    assert plan.total_delta == pytest.approx(p.delta)
+    assert {e.delta for e in plan.events} == {Decimal(repr(plan.calibration.delta))}
+    composition = compose(plan.events)
+    assert composition.spends_delta == 4 * Fraction(plan.events[0].delta or 0)  # T·δ_LD
+    assert plan.domain_delta == pytest.approx(0.5e-6) and plan.delta == p.delta
+    # the events compose at the job's δ (the ledger's) to at most the job's ε
+    spent = float(composition.epsilon(p.delta))
+    assert 0.999 * p.epsilon < spent <= p.epsilon
     # 1 % less noise overshoots
     louder = Calibration(epsilon=eps_s * 1.01, delta=plan.calibration.delta,
                          adjacency="add_remove", domain=10, parents=3)  # fmt: skip
     events = [selection_event(louder, t, c) for t in range(1, 5) for c in "ab"]
-    assert float(compose(events).epsilon(plan.accountant_delta)) > p.epsilon
+    assert float(compose(events).epsilon(p.delta)) > p.epsilon
     assert plan_dp_eda(p, ["a", "b"]) == list(plan.events)
+
+
+def test_the_domain_restrictions_delta_counts_against_the_jobs_delta() -> None:
+    """At a δ below T·δ_LD no finite ε holds for the plan, where the same releases
+    without their δ would pass as pure: ignoring δ_LD would let a dataset whose δ cap
+    is smaller than what LimitedDomain spends take the job."""
+    p = params(epsilon=2.0, delta=1e-6, iterations=4, domain=10, parents=3,
+               initial_population=20, offspring=20)  # fmt: skip
+    plan = noise_plan(p, ["a", "b"])
+    tight = Decimal("4e-7")  # below T·δ_LD = 5e-7
+    assert compose(plan.events).epsilon(tight).is_infinite()
+    without = [replace(e, delta=None) for e in plan.events]
+    assert compose(without).epsilon(tight) <= Decimal(p.epsilon)
+    # at the job's δ the pure part is the exact sum either way: within ε
+    assert compose(plan.events).epsilon(p.delta) <= Decimal(p.epsilon)
 
 
 @pytest.mark.parametrize(
@@ -245,7 +268,8 @@ def run(llm: FakeLLM, embedder: SentenceEmbedder, store: Any, **overrides: Any) 
 def test_end_to_end_records_the_planned_events_and_keeps_private_text_out(
     llm: FakeLLM, embedder: SentenceEmbedder
 ) -> None:
-    result = run(llm, embedder, MemoryCheckpoints())
+    store = MemoryCheckpoints()
+    result = run(llm, embedder, store)
     p = params(**TINY)
     assert result.events == plan_dp_eda(p, LABEL_SET)
     assert result.records and {label for label, _ in result.records} <= set(LABEL_SET)
@@ -260,8 +284,37 @@ def test_end_to_end_records_the_planned_events_and_keeps_private_text_out(
     assert manifest["method"] == "dp-eda" and manifest["decoder"]["name"] == "llm_reconstruction"
     assert "character-bigram" in manifest["filter"]["name"]
     assert float(manifest["privacy"]["epsilon"]) <= p.epsilon
-    assert manifest["privacy"]["total_delta"] == pytest.approx(p.delta)
+    assert manifest["privacy"]["delta"] == p.delta  # δ_LD included
+    assert manifest["privacy"]["domain_delta"] == pytest.approx(p.delta * p.ld_delta_share)
     assert result.llm_costs.calls == len(llm.chat_requests) > 0
+    # the run's requests, counted from what it selected: N_pb per class, then per
+    # selected parent c candidates in each of r rounds; the public bound holds them
+    selected = [
+        len(json.loads(store.items[f"dp-eda-select-{c}-{t}"])["selected"])
+        for c in range(len(LABEL_SET))
+        for t in range(1, p.iterations + 1)
+        if f"dp-eda-select-{c}-{t}" in store.items
+    ]
+    made = len(LABEL_SET) * p.initial_population + sum(selected) * p.candidates * p.rounds
+    assert len(llm.chat_requests) == made <= p.planned_calls(len(LABEL_SET))
+    if sum(selected) == len(LABEL_SET) * p.iterations * p.parents:  # nothing stopped early
+        assert made == p.planned_calls(len(LABEL_SET))
+    assert len(result.records) <= p.max_released(len(LABEL_SET))
+
+
+def test_planned_calls_and_max_released_bound_a_run() -> None:
+    p = params()  # the paper's sizes: N_pb = 1000, T = 7, k = 30; c = 4, r = 2
+    assert p.planned_calls(3) == 3 * (1000 + 7 * 30 * 4 * 2)
+    assert params(population_source="vocabulary").planned_calls(3) == 3 * 7 * 30 * 4 * 2
+    assert params(decoder="retrieval").planned_calls(3) == 3 * 1000
+    assert params(decoder="retrieval", population_source="vocabulary").planned_calls(2) == 0
+    assert p.max_released(3) == 90
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ConfigError) as refused:
+            p.planned_calls(bad)  # type: ignore[arg-type]
+        assert refused.value.field == "labels"
+        with pytest.raises(ConfigError):
+            p.max_released(bad)  # type: ignore[arg-type]
 
 
 def test_retrieval_decoder_releases_public_pool_texts(
@@ -272,6 +325,7 @@ def test_retrieval_decoder_releases_public_pool_texts(
     assert result.manifest["decoder"]["name"] == "retrieval"
     assert all(text in VOCABULARY.phrases for _, text in result.records)
     assert not llm.chat_requests  # vocabulary population + retrieval: no LLM at all
+    assert params(**TINY, decoder="retrieval", population_source="vocabulary").planned_calls(2) == 0
 
 
 class Crash(Exception):

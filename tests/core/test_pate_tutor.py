@@ -2,9 +2,10 @@
 composed σ, the vote aggregation on neighbouring corpora, the tutor's noisy counts, and
 an end-to-end run against a real OpenAI-compatible server (tests/fake_llm.py).
 
-The stochastic check follows tests/core/test_privacy_noise.py: ``estimate_epsilon_at_delta``
+The stochastic checks follow tests/core/test_privacy_noise.py: ``estimate_epsilon_at_delta``
 at δ = 1e-2 on 40,000 releases per corpus, projected on the direction the added record
-moves the vote; half the noise is run as a control.
+moves the vote (or on the count it moves, for the tutor); half the noise is run as a
+control.
 """
 
 from __future__ import annotations
@@ -22,10 +23,17 @@ from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError
 from workers.methods.checkpoints import MemoryCheckpoints
 from workers.methods.pate_tutor import PateTutorParams, plan_pate_tutor, run_pate_tutor
-from workers.methods.pate_tutor.accounting import TUTOR, VOTES, noise_plan, vote_release
+from workers.methods.pate_tutor.accounting import (
+    TUTOR,
+    VOTES,
+    noise_plan,
+    tutor_release,
+    vote_release,
+)
 from workers.methods.pate_tutor.mechanism import (
     assign_teachers,
     new_key,
+    noisy_counts,
     noisy_votes,
     private_probability,
     pseudo_labels,
@@ -40,6 +48,7 @@ from workers.text.embeddings import SentenceEmbedder
 
 RELEASES = 40_000
 AUDIT_EPSILON, AUDIT_DELTA = 1.0, 1e-2
+TUTOR_AUDIT_EPSILON = 0.5  # σ ≈ 4: the rounding's lattice stays fine against it
 
 
 def params(**overrides: object) -> PateTutorParams:
@@ -132,10 +141,23 @@ def test_votes_and_tutor_compose_to_the_total() -> None:
     plan = noise_plan(p, labels)
     assert [e.mechanism for e in plan.events] == [TUTOR, VOTES]
     tutor = plan.tutor_event()
-    assert tutor is not None and tutor.noise == "discrete_gaussian"
-    assert (tutor.dimension, tutor.sensitivity) == (3, 1.0)
+    assert tutor is not None and tutor.noise == "gaussian" and tutor.norm == "l2"
+    assert tutor.dimension == 3 and tutor.partition is None and tutor.count == 1
+    assert 1.0 <= tutor.sensitivity < 1.0 + 1e-9  # Δ₂ = 1 plus OpenDP's lattice
     spent = float(compose(plan.events).epsilon(p.delta))
     assert 0.999 * p.epsilon < spent <= p.epsilon
+    # all Gaussian: one Gaussian of μ² = (Δ_t/σ_t)² + Q·(Δ/σ)², whose σ for Δ₂ = 1 is
+    # the analytic one (Balle & Wang 2018) at the total (ε, δ)
+    mu = math.hypot(
+        tutor.sensitivity / tutor.scale,
+        math.sqrt(p.queries) * plan.vote_event().sensitivity / plan.vote_sigma,
+    )
+    assert 1 / mu == pytest.approx(
+        analytic_gaussian_sigma(epsilon=p.epsilon, delta=p.delta), rel=1e-5
+    )
+    # 1 % less tutor noise overshoots the total
+    thinner = [tutor_release(tutor.scale * 0.99, 3), plan.vote_event()]
+    assert float(compose(thinner).epsilon(p.delta)) > p.epsilon
     # the tutor gets its share of μ²: (Δ_t/σ_t)² : Q(Δ/σ)² = s : 1 − s
     assert plan.tutor_sigma is not None
     ratio = (1 / plan.tutor_sigma) ** 2 / (
@@ -225,13 +247,41 @@ def test_vote_aggregation_on_neighbouring_corpora_within_epsilon_delta() -> None
 # ---------------------------------------------------------------- tutor
 
 
-def test_tutor_noise_is_on_integer_counts_with_standard_deviation_sigma() -> None:
+def test_tutor_noise_is_rounded_gaussian_with_standard_deviation_sigma() -> None:
     classes = np.array([0] * 30 + [1] * 5 + [2] * 0, dtype=np.int64)
     draws = np.array([tutor_counts(classes, num_classes=3, sigma=4.0) for _ in range(3000)])
     assert draws.dtype == np.int64 and draws.shape == (3000, 3)
     assert draws.mean(axis=0) == pytest.approx([30, 5, 0], abs=0.4)
-    assert draws.std(axis=0) == pytest.approx([4.0] * 3, rel=0.07)
+    # N(0, σ²) rounded: variance σ² + 1/12
+    assert draws.std(axis=0) == pytest.approx([math.sqrt(16 + 1 / 12)] * 3, rel=0.07)
     assert (draws[:, 2] < 0).any()  # an empty class is noised too: counts can go negative
+
+
+def _tutor_draws(classes: np.ndarray, sigma: float) -> np.ndarray:
+    """Count 0 of RELEASES releases of the tutor's counts (one OpenDP call)."""
+    clean = np.bincount(classes, minlength=3)
+    return noisy_counts(np.tile(clean, (RELEASES, 1)), sigma=sigma)[:, 0]
+
+
+@pytest.mark.slow
+def test_tutor_counts_on_neighbouring_corpora_within_epsilon_delta() -> None:
+    """One unit more in class 0 moves count 0 by one: the rounded counts' loss at δ is
+    about ε at the σ the accountant certifies, and far above it with half the noise."""
+    base = np.array([0] * 30 + [1] * 5, dtype=np.int64)
+    moved = np.append(base, 0)
+    sigma = analytic_gaussian_sigma(epsilon=TUTOR_AUDIT_EPSILON, delta=AUDIT_DELTA, sensitivity=1.0)
+    event = tutor_release(sigma, 3)
+    assert float(compose([event]).epsilon(AUDIT_DELTA)) == pytest.approx(
+        TUTOR_AUDIT_EPSILON, abs=1e-3
+    )
+    loss = estimate_epsilon_at_delta(
+        _tutor_draws(base, sigma), _tutor_draws(moved, sigma), delta=AUDIT_DELTA
+    )
+    assert 0.7 * TUTOR_AUDIT_EPSILON < loss <= 1.25 * TUTOR_AUDIT_EPSILON
+    control = estimate_epsilon_at_delta(
+        _tutor_draws(base, sigma / 2), _tutor_draws(moved, sigma / 2), delta=AUDIT_DELTA
+    )
+    assert control > 1.6 * TUTOR_AUDIT_EPSILON
 
 
 # ---------------------------------------------------------------- end to end

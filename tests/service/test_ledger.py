@@ -24,6 +24,7 @@ from app.ledger import service as ledger
 from app.models import Dataset, Job, LedgerEntry
 from tests.service import factories
 from tests.service.test_worker import cache_dir, submit, worker  # noqa: F401 (fixtures)
+from workers.methods.dp_eda import DPEDAParams, plan_dp_eda
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 
@@ -415,6 +416,34 @@ def test_gaussian_releases_need_a_delta_and_pure_ones_are_summed_exactly(
     assert "refused" in _reserve(db, pure_only, [_laplace("0.001")])
     figures = _budget(db, pure_only)
     assert (figures.reserved, figures.remaining, figures.accountant) == (1, 0, "exact-sum")
+
+
+def test_a_dp_eda_job_is_charged_its_domain_restrictions_delta(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    """DP-EDA's LimitedDomain calls spend δ_LD outright: the job's planned events fit a
+    cap of the job's own (ε, δ), and are refused by a cap whose δ is below T·δ_LD —
+    which would take them were δ_LD left out (their Gumbel part is pure)."""
+    p = DPEDAParams(document_type="note", epsilon=2.0, delta=5e-7, iterations=4, domain=10,
+                    parents=3, initial_population=20, offspring=20)  # fmt: skip
+    events = plan_dp_eda(p, ["a", "b"])
+    fits = _capped(client, world, 2.0, "5e-7")
+    charged = _reserve(db, fits, events)
+    assert charged["delta"] == 5e-7 and 1.99 < charged["epsilon"] <= 2.0
+    figures = _budget(db, fits)
+    assert figures.accountant == "exact-sum" and 0 <= figures.remaining < Decimal("0.01")
+    assert ledger.composed(events, Decimal("5e-7")).delta == Decimal("5e-7")  # not 0
+    tight = _capped(client, world, 2.0, "2e-7")  # T·δ_LD = 2.5e-7
+    refused = _reserve(db, tight, events)
+    assert "no finite ε at the dataset's δ = 2e-07" in refused["refused"]
+    assert "spend δ = 2.5e-07 outright" in refused["refused"]
+    assert refused["requested"] == {"epsilon": None, "delta": 2e-7}
+    without = [replace(e, delta=None) for e in events]
+    assert ledger.composed(without, Decimal("2e-7")).epsilon <= 2
+    # and a run that recorded its selections without δ_LD does not reconcile
+    assert ledger_events.reconcile(events, without) == [
+        f"dp-eda-limited-domain ({c}): the δ spent differs from the plan" for c in "ab"
+    ]
 
 
 def test_per_class_releases_compose_in_parallel_across_jobs(

@@ -2,11 +2,12 @@
 
 Two regimes, chosen by the events alone:
 
-* **exact-sum** — every event is pure ε-DP (Laplace, discrete Laplace, Gumbel top-k,
-  exponential). ε is the exact sum (:class:`fractions.Fraction` arithmetic on the
+* **exact-sum** — every event has an ε of its own (Laplace, discrete Laplace, Gumbel
+  top-k, exponential). ε is the exact sum (:class:`fractions.Fraction` arithmetic on the
   events' decimal ε: 10,000 spends of 0.0001 make exactly 1), parallel groups charged at
-  their worst partition; δ = 0. The saving advanced composition could give many pure
-  events at δ > 0 is not taken: a pure ledger reads as the sum its owner can check.
+  their worst partition; δ = 0, or the δ the events spend outright (below). The saving
+  advanced composition could give many pure events at δ > 0 is not taken: a pure ledger
+  reads as the sum its owner can check.
 * **pld(dp-accounting x.y)** — at least one Gaussian event. Google's ``dp-accounting``
   privacy loss distributions (PLD), pessimistic estimate, value discretization 1e-4,
   add/remove adjacency. Continuous Gaussian events are merged first into one Gaussian
@@ -24,6 +25,16 @@ Parallel composition (``events.plan_composition``): for each choice of one parti
 parallel group the sequential events and the chosen partitions are composed, and the
 figure is the worst choice. Identical partitions are evaluated once and a partition whose
 events are a sub-multiset of another's is dropped (it cannot be worse).
+
+δ spent outright (an event's ``delta``, ``events.py``): such an event's privacy loss
+distribution is the described one's with mass δ at +∞. Composing, the mass at +∞ of the
+whole is 1 − Π(1 − δ_i) ≤ Σ δ_i and the rest is the composition of the described
+mechanisms, so the whole meets (ε, Σ δ_i + δ_rest(ε)): **ε at a target δ is the ε of the
+events without their δ at δ − Σ δ_i** (and δ at ε is Σ δ_i plus the rest's δ). The sum
+runs over the events of each choice of partitions above, so a parallel group adds its
+worst partition's δ. When the δ's reach the target no finite ε holds below it: with
+Σ δ_i > δ the answer is ``Infinity``; with Σ δ_i = δ exactly it is the pure sum when no
+Gaussian event is composed (a pure part spends no δ), ``Infinity`` otherwise.
 
 Why PLD and not RDP (measured with dp-accounting 0.6.0, T = 10 Gaussian releases, Δ₂ = 1,
 δ = 1/(N ln N), the Aug-PE settings of ``aug-pe.md`` §3):
@@ -65,7 +76,7 @@ import math
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, Decimal
 from fractions import Fraction
 from functools import cached_property, lru_cache
@@ -148,6 +159,31 @@ def _check_delta(delta: float | Decimal | str) -> float:
     return value
 
 
+def _float_down(value: Fraction) -> float:
+    """The largest float ≤ value (a δ left for the rest: never rounded up)."""
+    f = float(value)
+    return f if Fraction(f) <= value else math.nextafter(f, -math.inf)
+
+
+def _exact_delta(delta: float | Decimal | str) -> Fraction:
+    """A checked δ exactly as given: a decimal string or ``Decimal`` (a ledger's cap) is
+    not rounded to a float before the δ spent outright are taken off it."""
+    if isinstance(delta, (Decimal, str)):
+        return Fraction(Decimal(str(delta).strip()))
+    return Fraction(delta)
+
+
+def _remaining_delta(delta: float, exact: Fraction, spent: Fraction) -> float | None:
+    """δ less the δ spent outright, rounded down; None when ``spent`` exceeds it.
+
+    ``delta`` is the target as a float, ``exact`` the same target exactly.
+    """
+    if not spent:
+        return delta
+    rest = exact - spent
+    return None if rest < 0 else _float_down(rest)
+
+
 # ------------------------------------------------------------------ PLD building blocks
 
 
@@ -196,13 +232,16 @@ class _Signature:
     pure: tuple[tuple[Decimal, int], ...] = ()  # (ε of one release, how many), sorted
     mu_squared: float = 0.0  # Σ count·(Δ₂/σ)² of the continuous Gaussian events
     discrete: tuple[tuple[float, int, int], ...] = ()  # (σ, 1-D sensitivity, how many)
+    added_delta: Fraction = Fraction(0)  # Σ count·δ spent outright (module docstring)
 
     @classmethod
     def of(cls, events: Iterable[PrivacyEvent]) -> _Signature:
         pure: Counter[Decimal] = Counter()
         discrete: Counter[tuple[float, int]] = Counter()
         mu_terms: list[float] = []
+        added = Fraction(0)
         for e in events:
+            added += Fraction(e.total_delta)
             if e.epsilon is not None:
                 pure[e.epsilon] += e.count
             elif e.noise == "gaussian":
@@ -215,6 +254,7 @@ class _Signature:
             pure=tuple(sorted(pure.items())),
             mu_squared=math.fsum(mu_terms),
             discrete=tuple(sorted((s, d, n) for (s, d), n in discrete.items())),
+            added_delta=added,
         )
 
     def __add__(self, other: _Signature) -> _Signature:
@@ -226,6 +266,7 @@ class _Signature:
             pure=tuple(sorted(pure.items())),
             mu_squared=self.mu_squared + other.mu_squared,
             discrete=tuple(sorted((s, d, n) for (s, d), n in discrete.items())),
+            added_delta=self.added_delta + other.added_delta,
         )
 
     def within(self, other: _Signature) -> bool:
@@ -237,6 +278,7 @@ class _Signature:
             all(theirs.get(k, 0) >= n for k, n in mine.items())
             and all(d_theirs.get(k, 0) >= n for k, n in d_mine.items())
             and self.mu_squared <= other.mu_squared
+            and self.added_delta <= other.added_delta
         )
 
     @property
@@ -250,6 +292,11 @@ class _Signature:
     @property
     def mu(self) -> float:
         return math.sqrt(self.mu_squared)
+
+    @property
+    def core(self) -> _Signature:
+        """The same events without the δ they spend outright (what the PLDs are of)."""
+        return replace(self, added_delta=Fraction(0)) if self.added_delta else self
 
     def gaussian_epsilon(self, delta: float) -> float:
         """ε at δ of the Gaussian part alone."""
@@ -266,15 +313,20 @@ class _Signature:
         return float(self._discrete_pld().get_delta_for_epsilon(epsilon))
 
     def _discrete_pld(self) -> PLD:
-        pld = _plds(self)[0]
+        pld = _plds(self.core)[0]
         assert pld is not None  # built whenever there are discrete Gaussians
         return pld
 
     @property
     def full_pld(self) -> PLD | None:
-        return _plds(self)[1]
+        return _plds(self.core)[1]
 
-    def epsilon(self, delta: float) -> Decimal:
+    def epsilon(self, target: float, exact: Fraction) -> Decimal:
+        """ε at ``target`` (``exact``: the same δ exactly): the rest's ε at the target
+        less the δ spent outright (module docstring)."""
+        delta = _remaining_delta(target, exact, self.added_delta)
+        if delta is None:  # the δ spent outright exceed the target
+            return INFINITY
         pure = self.pure_sum
         if not self.has_gaussian:
             return _to_decimal(pure)
@@ -293,6 +345,13 @@ class _Signature:
         return min(split, _pld_epsilon(self.full_pld.get_epsilon_for_delta(delta)))
 
     def delta(self, epsilon: Fraction) -> float:
+        """δ at ``epsilon``: the rest's δ plus the δ spent outright (at most 1)."""
+        rest = self._rest_delta(epsilon)
+        if not self.added_delta:
+            return rest
+        return min(1.0, math.nextafter(rest + _float_up(self.added_delta), math.inf))
+
+    def _rest_delta(self, epsilon: Fraction) -> float:
         pure = self.pure_sum
         if not self.has_gaussian:
             if epsilon >= pure:
@@ -377,7 +436,8 @@ class Guarantee(ABC):
     def epsilon(self, delta: float | Decimal | str = 0.0) -> Decimal:
         """The smallest ε (rounded up to 1e-9) the events satisfy at ``delta``.
 
-        ``Decimal("Infinity")`` when no finite ε holds (Gaussian events at δ = 0).
+        ``Decimal("Infinity")`` when no finite ε holds: Gaussian events at δ = 0, or a
+        ``delta`` below what the events spend outright (module docstring).
         """
 
     @abstractmethod
@@ -407,11 +467,19 @@ class Composition(Guarantee):
 
     @property
     def is_pure(self) -> bool:
+        """Whether the events are pure ε-DP together (δ = 0 at their ε)."""
         return all(e.is_pure for e in self.events)
 
     @property
+    def spends_delta(self) -> Fraction:
+        """The δ the events spend outright (``delta`` fields), exactly: the sequential sum
+        plus each parallel group's worst partition, the most any choice of partitions
+        takes off a target δ. Below it no finite ε holds."""
+        return self.plan.added_delta()
+
+    @property
     def name(self) -> str:
-        return EXACT_SUM if self.is_pure else PLD_NAME
+        return EXACT_SUM if all(e.epsilon is not None for e in self.events) else PLD_NAME
 
     @cached_property
     def _choices(self) -> tuple[_Signature, ...]:
@@ -421,7 +489,8 @@ class Composition(Guarantee):
         d = _check_delta(delta)
         if self.is_pure:
             return _to_decimal(self.plan.pure_epsilon())
-        return max(s.epsilon(d) for s in self._choices)
+        exact = _exact_delta(delta)
+        return max(s.epsilon(d, exact) for s in self._choices)
 
     def delta(self, epsilon: float | Decimal | str | int) -> float:
         eps = Fraction(_check_epsilon(epsilon))

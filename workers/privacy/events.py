@@ -5,7 +5,8 @@ A :class:`PrivacyEvent` says what was released and how it was protected: the mec
 its scale, the sensitivity the noise was calibrated for and its norm, the number of
 noised coordinates, the partition of the data it read (a class, or ``None`` for the
 whole dataset), how many identical releases it stands for (``count``, e.g. T
-iterations) and, for pure-ε mechanisms, the ε one release spends. Events carry no data
+iterations), for pure-ε mechanisms the ε one release spends and, for approximate
+mechanisms, the δ one release spends outright (``delta``, below). Events carry no data
 and no private quantity: they are functions of the job's public parameters, so they may
 be shown to anyone who may see the job.
 
@@ -29,6 +30,24 @@ Noise distributions and what the fields mean for each:
 The Gaussian events have no ε of their own: what they cost depends on δ and on what
 they are composed with, which is the accountant's business (``accountant.py``).
 
+``delta`` (optional, any noise; ``None`` means 0): the δ one release spends outright, for
+a mechanism that is the one described by the other fields except on a failure of
+probability at most δ — LimitedDomain's noisy threshold (Durfee & Rogers 2019), which
+restricts a selection to the top K at a cost δ, is one. Exactly: its privacy loss
+distribution is the described one's with mass δ moved to +∞; for a pure event that is
+the same as being (ε, δ)-DP, since every (ε, δ)-DP mechanism is dominated so (Kairouz,
+Oh & Viswanath 2015). Composed, these δ add up (``count`` × δ per event, the worst
+partition's sum for a parallel group) and are taken off the target δ before the rest is
+composed: ε(δ) of the whole is ε(δ − Σ δ_i) of the events without them
+(``accountant.py``).
+
+========================  =============================================================
+``delta``                 meaning
+========================  =============================================================
+``None`` (absent)         δ = 0: the release is exactly the described mechanism
+``0 < δ < 1``             δ of one release, spent outright; decimal string in JSON
+========================  =============================================================
+
 A vector ``discrete_gaussian`` event (dimension > 1) describes integer counts where one
 unit changes each coordinate by at most 1 (class counts, phrase-presence counts), so
 ``sensitivity²`` is the number of coordinates one unit can move and must be an integer;
@@ -42,20 +61,25 @@ class: conservative, and it keeps each mechanism's share readable. Partition nam
 parts of the dataset's one split by its label column; a mechanism may declare
 partitions only if each unit's contribution stays within one of them.
 
-``to_dict``/``from_dict`` give the JSON form stored in the ledger and manifests. ε is
-written as a decimal string, so that a stored spend reads back exactly.
+``to_dict``/``from_dict`` give the JSON form stored in the ledger and manifests. ε and δ
+are written as decimal strings, so that a stored spend reads back exactly; ``delta`` is
+left out when it is absent, so events stored before it existed read back unchanged.
 
 >>> e = PrivacyEvent(mechanism="vocabulary-histogram", noise="discrete_laplace", scale=4.0,
 ...                  sensitivity=4, norm="l1", dimension=1000, epsilon="1")
 >>> e.to_dict()["epsilon"], PrivacyEvent.from_dict(e.to_dict()) == e
 ('1', True)
+>>> ld = PrivacyEvent(mechanism="limited-domain", noise="gumbel_top_k", scale=10.0,
+...                   sensitivity=3, norm="linf", dimension=301, epsilon="0.3", delta="1e-7")
+>>> ld.to_dict()["delta"], ld.total_delta, "delta" in e.to_dict()
+('1E-7', Decimal('1E-7'), False)
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -140,6 +164,7 @@ class PrivacyEvent:
     count: int = 1
     epsilon: Decimal | None = field(default=None)
     name: str | None = None  # the release within its job, for display only
+    delta: Decimal | None = None  # δ of one release, spent outright (module docstring)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mechanism, str) or not self.mechanism.strip():
@@ -181,6 +206,11 @@ class PrivacyEvent:
             )
         if self.noise == "discrete_gaussian":
             self._check_discrete_gaussian()
+        if self.delta is not None:
+            delta = exact_decimal(self.delta, field="delta")
+            if delta >= 1:
+                raise ConfigError(f"must be in (0, 1) (got {delta})", field="delta")
+            object.__setattr__(self, "delta", delta)
 
     def _check_discrete_gaussian(self) -> None:
         if self.dimension == 1:
@@ -197,8 +227,13 @@ class PrivacyEvent:
 
     @property
     def is_pure(self) -> bool:
-        """Whether the event is pure ε-DP (δ = 0)."""
-        return self.noise in PURE_NOISES
+        """Whether the event is pure ε-DP (δ = 0): a pure noise, and no δ spent outright."""
+        return self.noise in PURE_NOISES and self.delta is None
+
+    @property
+    def total_delta(self) -> Decimal:
+        """``count × δ`` spent outright, exactly (0 without a ``delta``)."""
+        return Decimal(0) if self.delta is None else self.count * self.delta
 
     @property
     def total_epsilon(self) -> Decimal:
@@ -208,8 +243,8 @@ class PrivacyEvent:
         return self.count * self.epsilon
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form; ε as a decimal string (exact)."""
-        return {
+        """JSON-safe form; ε and δ as decimal strings (exact), δ only when there is one."""
+        out = {
             "mechanism": self.mechanism,
             "name": self.name,
             "noise": self.noise,
@@ -221,6 +256,9 @@ class PrivacyEvent:
             "count": self.count,
             "epsilon": None if self.epsilon is None else str(self.epsilon),
         }
+        if self.delta is not None:
+            out["delta"] = str(self.delta)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PrivacyEvent:
@@ -270,14 +308,23 @@ class CompositionPlan:
         return (*self.sequential, *inner)
 
     def pure_epsilon(self) -> Fraction:
-        """Exact pure-ε cost: sequential sum, plus each group's worst partition sum.
+        """Exact ε of the events' own ε: sequential sum, plus each group's worst partition sum.
 
-        Only meaningful when every event is pure; Gaussian events are skipped.
+        Only meaningful when every event has an ε (a pure noise); Gaussian events are
+        skipped, and so are the δ the events spend outright.
         """
-        total = sum((Fraction(e.total_epsilon) for e in self.sequential if e.is_pure), Fraction())
+        return self._worst(lambda e: Fraction(e.total_epsilon) if e.epsilon is not None else 0)
+
+    def added_delta(self) -> Fraction:
+        """Exact δ spent outright (``delta`` fields): sequential sum, plus each group's
+        worst partition sum (a bound: the accountant pairs ε and δ per partition)."""
+        return self._worst(lambda e: Fraction(e.total_delta))
+
+    def _worst(self, cost: Callable[[PrivacyEvent], Fraction | int]) -> Fraction:
+        total = sum((Fraction(cost(e)) for e in self.sequential), Fraction())
         for group in self.parallel:
             total += max(
-                sum((Fraction(e.total_epsilon) for e in events if e.is_pure), Fraction())
+                sum((Fraction(cost(e)) for e in events), Fraction())
                 for _, events in group.partitions
             )
         return total

@@ -157,6 +157,7 @@ def release_event(
     name: str | None = None,
     k: int = 1,
     monotonic: bool = False,
+    delta: float | None = None,
 ) -> PrivacyEvent:
     """The event of a release drawn here, with what OpenDP's map certifies.
 
@@ -166,6 +167,10 @@ def release_event(
     is read back from the measurement's privacy map, so it includes OpenDP's rounding.
     For Gumbel noise OpenDP certifies ρ-zCDP; the event records the pure ε = √(8ρ·k) of
     the exponential mechanism it is (ρ = k·(Δr/scale)²/8, ε = k·Δr/scale).
+
+    ``delta`` is the δ the release spends outright beyond the noise drawn here (the
+    event's ``delta``, e.g. LimitedDomain's restriction of a selection to its top K): no
+    OpenDP map certifies it; it comes from the caller's mechanism's own analysis.
     """
     scale = _check_scale(scale)
     if not (math.isfinite(sensitivity) and sensitivity > 0):
@@ -173,6 +178,7 @@ def release_event(
     fields: dict[str, Any] = dict(
         mechanism=mechanism, noise=noise, scale=scale, dimension=dimension,
         partition=partition, count=count, name=name,
+        delta=None if delta is None else exact_decimal(delta, field="delta"),
     )  # fmt: skip
     if noise in _SELECTION:
         meas = _selection(noise, dimension, k, scale, monotonic)

@@ -6,17 +6,19 @@ classes compose in parallel (``partition`` = the class); the T iterations compos
 sequentially. All T·(classes) events are planned from the public parameters before
 any private read; a run that stops early still records (commits) every one of them.
 
-Calibration. δ is split: ``ld_delta_share``·δ pays the T domain restrictions
-(δ_LD = share·δ/T per call), the rest, δ_acc = (1 − share)·δ, is the δ at which the
-shared accountant (:func:`workers.privacy.accountant.compose`, dp-accounting) composes
-the pure Gumbel events. ε_s (per peel) is the largest value, found by bisection on the
-accountant's answer, with ε_acc(δ_acc) ≤ ε. The run is then (ε, δ)-DP: the Gumbel peels
-are pure, so the composition of T generic (ε₀, δ_LD) mechanisms is at most the pure
-composition at δ_acc plus T·δ_LD (dp-eda.md §9 Q1 (c)).
+Each event is one call: ``gumbel_top_k`` with the ε OpenDP's map certifies for its k
+peels (k·ε_s) and ``delta`` = δ_LD, the δ the restriction to the top K spends outright
+(Durfee & Rogers 2019, Thm. 4/5: a call is (k·ε_s, δ_LD)-DP). The accountant takes the
+δ's off the target before composing the pure part (``accountant.py``: the classes in
+parallel, so T·δ_LD per class), which is dp-eda.md §9 Q1 (c): T (ε₀, δ_LD) mechanisms
+are at most the pure composition at δ − T·δ_LD, plus T·δ_LD.
 
-Caveat: a :class:`~workers.privacy.events.PrivacyEvent` has no δ field, so the ledger
-sees the pure part only; ``domain_delta`` in :class:`Plan` (and the manifest) carries
-T·δ_LD, to be added to whatever δ the ledger composes at.
+Calibration. δ is split: ``ld_delta_share``·δ pays the T domain restrictions
+(δ_LD = share·δ/T per call); the rest, δ − T·δ_LD, is what the accountant is left to
+compose the pure Gumbel events at. ε_s (per peel) is the largest value, found by
+bisection, for which the accountant's ε of the planned events at the job's δ is at most
+ε: the events the ledger reserves and composes (at the cap's δ) are the ones calibrated,
+δ_LD included, so the job costs (ε, δ) there as here.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class Plan:
     """The calibration of every call and the events of the run, from public inputs."""
 
     calibration: Calibration
-    accountant_delta: float  # δ_acc, where the pure events are composed
-    domain_delta: float  # T·δ_LD, added on top
+    delta: float  # the job's δ, which the events compose at (δ_LD included)
+    domain_delta: float  # T·δ_LD: the δ the events spend outright (per class)
     events: tuple[PrivacyEvent, ...]
 
     def event(self, iteration: int, label: str) -> PrivacyEvent:
@@ -59,12 +61,13 @@ class Plan:
         raise ConfigError(f"no selection planned for iteration {iteration}", field="iterations")
 
     @property
-    def total_delta(self) -> float:
-        return self.accountant_delta + self.domain_delta
+    def accountant_delta(self) -> float:
+        """δ − T·δ_LD: the δ left to compose the pure Gumbel peels at."""
+        return self.delta - self.domain_delta
 
 
 def selection_event(calibration: Calibration, iteration: int, label: str) -> PrivacyEvent:
-    """The event of one LimitedDomain call, with the ε OpenDP's map certifies."""
+    """The event of one LimitedDomain call: the ε OpenDP's map certifies, δ_LD spent."""
     return release_event(
         mechanism=MECHANISM,
         noise="gumbel_top_k",
@@ -75,6 +78,7 @@ def selection_event(calibration: Calibration, iteration: int, label: str) -> Pri
         name=selection_name(iteration),
         k=calibration.parents,
         monotonic=calibration.monotonic,
+        delta=calibration.delta,
     )
 
 
@@ -95,9 +99,7 @@ def _events(params: DPEDAParams, labels: tuple[str, ...], cal: Calibration) -> l
 
 @lru_cache(maxsize=32)
 def _noise_plan(params: DPEDAParams, labels: tuple[str, ...]) -> Plan:
-    domain_delta = params.delta * params.ld_delta_share
-    accountant_delta = params.delta - domain_delta
-    per_call = domain_delta / params.iterations
+    per_call = params.delta * params.ld_delta_share / params.iterations
 
     def calibration(epsilon_s: float) -> Calibration:
         return Calibration(
@@ -109,9 +111,7 @@ def _noise_plan(params: DPEDAParams, labels: tuple[str, ...]) -> Plan:
         )
 
     def spent(epsilon_s: float) -> float:
-        return float(
-            compose(_events(params, labels, calibration(epsilon_s))).epsilon(accountant_delta)
-        )
+        return float(compose(_events(params, labels, calibration(epsilon_s))).epsilon(params.delta))
 
     # ε_s·T·k ≤ ε always fits (basic composition); the accountant may allow more
     low = params.epsilon / (params.iterations * params.parents) * (1 - 1e-9)
@@ -126,12 +126,13 @@ def _noise_plan(params: DPEDAParams, labels: tuple[str, ...]) -> Plan:
             high = middle
     cal = calibration(low)
     events = _events(params, labels, cal)
-    if float(compose(events).epsilon(accountant_delta)) > params.epsilon:
+    composition = compose(events)
+    if float(composition.epsilon(params.delta)) > params.epsilon:
         raise ConfigError("calibration overshoots the target ε", field="epsilon")
     assert cal.scale == FACTOR[params.adjacency] / low
     return Plan(
         calibration=cal,
-        accountant_delta=accountant_delta,
-        domain_delta=domain_delta,
+        delta=params.delta,
+        domain_delta=float(composition.spends_delta),
         events=tuple(events),
     )

@@ -7,9 +7,14 @@ T, which the paper does not state (7 is the smallest it discusses, §4.6).
 
 Privacy: ``epsilon``/``delta`` are the run's total, every class and all T iterations
 (classes compose in parallel). ``ld_delta_share`` of δ goes to the T domain restrictions
-(δ_LD = δ·share/T per LimitedDomain call, dp-eda.md §9 Q3); the rest is the δ at which
-the shared accountant composes the T·k Gumbel selections. The per-selection ε_s is never
-a parameter: it is calibrated from (ε, δ, T, k) (:mod:`.accounting`).
+(δ_LD = δ·share/T per LimitedDomain call, dp-eda.md §9 Q3, carried by each call's event);
+the rest is the δ at which the shared accountant composes the T·k Gumbel selections.
+The per-selection ε_s is never a parameter: it is calibrated from (ε, δ, T, k)
+(:mod:`.accounting`).
+
+Public bounds the service plans with, for a run over a number of declared classes:
+:meth:`DPEDAParams.planned_calls` (LLM requests) and :meth:`DPEDAParams.max_released`
+(released documents).
 
 ``adjacency`` picks the calibration of dp-eda.md §5: ``"add_remove"`` (Durfee & Rogers's
 own constants, keyseed's ledger) or ``"replace_one"`` (the paper's printed factor 2;
@@ -22,6 +27,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from workers.errors import ConfigError
 from workers.methods.common import MethodParams
 
 
@@ -62,3 +68,34 @@ class DPEDAParams(MethodParams):
         if domain is not None and value < domain + 1:
             raise ValueError(f"must be at least K + 1 = {domain + 1} (dp-eda.md §9 Q6)")
         return value
+
+    def planned_calls(self, classes: int) -> int:
+        """An upper bound of the LLM requests of a run over ``classes`` declared classes.
+
+        Per class: the initial population (N_pb requests when ``population_source`` is
+        ``"llm"``, none from the vocabulary), then in each of the T iterations the decoder
+        on the at most k selected parents — ``candidates`` requests per parent in each of
+        ``rounds`` rounds for ``llm_reconstruction``, none for ``retrieval``. Exact when
+        every selection returns k parents and no class stops early; re-requests of failed
+        calls and the client's retries are excluded.
+        """
+        _check_classes(classes)
+        initial = self.initial_population if self.population_source == "llm" else 0
+        per_iteration = (
+            self.parents * self.candidates * self.rounds
+            if self.decoder == "llm_reconstruction"
+            else 0
+        )
+        return classes * (initial + self.iterations * per_iteration)
+
+    def max_released(self, classes: int) -> int:
+        """An upper bound of the documents a run over ``classes`` classes releases: each
+        class releases the decoded survivors of its last productive iteration, at most
+        its k selected parents."""
+        _check_classes(classes)
+        return classes * self.parents
+
+
+def _check_classes(classes: int) -> None:
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+        raise ConfigError("the number of declared classes must be an integer ≥ 1", field="labels")

@@ -406,9 +406,8 @@ class _Run:
         """Public facts only: parameters, models, calibration, events, DP-derived sizes."""
         p = self.params
         cal = self.plan.calibration
-        privacy = compose(events).to_dict(delta=self.plan.accountant_delta)
-        privacy["domain_delta"] = self.plan.domain_delta
-        privacy["total_delta"] = self.plan.total_delta
+        privacy = compose(events).to_dict(delta=self.plan.delta)
+        privacy["domain_delta"] = self.plan.domain_delta  # spent outright, within δ
         return {
             "method": METHOD,
             "description": DESCRIPTION,

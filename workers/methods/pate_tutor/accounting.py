@@ -10,8 +10,11 @@ column), both fixed by the parameters before anything private is read (rule 1):
   on every query, so the Q queries compose sequentially: one event with ``count`` = Q,
   Δ₂ = √2 (rule 11), μ_KD = √(2Q)/σ.
 * **tutor counts** (with more than one class): the number of units of each declared
-  class plus discrete Gaussian noise σ_t (OpenDP); one unit moves one count by 1, Δ₂ = 1
-  (rule 5). Never divided by the true N.
+  class plus Gaussian noise σ_t (OpenDP), rounded to integers (post-processing); one
+  unit moves one count by 1, Δ₂ = 1 (rule 5), on a vector of one coordinate per class.
+  Never divided by the true N. Continuous rather than discrete Gaussian noise keeps the
+  accountant analytic (every event here is a Gaussian, composed exactly as one GDP
+  mechanism), where a discrete Gaussian's PLD at a small ε cost minutes and gigabytes.
 
 Calibration. One noise multiplier z is found by bisection on the shared accountant's ε
 (:func:`workers.privacy.calibration.calibrate_noise_multiplier`), so everything above
@@ -19,6 +22,9 @@ composes to at most (ε, δ) as the accountant certifies it — the data-indepen
 of rule 2; no data-dependent PATE ε is ever computed (rule 7). ``tutor_share`` of μ²
 goes to the counts, the rest to the votes. With one class there are no counts and σ is
 the analytic Gaussian σ for Δ₂ = √(2Q) (Balle & Wang 2018), up to OpenDP's lattice.
+Both sensitivities are calibrated as OpenDP's map certifies them for the sampler (1 or
+√2 plus the lattice rounding, about √n·2⁻⁴⁰), so the recorded events compose to at most
+the target.
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ VOTES = "pate-teacher-votes"
 TUTOR = "pate-tutor-counts"
 VOTE_SENSITIVITY = math.sqrt(2.0)  # ‖P − P′‖₂ of two probability 2-vectors
 ACCOUNTANT_NOTE = (
-    "data-independent: Q Gaussian vote queries (Δ₂ = √2 each) and the discrete Gaussian "
-    "tutor counts (Δ₂ = 1), composed by dp-accounting's PLD accountant"
+    "data-independent: Q Gaussian vote queries (Δ₂ = √2 each) and the Gaussian tutor "
+    "counts (Δ₂ = 1, rounded), composed exactly as Gaussians (dp-accounting)"
 )
 
 
@@ -72,7 +78,7 @@ def noise_plan(params: PateTutorParams, label_set: Sequence[str]) -> NoisePlan:
 
 @lru_cache(maxsize=32)
 def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
-    # The sensitivity OpenDP certifies for a 2-vector includes its lattice rounding; the
+    # The sensitivity OpenDP certifies for a vector includes its lattice rounding; the
     # scale does not matter for it.
     certified = vote_release(1.0, 1).sensitivity
     tutor = len(labels) > 1
@@ -89,9 +95,9 @@ def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
     if tutor:
         counts = GaussianRelease(
             mechanism=TUTOR,
-            sensitivity=1.0,
+            sensitivity=tutor_release(1.0, len(labels)).sensitivity,
             dimension=len(labels),
-            noise="discrete_gaussian",
+            noise="gaussian",
             weight=params.tutor_share,
         )
         releases.append(counts)
@@ -111,10 +117,10 @@ def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
 
 
 def tutor_release(sigma: float, classes: int) -> PrivacyEvent:
-    """The event of the tutor's class counts drawn with discrete Gaussian noise ``sigma``."""
+    """The event of the tutor's class counts drawn with Gaussian noise ``sigma``."""
     return release_event(
         mechanism=TUTOR,
-        noise="discrete_gaussian",
+        noise="gaussian",
         scale=sigma,
         sensitivity=1.0,
         dimension=classes,

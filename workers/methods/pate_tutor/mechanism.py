@@ -14,7 +14,8 @@ counts); clean vote sums and clean counts are local variables (pate-tutor.md §7
 * :func:`vote_sums` — S(x) = Σ_m (P_m(public|x), P_m(private|x)), Eq. 1 of the paper.
 * :func:`noisy_votes` — S + N(0, σ²) on every coordinate (OpenDP, one call);
   :func:`pseudo_labels` the arg-max (post-processing).
-* :func:`tutor_counts` — units per class plus discrete Gaussian noise (OpenDP), rule 5.
+* :func:`tutor_counts` — units per class plus Gaussian noise (OpenDP), rounded to
+  integers (post-processing, :func:`noisy_counts`), rule 5.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 from sklearn.linear_model import LogisticRegression
 
-from workers.privacy.noise import discrete_gaussian_noise, gaussian_noise
+from workers.privacy.noise import gaussian_noise
 
 KEY_BYTES = 32
 MAX_ITER = 1000
@@ -126,6 +127,12 @@ def pseudo_labels(noisy: NDArray[np.float64]) -> NDArray[np.int64]:
 def tutor_counts(
     classes: NDArray[np.int64], *, num_classes: int, sigma: float
 ) -> NDArray[np.int64]:
-    """Units per class plus discrete Gaussian noise σ (Δ₂ = 1 under add/remove)."""
-    clean = np.bincount(classes, minlength=num_classes).astype(np.int64)
-    return discrete_gaussian_noise(clean, scale=sigma)
+    """Units per class plus N(0, σ²) (Δ₂ = 1 under add/remove), rounded to integers."""
+    return noisy_counts(np.bincount(classes, minlength=num_classes), sigma=sigma)
+
+
+def noisy_counts(counts: NDArray[np.integer], *, sigma: float) -> NDArray[np.int64]:
+    """``counts`` (any shape) plus N(0, σ²) on every entry, drawn by OpenDP in one call,
+    rounded to the nearest integers (post-processing)."""
+    noisy = gaussian_noise(np.asarray(counts, dtype=np.float64), scale=sigma)
+    return np.rint(noisy).astype(np.int64)

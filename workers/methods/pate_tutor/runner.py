@@ -5,7 +5,7 @@
    teachers' negatives), pool B (exactly Q = ``queries`` texts, the only texts the
    teachers see) and pool C (``candidates`` texts, scored for the release). Every pool
    is split evenly over the classes; the three are disjoint LLM generations.
-2. **First private read**: the tutor's noisy class counts (discrete Gaussian on counts,
+2. **First private read**: the tutor's noisy class counts (Gaussian on counts, rounded,
    clipped at 0 and normalised by their own sum: the true N is never used, rule 5).
 3. **Teachers and votes**: units go to M teachers by a keyed hash (key drawn per run and
    kept in the checkpoints); teacher m is a logistic regression of its units' sentence
