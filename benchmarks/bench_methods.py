@@ -1,4 +1,5 @@
-"""Head-to-head: DP-KPS against Aug-PE at equal (ε, δ), same LLM, same classifier (issue 17).
+"""Head-to-head: DP-KPS, Aug-PE, PATE-tutor and DP-EDA at equal (ε, δ), same LLM, same
+classifier (issues 17, 18, 19).
 
 For each data set and each ε (1 and 4, δ = 1/(N ln N) with N the private documents):
 
@@ -9,8 +10,15 @@ For each data set and each ε (1 and 4, δ = 1/(N ln N) with N the private docum
   selection, keep_selected, fill-in-the-blanks, k = 1, L2) with the population, the
   folds and T scaled down as stated in the report; ``num_released`` = the released
   documents.
+* **PATE-tutor** (``workers.methods.pate_tutor``): the paper's M = 15 teachers and the
+  keyseed defaults for the pools (Q = 100 votes, 200 negatives, 300 candidates), scaled
+  down as stated; ``num_released`` = the released documents.
+* **DP-EDA** (``workers.methods.dp_eda``): the paper's K = 300, N_pb = 1000, N_cld = 3000
+  and T = 7, scaled down as stated; k = released ÷ classes parents per class (DP-EDA
+  releases at most k per class); the default decoder (LLM reconstruction from the
+  ``english`` vocabulary's nearest phrases).
 
-Both use one server of the packaged SmolLM2-135M (``workers.llm.local``, the batched
+All use one server of the packaged SmolLM2-135M (``workers.llm.local``, the batched
 engine, same ``max_tokens`` and concurrency), the same sentence embedder, and the
 classifier of the utility benchmark (``workers.evaluation.classifier``,
 ``DEFAULT_CLASSIFIER``) scored on the same held-out real documents. Reported per method:
@@ -49,9 +57,12 @@ from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe import AugPEParams, run_aug_pe
 from workers.methods.checkpoints import MemoryCheckpoints
+from workers.methods.dp_eda import DPEDAParams
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.prompting import PromptSpec, run_prompts
+from workers.methods.pate_tutor import PateTutorParams
+from workers.methods.registry import LLM_METHODS
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
 from workers.text.vocabulary import load_vocabulary
@@ -71,8 +82,16 @@ class Sizes:
     iterations: int  # Aug-PE T
     initial_folds: int  # Aug-PE f_0
     folds: int  # Aug-PE f
-    max_tokens: int  # per completion, both methods
-    concurrency: int  # client concurrency, both methods
+    max_tokens: int  # per completion, every method
+    concurrency: int  # client concurrency, every method
+    teachers: int = 15  # PATE-tutor M
+    queries: int = 100  # PATE-tutor Q (pool B)
+    negatives: int = 200  # PATE-tutor pool A
+    candidates: int = 300  # PATE-tutor pool C (≥ released)
+    eda_iterations: int = 7  # DP-EDA T
+    eda_domain: int = 300  # DP-EDA K
+    eda_initial: int = 1000  # DP-EDA N_pb per class (≥ K + 1)
+    eda_offspring: int = 3000  # DP-EDA N_cld per class (≥ K + 1)
 
 
 FULL = Sizes(
@@ -96,6 +115,14 @@ QUICK = Sizes(
     folds=1,
     max_tokens=48,
     concurrency=8,
+    teachers=5,
+    queries=40,
+    negatives=40,
+    candidates=80,
+    eda_iterations=2,
+    eda_domain=10,
+    eda_initial=16,
+    eda_offspring=16,
 )
 
 
@@ -275,6 +302,72 @@ class Harness:
             **_costs(result.llm_costs),
         }
 
+    def _llm_method(self, method: str, data: Dataset, params: Any, **extra: Any) -> dict[str, Any]:
+        entry = LLM_METHODS[method]
+        started = time.perf_counter()
+        result = entry.run(
+            data.private_texts,
+            data.private_labels,
+            label_set=data.labels,
+            units=None,
+            params=params,
+            llm=self.endpoint,
+            embedder=self.embedder,
+            checkpoints=MemoryCheckpoints(),
+            **extra,
+        )
+        wall = time.perf_counter() - started
+        texts = [t for _, t in result.records]
+        return {
+            "method": method,
+            "epsilon_spent": float(result.manifest["privacy"]["epsilon"]),
+            "released": len(result.records),
+            "accuracy": (
+                self.score(data, texts, [x for x, _ in result.records])
+                if len({x for x, _ in result.records}) > 1
+                else 1.0 / len(data.labels)  # fewer than two classes released: chance
+            ),
+            "wall_seconds": wall,
+            **_costs(result.llm_costs),
+        }
+
+    def pate_tutor(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
+        s = self.sizes
+        params = PateTutorParams(
+            document_type=data.document_type,
+            epsilon=epsilon,
+            delta=delta,
+            teachers=s.teachers,
+            queries=s.queries,
+            negatives=s.negatives,
+            candidates=s.candidates,
+            num_released=s.released,
+            max_tokens=s.max_tokens,
+            concurrency=s.concurrency,
+            seed=SEED,
+        )
+        return self._llm_method("pate-tutor", data, params)
+
+    def dp_eda(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
+        s = self.sizes
+        parents = max(2, s.released // len(data.labels))  # at most k released per class
+        params = DPEDAParams(
+            document_type=data.document_type,
+            epsilon=epsilon,
+            delta=delta,
+            iterations=s.eda_iterations,
+            domain=max(s.eda_domain, parents),
+            parents=parents,
+            initial_population=s.eda_initial,
+            offspring=s.eda_offspring,
+            max_tokens=s.max_tokens,
+            concurrency=s.concurrency,
+            seed=SEED,
+        )
+        return self._llm_method(
+            "dp-eda", data, params, vocabulary=self.vocabulary, cache=self.cache
+        )
+
 
 def _costs(costs: LLMCosts) -> dict[str, Any]:
     return {
@@ -304,7 +397,7 @@ def run(*, quick: bool = True, sizes: Sizes | None = None) -> dict[str, Any]:
             out["real"][data.name] = h.score(data, data.private_texts, data.private_labels)
             for epsilon in EPSILONS:
                 delta = delta_for(n)
-                for method in (h.dpkps, h.aug_pe):
+                for method in (h.dpkps, h.aug_pe, h.pate_tutor, h.dp_eda):
                     print(
                         f"[bench_methods] {data.name} ε={epsilon:g} {method.__name__}",
                         file=sys.stderr,
@@ -319,7 +412,7 @@ def run(*, quick: bool = True, sizes: Sizes | None = None) -> dict[str, Any]:
 def markdown(r: dict[str, Any]) -> str:
     s = r["sizes"]
     lines = [
-        "## Head-to-head: DP-KPS vs Aug-PE (`benchmarks/bench_methods.py`)",
+        "## Head-to-head: DP-KPS, Aug-PE, PATE-tutor, DP-EDA (`benchmarks/bench_methods.py`)",
         "",
         f"Preset **{r['preset']}**"
         + (
@@ -331,7 +424,14 @@ def markdown(r: dict[str, Any]) -> str:
         f"{s['released']} released documents per method; Aug-PE population {s['population']}, "
         f"T = {s['iterations']}, f₀ = {s['initial_folds']}, f = {s['folds']} (the published "
         "example: population 2,000, T = 10, f₀ = f = 3; other settings as published: rank "
-        "selection, keep_selected, fill-in-the-blanks, k = 1, L2). Same LLM for both: "
+        "selection, keep_selected, fill-in-the-blanks, k = 1, L2); PATE-tutor "
+        f"M = {s.get('teachers', 15)} teachers, Q = {s.get('queries', 100)} votes, "
+        f"{s.get('negatives', 200)} negatives, {s.get('candidates', 300)} candidates (keyseed "
+        "defaults: M = 15, Q = 100, 200, 300); DP-EDA T = "
+        f"{s.get('eda_iterations', 7)}, K = {s.get('eda_domain', 300)}, N_pb = "
+        f"{s.get('eda_initial', 1000)}, N_cld = {s.get('eda_offspring', 3000)} (the paper: "
+        "T = 7, K = 300, N_pb = 1000, N_cld = 3000), released ÷ classes parents per class, "
+        "LLM-reconstruction decoder. Same LLM for all: "
         f"{r['llm']['model']} on the {r['llm']['engine']} engine ({r['llm']['slots']} slots), "
         f"max_tokens {s['max_tokens']}, client concurrency {s['concurrency']}; same embedder; "
         f"classifier `{r['classifier']}`; δ = 1/(N ln N). One run each: at these sizes the "

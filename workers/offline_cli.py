@@ -715,7 +715,7 @@ def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
     from workers.privacy.accountant import compose
     from workers.settings import CoreSettings
     from workers.text.corpus import read_labelled
-    from workers.text.embeddings import SentenceEmbedder
+    from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
     from workers.text.vocabulary import load_vocabulary
 
     method = LLM_METHODS[args.method]
@@ -739,11 +739,12 @@ def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
         raise ConfigError(
             f"{args.method} writes texts with an LLM: choose local or openai", field="llm"
         )
+    settings = CoreSettings()
     extra: dict[str, Any] = {}
     vocabulary = method.vocabulary(params)
     if vocabulary is not None:
         extra["vocabulary"] = load_vocabulary(vocabulary)
-    settings = CoreSettings()
+        extra["cache"] = EmbeddingCache(settings.embedding_cache_dir)
     endpoint = None if args.llm == "local" else _endpoint_for(args.llm, settings)
     corpus = read_labelled(
         args.input,

@@ -428,8 +428,11 @@ def _llm_method(
         update={"concurrency": min(params.concurrency, llm.concurrency(settings, spec.llm))}
     )
     extra: dict[str, Any] = {}
-    if method.vocabulary(params) is not None:
+    if method.vocabulary(params) is not None:  # its phrases' embeddings are cached
+        from workers.text.embeddings import EmbeddingCache
+
         extra["vocabulary"] = _vocabulary(ctx, started.spec)
+        extra["cache"] = EmbeddingCache(settings.embedding_cache_dir)
     embedder = _embedder(settings.embedding_model, settings.device)
     checkpoints = JobCheckpoints(ctx.database, job_id)
     unit_name = _unit_column(ctx, started)

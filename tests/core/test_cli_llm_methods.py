@@ -163,7 +163,14 @@ def test_a_bad_or_foreign_option_is_named(
 def test_dp_eda_runs_and_its_manifest_names_the_decoder(
     corpus: dict[str, Path], llm: FakeLLM
 ) -> None:
-    assert main(args_for("dp-eda", corpus)) == 0
+    # 30 documents a class: enough votes for LimitedDomain's noisy threshold at ε = 40
+    with open(corpus["input"], "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["text", "class"])
+        writer.writeheader()
+        for i in range(60):
+            label = LABELS[i % 2]
+            writer.writerow({"text": f"{TEXTS[label]} ({i})", "class": label})
+    assert main(args_for("dp-eda", corpus, "--epsilon", "40")) == 0
     records = [json.loads(line) for line in corpus["out"].read_text().splitlines()]
     assert records and all(r["label"] in LABELS and r["text"] for r in records)
     manifest = manifest_of(corpus["out"])

@@ -50,7 +50,7 @@ EDA: dict[str, Any] = {
     "method": "dp-eda",
     "llm": "vllm",
     "document_type": "clinical note",
-    "epsilon": 8.0,
+    "epsilon": 40.0,
     "delta": 1e-5,
     "iterations": 2,
     "domain": 2,
@@ -109,6 +109,14 @@ def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) 
 
 def _dataset(client: TestClient, world: factories.World) -> str:
     return factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+
+
+def _larger_dataset(client: TestClient, world: factories.World) -> str:
+    """30 notes a class: enough votes for LimitedDomain's noisy threshold at ε = 40."""
+    rows = [(f"{text} (note {i})", label) for i in range(15) for text, label in factories.ROWS]
+    return factories.dataset(
+        client, world.owner, content=factories.csv_bytes(rows), cap=50, delta_cap="1e-5"
+    )
 
 
 def _vocabulary(client: TestClient, world: factories.World) -> str:
@@ -218,7 +226,7 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
     fake_llm: FakeLLM,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = _larger_dataset(client, world)
     vocabulary = _vocabulary(client, world)
     spec = {**EDA, "vocabulary": vocabulary}
     job_id = _submit(client, world, dataset_id, spec)
@@ -226,7 +234,7 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
     assert queued["method"] == "dp-eda" and queued["epsilon"]["budget_state"] == "reserved"
     assert queued["spec"]["vocabulary_ref"]["name"] == "clinical-tiny"
     assert set(queued["epsilon"]["by_mechanism"]) == {"dp-eda-limited-domain"}
-    assert 0 < queued["epsilon"]["requested"] <= 8.0 + 1e-9
+    assert 0 < queued["epsilon"]["requested"] <= 40.0 + 1e-9
 
     # the worker dies right after the first iteration's decoded texts are saved
     from workers.methods.dp_eda import runner as eda_runner
@@ -247,7 +255,7 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
         stages.run_sequences(worker, job_uuid)
     db: Database = app.state.database
     saved = _checkpoints(db, job_id)
-    assert "dp-eda-initial" in saved and any(k.startswith("dp-eda-selection") for k in saved)
+    assert "dp-eda-initial" in saved and any(k.startswith("dp-eda-select") for k in saved)
     calls_before = len(fake_llm.chat_requests)
     with db.transaction() as session:  # the lease ran out: recovery hands the job on
         job_row = jobs_repo.get(session, job_uuid, for_update=True)
@@ -257,7 +265,7 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
 
     after = _checkpoints(db, job_id)
     for key, value in saved.items():
-        if key.startswith(("dp-eda-selection", "dp-eda-decode", "dp-eda-initial")):
+        if key.startswith(("dp-eda-select", "dp-eda-decode", "dp-eda-initial")):
             assert after[key] == value  # loaded, not drawn or asked again
     job = _job(client, world, job_id)
     assert job["state"] == "succeeded" and job["epsilon"]["budget_state"] == "committed"

@@ -41,7 +41,8 @@ class LLMMethod:
     released_field: str  # the parameter that bounds the released documents
     calls_field: str  # the parameter that drives the LLM calls most
     run: Callable[..., MethodResult]  # the entry point, ``run_<method>``
-    # the public vocabulary a run of ``params`` reads, by name (None: it reads none)
+    # the public vocabulary a run of ``params`` reads, by name (None: it reads none); a
+    # run that reads one takes it as ``vocabulary=`` and an embedding cache as ``cache=``
     vocabulary: Callable[[Any], str | None] = lambda params: None
 
 

@@ -57,7 +57,7 @@ from workers.methods.dpkps.pipeline import check_corpus
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import group_units
-from workers.text.embeddings import Embedder
+from workers.text.embeddings import Embedder, EmbeddingCache
 from workers.text.vocabulary import Vocabulary, load_vocabulary
 
 METHOD = "dp-eda"
@@ -103,10 +103,12 @@ def run_dp_eda(
     progress: ProgressFn | None = None,
     vocabulary: Vocabulary | None = None,
     public_pool: Sequence[str] | None = None,
+    cache: EmbeddingCache | None = None,
 ) -> DPEDAResult:
     """Run DP-EDA on a labelled private corpus (module docstring).
 
     ``vocabulary`` overrides ``params.vocabulary`` (a :func:`load_vocabulary` spec);
+    ``cache`` keeps the embeddings of its phrases (public) across runs, as DP-KPS's do;
     ``public_pool`` is the retrieval decoder's pool (default: the initial population).
     Bad input raises before anything private is read.
     """
@@ -124,6 +126,7 @@ def run_dp_eda(
         vocabulary = load_vocabulary(params.vocabulary)
     run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
     run.vocabulary = vocabulary
+    run.cache = cache
     run.pool = None if public_pool is None else [str(t) for t in public_pool]
     run.claim(unit_level=units is not None)
     return run.execute(documents, labels, units)
@@ -140,6 +143,7 @@ class _Run:
     progress: ProgressFn
     costs: LLMCosts = field(default_factory=LLMCosts)
     vocabulary: Vocabulary | None = None
+    cache: EmbeddingCache | None = None
     pool: list[str] | None = None
     unit_level: bool = False
     _phrase_rows: NDArray[np.float32] | None = None
@@ -338,7 +342,17 @@ class _Run:
     def phrase_rows(self) -> NDArray[np.float32]:
         if self._phrase_rows is None:
             assert self.vocabulary is not None
-            self._phrase_rows = normalise(self.embedder.encode(list(self.vocabulary.phrases)))
+            phrases = self.vocabulary.phrases
+            if self.cache is not None:
+                rows = self.cache.lookup(
+                    phrases=phrases,
+                    fingerprint=self.vocabulary.fingerprint,
+                    indices=np.arange(len(phrases), dtype=np.int64),
+                    embedder=self.embedder,
+                )
+            else:
+                rows = self.embedder.encode(list(phrases))
+            self._phrase_rows = normalise(rows)
         return self._phrase_rows
 
     def decoded(self, c: int, t: int, label: str, targets: NDArray[np.float32]) -> list[str | None]:
