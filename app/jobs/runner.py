@@ -129,7 +129,9 @@ def start_sequences(
         if ledger.job_budget_state(session, job.id) == "reserved":
             ledger.release_reservation(session, job.id, actor)
         return None
-    restarted = job.state == "running"
+    # running: a redelivery or a recovery; committed while queued: a failed job retried
+    # from its checkpoints. Either way its spend was committed once, already.
+    restarted = job.state == "running" or ledger.job_budget_state(session, job.id) == "committed"
     ledger.commit_spend(session, job.id, actor)
     job.state, job.stage, job.progress = "running", "extract", 0.0
     job.started_at = job.started_at or utcnow()

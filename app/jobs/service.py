@@ -311,8 +311,9 @@ def cancel(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
 
 
 def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
-    """Prompt again the sequences of a failed job that have no text yet, or resume a
-    queued or running job whose worker process died.
+    """Prompt again the sequences of a failed job that have no text yet, run a failed job
+    of an LLM method again from its checkpoints, or resume a queued or running job whose
+    worker process died.
 
     For a failed job, only the prompting stage runs again, from the persisted DP
     keyphrase sequences: no private document is read and no budget is reserved or spent
@@ -327,6 +328,8 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
     assert current is not None
     if current.state in repository.ACTIVE_STATES:
         return _resume(session, principal, current)
+    if current.state == "failed" and method_of(current.spec) in LLM_METHODS:
+        return _rerun_from_checkpoints(session, principal, current)
     if current.sequences_total == 0:
         raise Conflict("the job has no saved keyphrase sequences to prompt again; submit a new job")
     if current.state != "failed":
@@ -352,6 +355,32 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
     recovery.dispatch(session, current)
     session.flush()
     return current
+
+
+def _rerun_from_checkpoints(session: Session, principal: Principal, job: Job) -> Job:
+    """Run a failed job of an LLM method again from its checkpoints (an LLM outage ended
+    it, say): what it released before the failure is loaded, not drawn again, and its
+    spend stays as committed, once. A job that failed before its first private read
+    holds no spend to continue: submit a new one."""
+    if ledger.job_budget_state(session, job.id) != "committed":
+        raise Conflict("the job failed before it read the private data; submit a new job")
+    dataset = datasets_repo.get(session, job.dataset_id)
+    if dataset is None or dataset.deleted_at is not None:
+        raise Conflict("the dataset was deleted; its jobs cannot be retried")
+    job.state, job.stage, job.progress, job.finished_at = "queued", None, 0.0, None
+    job.error_code = job.error_message = None
+    job.cancel_requested = False  # asking again supersedes an earlier stop
+    audit.record(
+        session,
+        "job.retried",
+        principal.actor,
+        organisation_id=job.organisation_id,
+        target=("job", job.id),
+        from_checkpoints=True,
+    )
+    recovery.dispatch(session, job)
+    session.flush()
+    return job
 
 
 def _resume(session: Session, principal: Principal, job: Job) -> Job:

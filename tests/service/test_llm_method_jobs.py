@@ -29,7 +29,7 @@ from app.jobs import recovery, stages
 from app.jobs import repository as jobs_repo
 from app.jobs.stages import WorkerContext
 from app.models import JobCheckpoint
-from tests.fake_llm import FakeLLM
+from tests.fake_llm import Behaviour, FakeLLM
 from tests.service import factories
 
 LABELS = list(factories.LABELS)
@@ -327,3 +327,62 @@ def test_a_dry_run_of_each_method_plans_without_storing_anything(
     assert 0 < plan["epsilon"] <= spec["epsilon"] + 1e-9
     assert plan["events"] and plan["method"]
     assert _ledger_kinds(client, world, dataset_id) == []
+
+
+def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spend(
+    app: FastAPI,
+    client: TestClient,
+    world: factories.World,
+    worker: WorkerContext,
+    fake_llm: FakeLLM,
+) -> None:
+    """An LLM outage ends an Aug-PE job after its first private read (the DP class
+    counts); a retry runs it again from its checkpoints: the counts are loaded, not drawn
+    again, and the spend stays committed once."""
+    dataset_id = _dataset(client, world)
+    spec = {
+        "method": "aug-pe",
+        "llm": "vllm",
+        "document_type": "clinical note",
+        "epsilon": 2.0,
+        "delta": 1e-5,
+        "iterations": 2,
+        "population": 2,
+        "initial_variation_folds": 1,
+        "variation_folds": 1,
+        "num_released": 2,
+        "max_tokens": 16,
+    }
+    job_id = _submit(client, world, dataset_id, spec)
+    fake_llm.default = Behaviour.parse("500")  # the endpoint is down
+    assert stages.run_sequences(worker, uuid.UUID(job_id)) == "failed"
+    failed = _job(client, world, job_id)
+    assert failed["state"] == "failed" and failed["epsilon"]["budget_state"] == "committed"
+    counts = _checkpoints(app.state.database, job_id)["aug-pe-counts"]
+
+    fake_llm.default = Behaviour.parse("ok")  # the endpoint is back
+    response = client.post(f"/v1/jobs/{job_id}/retry", headers=world.owner.headers)
+    assert response.status_code == 202, response.text
+    assert response.json()["state"] == "queued" and response.json()["error"] is None
+    assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
+
+    job = _job(client, world, job_id)
+    assert job["state"] == "succeeded" and job["counts"]["sequences"] == 2
+    assert _checkpoints(app.state.database, job_id)["aug-pe-counts"] == counts
+    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    again = client.post(f"/v1/jobs/{job_id}/retry", headers=world.owner.headers)
+    assert again.status_code == 409  # a job that succeeded is not run again
+
+
+def test_a_job_that_failed_before_reading_private_data_is_not_retried(
+    client: TestClient, world: factories.World, worker: WorkerContext
+) -> None:
+    dataset_id = _dataset(client, world)
+    job_id = _submit(client, world, dataset_id, {**PATE, "llm": "vllm"})
+    with worker.database.transaction() as session:  # fails before its spend is committed
+        job = jobs_repo.get(session, uuid.UUID(job_id), for_update=True)
+        assert job is not None
+        job.state, job.error_code = "failed", "llm_unavailable"
+    response = client.post(f"/v1/jobs/{job_id}/retry", headers=world.owner.headers)
+    assert response.status_code == 409
+    assert "submit a new job" in response.json()["detail"]
