@@ -253,6 +253,13 @@ class JobPlanOut(BaseModel):
     accountant: str
     by_mechanism: dict[str, float]
     events: list[dict[str, Any]]
+    noise: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Each release's noise per score (noise_std) beside the signal one "
+        "unit adds (unit_contribution); for the dataset's owner, also the documents of "
+        "its partition and noise_share = noise_std ÷ documents: a phrase, feature or class "
+        "held by fewer than about 3 × noise_share of them is lost in the noise",
+    )
 
 
 class JobCounts(BaseModel):

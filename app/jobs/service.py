@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ from workers.methods.dpkps.plan import Plan, plan
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 from workers.methods.registry import LLM_METHODS
 from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -194,6 +196,7 @@ def dry_run(
     no job, no reservation and no private read: the planned releases with their noise,
     the composed (ε, δ) and the accountant that composed them."""
     dataset, _, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    owner = principal.organisation_id == dataset.organisation_id
     return {
         "dry_run": True,
         "dataset_id": str(dataset.id),
@@ -203,7 +206,50 @@ def dry_run(
         "accountant": the_plan.accountant,
         "by_mechanism": epsilon_by_mechanism(the_plan.events, the_plan.delta),
         "events": [e.to_dict() for e in the_plan.events],
+        "noise": noise_report(
+            the_plan.events, dataset.documents if owner else None, len(dataset.labels)
+        ),
     }
+
+
+def noise_report(
+    events: Sequence[PrivacyEvent], documents: int | None, classes: int
+) -> list[dict[str, Any]]:
+    """Each planned release's noise per score beside the signal it must carry, so that
+    an owner sees before spending whether a budget is too small.
+
+    ``noise_std`` is the standard deviation of the noise on one released score (σ; √2·b
+    for Laplace b; for Gumbel selections, π·b/√6). The *signal* is what one privacy unit
+    adds to a score, at most ``sensitivity`` in the event's norm, so a score every unit of
+    the partition supports is about ``documents`` (all of them for a whole-dataset release,
+    an even share per class otherwise) when one unit adds about 1: ``noise_share`` =
+    ``noise_std`` ÷ that. A phrase, feature or class held by fewer than about three times
+    ``noise_share`` of the partition's units is lost in the noise. ``documents`` is a raw
+    count of the upload: it (and the shares) are given to the dataset's owner only."""
+    out: list[dict[str, Any]] = []
+    for event in events:
+        std = event.scale * _STD_PER_SCALE.get(event.noise, 1.0)
+        row: dict[str, Any] = {
+            "mechanism": event.mechanism,
+            "partition": event.partition,
+            "noise": event.noise,
+            "noise_std": std,
+            "unit_contribution": event.sensitivity,
+            "norm": event.norm,
+        }
+        if documents:
+            share = documents if event.partition is None else max(1, documents // classes)
+            row["documents"] = share
+            row["noise_share"] = std / share
+        out.append(row)
+    return out
+
+
+_STD_PER_SCALE = {
+    "laplace": math.sqrt(2.0),
+    "discrete_laplace": math.sqrt(2.0),
+    "gumbel_top_k": math.pi / math.sqrt(6.0),
+}
 
 
 def submit(
