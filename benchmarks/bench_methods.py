@@ -55,7 +55,7 @@ from typing import Any
 
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.llm.client import LLMCosts, LLMEndpoint
-from workers.methods.aug_pe import AugPEParams, run_aug_pe
+from workers.methods.aug_pe import AugPEParams
 from workers.methods.checkpoints import MemoryCheckpoints
 from workers.methods.dp_eda import DPEDAParams
 from workers.methods.dpkps.config import GenerationConfig
@@ -278,29 +278,9 @@ class Harness:
             concurrency=s.concurrency,
             seed=SEED,
         )
-        started = time.perf_counter()
-        result = run_aug_pe(
-            data.private_texts,
-            data.private_labels,
-            label_set=data.labels,
-            units=None,
-            params=params,
-            llm=self.endpoint,
-            embedder=self.embedder,
-            checkpoints=MemoryCheckpoints(),
-        )
-        wall = time.perf_counter() - started
-        return {
-            "method": "aug-pe",
-            "epsilon_spent": float(result.manifest["privacy"]["epsilon"]),
-            "released": len(result.records),
-            "accuracy": self.score(
-                data, [t for _, t in result.records], [x for x, _ in result.records]
-            ),
-            "wall_seconds": wall,
-            "histogram_sigma": result.manifest["noise"]["histogram_sigma"],
-            **_costs(result.llm_costs),
-        }
+        row = self._llm_method("aug-pe", data, params)
+        row["histogram_sigma"] = row["noise"]["histogram_sigma"]
+        return row
 
     def _llm_method(self, method: str, data: Dataset, params: Any, **extra: Any) -> dict[str, Any]:
         entry = LLM_METHODS[method]
@@ -328,6 +308,7 @@ class Harness:
                 else 1.0 / len(data.labels)  # fewer than two classes released: chance
             ),
             "wall_seconds": wall,
+            "noise": result.manifest.get("noise", {}),
             **_costs(result.llm_costs),
         }
 

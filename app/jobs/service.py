@@ -387,20 +387,9 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
     )
     if missing == 0 or current.spec.get("llm") == "none":
         raise Conflict("every sequence of the job has a text already")
-    current.state, current.stage, current.finished_at = "running", "prompts", None
-    current.error_code = current.error_message = None
-    current.cancel_requested = False  # asking again supersedes an earlier stop
-    audit.record(
-        session,
-        "job.retried",
-        principal.actor,
-        organisation_id=current.organisation_id,
-        target=("job", current.id),
-        sequences_without_text=missing,
+    return _run_again(
+        session, principal, current, "running", "prompts", sequences_without_text=missing
     )
-    recovery.dispatch(session, current)
-    session.flush()
-    return current
 
 
 def _rerun_from_checkpoints(session: Session, principal: Principal, job: Job) -> Job:
@@ -413,7 +402,15 @@ def _rerun_from_checkpoints(session: Session, principal: Principal, job: Job) ->
     dataset = datasets_repo.get(session, job.dataset_id)
     if dataset is None or dataset.deleted_at is not None:
         raise Conflict("the dataset was deleted; its jobs cannot be retried")
-    job.state, job.stage, job.progress, job.finished_at = "queued", None, 0.0, None
+    job.progress = 0.0
+    return _run_again(session, principal, job, "queued", None, from_checkpoints=True)
+
+
+def _run_again(
+    session: Session, principal: Principal, job: Job, state: str, stage: str | None, **why: Any
+) -> Job:
+    """A failed job sent on again (``job.retried`` in the audit trail, with ``why``)."""
+    job.state, job.stage, job.finished_at = state, stage, None
     job.error_code = job.error_message = None
     job.cancel_requested = False  # asking again supersedes an earlier stop
     audit.record(
@@ -422,7 +419,7 @@ def _rerun_from_checkpoints(session: Session, principal: Principal, job: Job) ->
         principal.actor,
         organisation_id=job.organisation_id,
         target=("job", job.id),
-        from_checkpoints=True,
+        **why,
     )
     recovery.dispatch(session, job)
     session.flush()

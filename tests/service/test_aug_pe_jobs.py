@@ -16,16 +16,22 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
-from app.config import LLMEndpointSettings, Settings
+from app.config import Settings
 from app.db import Database
 from app.jobs import recovery, stages
 from app.jobs import repository as jobs_repo
 from app.jobs.stages import WorkerContext
-from app.models import JobCheckpoint
 from tests.fake_llm import FakeLLM
 from tests.service import factories
+from tests.service.method_jobs import (
+    Crash,
+    checkpoints,
+    ledger_kinds,
+    llm_worker,
+    submit,
+)
+from tests.service.method_jobs import job as job_of
 
 LABELS = list(factories.LABELS)
 AUG_PE: dict[str, Any] = {
@@ -43,10 +49,6 @@ AUG_PE: dict[str, Any] = {
 }
 
 
-class Crash(BaseException):
-    """The worker process dies here (nothing of the stage catches it)."""
-
-
 @pytest.fixture
 def fake_llm() -> Iterator[FakeLLM]:
     with FakeLLM() as fake:
@@ -55,19 +57,8 @@ def fake_llm() -> Iterator[FakeLLM]:
 
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) -> WorkerContext:
-    """A worker on the test database whose "vllm" endpoint is ``fake_llm``."""
-    endpoints = {"vllm": LLMEndpointSettings(base_url=fake_llm.base_url, model=fake_llm.model)}
-    worker_settings = settings.model_copy(
-        update={
-            "cache_dir": tmp_path,
-            "progress_interval": 0.0,
-            "llm_endpoints": endpoints,
-            "llm_max_retries": 1,
-            "llm_backoff_base": 0.01,
-            "llm_backoff_max": 0.05,
-        }
-    )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+    """A worker on the test database: ``local`` is the packaged model, ``vllm`` the fake."""
+    return llm_worker(app, settings, tmp_path, fake_llm)
 
 
 def _dataset(client: TestClient, world: factories.World) -> str:
@@ -75,31 +66,7 @@ def _dataset(client: TestClient, world: factories.World) -> str:
 
 
 def _submit(client: TestClient, world: factories.World, dataset_id: str, **spec: Any) -> str:
-    response = client.post(
-        f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json={**AUG_PE, **spec}
-    )
-    assert response.status_code == 202, response.text
-    return str(response.json()["id"])
-
-
-def _job(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
-    response = client.get(f"/v1/jobs/{job_id}", headers=world.owner.headers)
-    assert response.status_code == 200
-    return dict(response.json())
-
-
-def _ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
-    response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
-    assert response.status_code == 200
-    return [entry["kind"] for entry in response.json()["entries"]]
-
-
-def _checkpoints(db: Database, job_id: str) -> dict[str, bytes]:
-    with db.session() as session:
-        rows = session.scalars(
-            select(JobCheckpoint).where(JobCheckpoint.job_id == uuid.UUID(job_id))
-        ).all()
-        return {row.key: bytes(row.data) for row in rows}
+    return submit(client, world, dataset_id, {**AUG_PE, **spec})
 
 
 def test_an_aug_pe_job_runs_is_released_and_downloaded(
@@ -107,7 +74,7 @@ def test_an_aug_pe_job_runs_is_released_and_downloaded(
 ) -> None:
     dataset_id = _dataset(client, world)
     job_id = _submit(client, world, dataset_id)
-    queued = _job(client, world, job_id)
+    queued = job_of(client, world, job_id)
     assert queued["method"] == "aug-pe" and queued["spec"]["method"] == "aug-pe"
     assert queued["epsilon"]["budget_state"] == "reserved"
     assert 0 < queued["epsilon"]["requested"] <= 2.0 + 1e-9
@@ -115,13 +82,13 @@ def test_an_aug_pe_job_runs_is_released_and_downloaded(
 
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
 
-    job = _job(client, world, job_id)
+    job = job_of(client, world, job_id)
     assert job["state"] == "succeeded" and job["epsilon"]["budget_state"] == "committed"
     assert job["counts"]["sequences"] == job["counts"]["texts_done"] == 2
     calls = len(fake_llm.chat_requests)
     assert job["llm_costs"]["calls"] == calls > 0
     assert job["llm_costs"]["prompt_tokens"] > 0 and job["llm_costs"]["completion_tokens"] > 0
-    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
     # no private text ever reached the LLM
     assert not any(text in p for text, _ in factories.ROWS for p in fake_llm.prompts())
 
@@ -164,7 +131,7 @@ def test_a_dry_run_plans_an_aug_pe_job_without_storing_anything(
     assert plan["by_mechanism"].keys() == {"aug-pe-class-counts", "aug-pe-histogram"}
     # class counts once, then one histogram per iteration and class
     assert len(plan["events"]) == 1 + 2 * len(LABELS)
-    assert _ledger_kinds(client, world, dataset_id) == []
+    assert ledger_kinds(client, world, dataset_id) == []
     jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers)
     assert jobs.json() == []
 
@@ -189,7 +156,7 @@ def test_a_bad_aug_pe_field_is_a_422_naming_it(
     )
     assert response.status_code == 422, response.text
     assert response.json()["field"] == field
-    assert _ledger_kinds(client, world, dataset_id) == []
+    assert ledger_kinds(client, world, dataset_id) == []
 
 
 def test_an_unknown_method_is_refused_and_a_spec_without_one_is_dpkps(
@@ -201,7 +168,7 @@ def test_an_unknown_method_is_refused_and_a_spec_without_one_is_dpkps(
     assert response.status_code == 422
     assert "method" in response.text
     job_id = factories.job(client, world.owner, dataset_id)
-    job = _job(client, world, job_id)
+    job = job_of(client, world, job_id)
     assert job["method"] == "dpkps" and job["spec"]["method"] == "dpkps"
 
 
@@ -225,15 +192,15 @@ def test_a_crashed_aug_pe_job_resumes_from_its_checkpoints_without_new_spend(
         stages.run_sequences(worker, job_uuid)
     worker.stage_hooks.clear()
 
-    saved = _checkpoints(db, job_id)
+    saved = checkpoints(db, job_id)
     assert {"aug-pe-counts", "aug-pe-histogram-1", "aug-pe-population-1"} <= set(saved)
     assert "aug-pe-histogram-2" not in saved
     # no un-noised histogram is stored: every saved histogram is the noisy one
     first = json.loads(saved["aug-pe-histogram-1"])
     assert set(first) == {"iteration", "noisy", "scores", "selected", "events"}
     calls_before = len(fake_llm.chat_requests)
-    assert _job(client, world, job_id)["state"] == "running"
-    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    assert job_of(client, world, job_id)["state"] == "running"
+    assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
 
     # the process is dead: recovery frees the job, and its task runs again
     with db.transaction() as session:
@@ -242,12 +209,12 @@ def test_a_crashed_aug_pe_job_resumes_from_its_checkpoints_without_new_spend(
         recovery.release(job)
     assert stages.run_sequences(worker, job_uuid) == "succeeded"
 
-    after = _checkpoints(db, job_id)
+    after = checkpoints(db, job_id)
     for key in ("aug-pe-counts", "aug-pe-histogram-1", "aug-pe-population-0"):
         assert after[key] == saved[key]  # loaded, not drawn again
-    job_out = _job(client, world, job_id)
+    job_out = job_of(client, world, job_id)
     assert job_out["state"] == "succeeded"
-    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
     # population 1 was saved before the crash and iteration 2 (the last) varies
     # nothing: no LLM work is done again, and the costs of the first attempt are kept
     assert len(fake_llm.chat_requests) == calls_before
@@ -279,7 +246,7 @@ def test_a_dpkps_job_records_its_llm_costs(
     )
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "prompting"
     assert stages.run_prompts(worker, uuid.UUID(job_id)) == "succeeded"
-    job = _job(client, world, job_id)
+    job = job_of(client, world, job_id)
     assert job["method"] == "dpkps"
     calls = len(fake_llm.chat_requests)
     assert job["llm_costs"]["calls"] == job["counts"]["llm_calls"] == calls == 2

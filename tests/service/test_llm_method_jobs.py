@@ -21,16 +21,24 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
-from app.config import LLMEndpointSettings, Settings
+from app.config import Settings
 from app.db import Database
 from app.jobs import recovery, stages
 from app.jobs import repository as jobs_repo
 from app.jobs.stages import WorkerContext
-from app.models import JobCheckpoint
 from tests.fake_llm import Behaviour, FakeLLM
 from tests.service import factories
+from tests.service.method_jobs import (
+    Crash,
+    checkpoints,
+    download,
+    ledger_kinds,
+    llm_worker,
+    release,
+    submit,
+)
+from tests.service.method_jobs import job as job_of
 
 LABELS = list(factories.LABELS)
 PATE: dict[str, Any] = {
@@ -80,10 +88,6 @@ def clinical(body: dict[str, Any]) -> str:
 clinical.calls = 0  # type: ignore[attr-defined]
 
 
-class Crash(BaseException):
-    """The worker process dies here (nothing of the stage catches it)."""
-
-
 @pytest.fixture
 def fake_llm() -> Iterator[FakeLLM]:
     with FakeLLM(content_fn=clinical) as fake:
@@ -93,18 +97,7 @@ def fake_llm() -> Iterator[FakeLLM]:
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) -> WorkerContext:
     """A worker on the test database: ``local`` is the packaged model, ``vllm`` the fake."""
-    endpoints = {"vllm": LLMEndpointSettings(base_url=fake_llm.base_url, model=fake_llm.model)}
-    worker_settings = settings.model_copy(
-        update={
-            "cache_dir": tmp_path,
-            "progress_interval": 0.0,
-            "llm_endpoints": endpoints,
-            "llm_max_retries": 1,
-            "llm_backoff_base": 0.01,
-            "llm_backoff_max": 0.05,
-        }
-    )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+    return llm_worker(app, settings, tmp_path, fake_llm)
 
 
 def _dataset(client: TestClient, world: factories.World) -> str:
@@ -130,50 +123,6 @@ def _vocabulary(client: TestClient, world: factories.World) -> str:
     return str(response.json()["id"])
 
 
-def _submit(client: TestClient, world: factories.World, dataset_id: str, spec: Any) -> str:
-    response = client.post(
-        f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec
-    )
-    assert response.status_code == 202, response.text
-    return str(response.json()["id"])
-
-
-def _job(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
-    response = client.get(f"/v1/jobs/{job_id}", headers=world.owner.headers)
-    assert response.status_code == 200
-    return dict(response.json())
-
-
-def _ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
-    response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
-    assert response.status_code == 200
-    return [entry["kind"] for entry in response.json()["entries"]]
-
-
-def _release(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert response.status_code == 201, response.text
-    return dict(response.json())
-
-
-def _download(client: TestClient, world: factories.World, release_id: str) -> list[Any]:
-    response = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
-    assert response.status_code == 200
-    return [json.loads(line) for line in response.text.splitlines()]
-
-
-def _checkpoints(db: Database, job_id: str) -> dict[str, bytes]:
-    with db.session() as session:
-        rows = session.scalars(
-            select(JobCheckpoint).where(JobCheckpoint.job_id == uuid.UUID(job_id))
-        ).all()
-        return {row.key: bytes(row.data) for row in rows}
-
-
 def _events_match(manifest: dict[str, Any]) -> list[str]:
     charged, released = (
         sorted(json.dumps(e, sort_keys=True) for e in manifest["privacy"][name])
@@ -189,30 +138,30 @@ def test_a_pate_tutor_job_runs_on_the_local_llm_is_released_and_downloaded(
     client: TestClient, world: factories.World, worker: WorkerContext
 ) -> None:
     dataset_id = _dataset(client, world)
-    job_id = _submit(client, world, dataset_id, PATE)
-    queued = _job(client, world, job_id)
+    job_id = submit(client, world, dataset_id, PATE)
+    queued = job_of(client, world, job_id)
     assert queued["method"] == "pate-tutor" and queued["epsilon"]["budget_state"] == "reserved"
     assert 0 < queued["epsilon"]["requested"] <= 4.0 + 1e-9
     assert set(queued["epsilon"]["by_mechanism"]) == {"pate-teacher-votes", "pate-tutor-counts"}
 
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
 
-    job = _job(client, world, job_id)
+    job = job_of(client, world, job_id)
     assert job["state"] == "succeeded" and job["epsilon"]["budget_state"] == "committed"
     assert 0 < job["counts"]["sequences"] == job["counts"]["texts_done"] <= 4
     assert job["llm_costs"]["calls"] >= 4 + 4 + 6  # the three public pools, retries aside
     assert job["llm_costs"]["completion_tokens"] > 0 and job["llm_costs"]["wall_seconds"] > 0
-    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
 
-    release = _release(client, world, job_id)
-    manifest = release["manifest"]
+    released = release(client, world, job_id)
+    manifest = released["manifest"]
     assert manifest["method_id"] == "pate-tutor" and manifest["method"].startswith("PATE")
     assert manifest["parameters"]["queries"] == 4 and manifest["parameters"]["teachers"] == 2
     assert manifest["models"]["llm"]["endpoint"] == "local"
     assert manifest["llm_costs"] == {"method": "pate-tutor", **job["llm_costs"]}
     assert len(_events_match(manifest)) == 2  # Q votes (one event, count Q) + the tutor
-    records = _download(client, world, release["id"])
-    assert len(records) == release["documents"] == job["counts"]["sequences"]
+    records = download(client, world, released["id"])
+    assert len(records) == released["documents"] == job["counts"]["sequences"]
     assert all(r["label"] in LABELS and r["text"].strip() for r in records)
     private = [text for text, _ in factories.ROWS]
     assert not any(text in json.dumps(manifest) for text in private)
@@ -229,8 +178,8 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
     dataset_id = _larger_dataset(client, world)
     vocabulary = _vocabulary(client, world)
     spec = {**EDA, "vocabulary": vocabulary}
-    job_id = _submit(client, world, dataset_id, spec)
-    queued = _job(client, world, job_id)
+    job_id = submit(client, world, dataset_id, spec)
+    queued = job_of(client, world, job_id)
     assert queued["method"] == "dp-eda" and queued["epsilon"]["budget_state"] == "reserved"
     assert queued["spec"]["vocabulary_ref"]["name"] == "clinical-tiny"
     assert set(queued["epsilon"]["by_mechanism"]) == {"dp-eda-limited-domain"}
@@ -254,7 +203,7 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
     with pytest.raises(Crash):
         stages.run_sequences(worker, job_uuid)
     db: Database = app.state.database
-    saved = _checkpoints(db, job_id)
+    saved = checkpoints(db, job_id)
     assert "dp-eda-initial" in saved and any(k.startswith("dp-eda-select") for k in saved)
     calls_before = len(fake_llm.chat_requests)
     with db.transaction() as session:  # the lease ran out: recovery hands the job on
@@ -263,24 +212,24 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
         recovery.release(job_row)
     assert stages.run_sequences(worker, job_uuid) == "succeeded"
 
-    after = _checkpoints(db, job_id)
+    after = checkpoints(db, job_id)
     for key, value in saved.items():
         if key.startswith(("dp-eda-select", "dp-eda-decode", "dp-eda-initial")):
             assert after[key] == value  # loaded, not drawn or asked again
-    job = _job(client, world, job_id)
+    job = job_of(client, world, job_id)
     assert job["state"] == "succeeded" and job["epsilon"]["budget_state"] == "committed"
-    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
     assert job["llm_costs"]["calls"] == len(fake_llm.chat_requests) > calls_before
     assert not any(text in p for text, _ in factories.ROWS for p in fake_llm.prompts())
 
-    release = _release(client, world, job_id)
-    manifest = release["manifest"]
+    released = release(client, world, job_id)
+    manifest = released["manifest"]
     assert manifest["method_id"] == "dp-eda" and manifest["method"].startswith("DP-EDA")
     assert manifest["decoder"]["name"] == "llm_reconstruction"  # the manifest names it
     assert manifest["llm_costs"]["method"] == "dp-eda"
     assert len(_events_match(manifest)) == 2 * len(LABELS)  # T iterations × classes
-    records = _download(client, world, release["id"])
-    assert 0 < len(records) == release["documents"] <= 2 * len(LABELS)
+    records = download(client, world, released["id"])
+    assert 0 < len(records) == released["documents"] <= 2 * len(LABELS)
     assert all(r["label"] in LABELS and r["text"].startswith("Patient") for r in records)
 
 
@@ -309,7 +258,7 @@ def test_a_bad_field_of_a_method_is_a_422_naming_it_and_stores_nothing(
     assert field in json.dumps(response.json())
     listed = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers)
     assert listed.status_code == 200 and listed.json() == []
-    assert _ledger_kinds(client, world, dataset_id) == []
+    assert ledger_kinds(client, world, dataset_id) == []
 
 
 @pytest.mark.parametrize("spec", [PATE, EDA])
@@ -326,7 +275,7 @@ def test_a_dry_run_of_each_method_plans_without_storing_anything(
     assert plan["dry_run"] is True and plan["delta"] == spec["delta"]
     assert 0 < plan["epsilon"] <= spec["epsilon"] + 1e-9
     assert plan["events"] and plan["method"]
-    assert _ledger_kinds(client, world, dataset_id) == []
+    assert ledger_kinds(client, world, dataset_id) == []
 
 
 def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spend(
@@ -353,12 +302,12 @@ def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spe
         "num_released": 2,
         "max_tokens": 16,
     }
-    job_id = _submit(client, world, dataset_id, spec)
+    job_id = submit(client, world, dataset_id, spec)
     fake_llm.default = Behaviour.parse("500")  # the endpoint is down
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "failed"
-    failed = _job(client, world, job_id)
+    failed = job_of(client, world, job_id)
     assert failed["state"] == "failed" and failed["epsilon"]["budget_state"] == "committed"
-    counts = _checkpoints(app.state.database, job_id)["aug-pe-counts"]
+    counts = checkpoints(app.state.database, job_id)["aug-pe-counts"]
 
     fake_llm.default = Behaviour.parse("ok")  # the endpoint is back
     response = client.post(f"/v1/jobs/{job_id}/retry", headers=world.owner.headers)
@@ -366,10 +315,10 @@ def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spe
     assert response.json()["state"] == "queued" and response.json()["error"] is None
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
 
-    job = _job(client, world, job_id)
+    job = job_of(client, world, job_id)
     assert job["state"] == "succeeded" and job["counts"]["sequences"] == 2
-    assert _checkpoints(app.state.database, job_id)["aug-pe-counts"] == counts
-    assert _ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
+    assert checkpoints(app.state.database, job_id)["aug-pe-counts"] == counts
+    assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
     again = client.post(f"/v1/jobs/{job_id}/retry", headers=world.owner.headers)
     assert again.status_code == 409  # a job that succeeded is not run again
 
@@ -378,7 +327,7 @@ def test_a_job_that_failed_before_reading_private_data_is_not_retried(
     client: TestClient, world: factories.World, worker: WorkerContext
 ) -> None:
     dataset_id = _dataset(client, world)
-    job_id = _submit(client, world, dataset_id, {**PATE, "llm": "vllm"})
+    job_id = submit(client, world, dataset_id, {**PATE, "llm": "vllm"})
     with worker.database.transaction() as session:  # fails before its spend is committed
         job = jobs_repo.get(session, uuid.UUID(job_id), for_update=True)
         assert job is not None

@@ -1,0 +1,85 @@
+"""What the service tests of the LLM methods' jobs share: a worker whose ``vllm`` endpoint
+is a fake OpenAI-compatible server (``tests/fake_llm.py``) and ``local`` the packaged
+model, and the HTTP calls that submit, read, release and download a job."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app.config import LLMEndpointSettings, Settings
+from app.db import Database
+from app.jobs.stages import WorkerContext
+from app.models import JobCheckpoint
+from tests.fake_llm import FakeLLM
+from tests.service import factories
+
+
+class Crash(BaseException):
+    """The worker process dies here (nothing of the stage catches it)."""
+
+
+def llm_worker(app: FastAPI, settings: Settings, tmp_path: Path, fake: FakeLLM) -> WorkerContext:
+    """A worker on the test database whose ``vllm`` endpoint is ``fake``."""
+    endpoints = {"vllm": LLMEndpointSettings(base_url=fake.base_url, model=fake.model)}
+    worker_settings = settings.model_copy(
+        update={
+            "cache_dir": tmp_path,
+            "progress_interval": 0.0,
+            "llm_endpoints": endpoints,
+            "llm_max_retries": 1,
+            "llm_backoff_base": 0.01,
+            "llm_backoff_max": 0.05,
+        }
+    )
+    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+
+
+def submit(client: TestClient, world: factories.World, dataset_id: str, spec: Any) -> str:
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def job(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
+    response = client.get(f"/v1/jobs/{job_id}", headers=world.owner.headers)
+    assert response.status_code == 200
+    return dict(response.json())
+
+
+def ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
+    response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
+    assert response.status_code == 200
+    return [entry["kind"] for entry in response.json()["entries"]]
+
+
+def checkpoints(db: Database, job_id: str) -> dict[str, bytes]:
+    with db.session() as session:
+        rows = session.scalars(
+            select(JobCheckpoint).where(JobCheckpoint.job_id == uuid.UUID(job_id))
+        ).all()
+        return {row.key: bytes(row.data) for row in rows}
+
+
+def release(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
+    response = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)]},
+    )
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def download(client: TestClient, world: factories.World, release_id: str) -> list[Any]:
+    response = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
+    assert response.status_code == 200
+    return [json.loads(line) for line in response.text.splitlines()]
