@@ -430,11 +430,14 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for row in r["rows"]:
         seq = f"{row['accuracy_sequences']:.3f}" if "accuracy_sequences" in row else "–"
-        per_k = 1000 * row["calls"] / row["released"] if row["released"] else float("nan")
+        per_k = f"{1000 * row['calls'] / row['released']:,.0f}" if row["released"] else "–"
+        accuracy = f"**{row['accuracy']:.3f}**"
+        if row["released"] == 0:
+            accuracy = f"{row['accuracy']:.3f} (chance: nothing released)"
         lines.append(
             f"| {row['dataset']} | {row['epsilon']:g} | {row['method']} | "
-            f"**{row['accuracy']:.3f}** | {seq} | {row['released']} | {row['calls']:,} | "
-            f"{per_k:,.0f} | {row['prompt_tokens']:,} | {row['completion_tokens']:,} | "
+            f"{accuracy} | {seq} | {row['released']} | {row['calls']:,} | "
+            f"{per_k} | {row['prompt_tokens']:,} | {row['completion_tokens']:,} | "
             f"{row['wall_seconds']:.0f} |"
         )
     lines += ["", "Trained on the real private documents (same classifier): "]
@@ -457,6 +460,10 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "Target (issue 17): DP-KPS at least as accurate as Aug-PE with at most 1/30 of its "
         "LLM calls. " + "; ".join(verdicts) + ".",
+        "",
+        "PATE-tutor keeps the best-scored candidates of each class in the tutor's noisy "
+        "proportions, at most the candidates that class has (pool C split evenly over the "
+        "classes), so with many classes it can release fewer documents than asked.",
         "",
         "At the quick preset Aug-PE's call count is far below its published setting "
         "(each released document costs N_t(1+f₀) + (T−1)·N_t·f calls over N_T documents); at "
