@@ -70,6 +70,7 @@ from workers.text.vocabulary import load_vocabulary
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("KEYSEED_SHARED", REPO.parent / "shared")) / "data"
 EPSILONS = (1.0, 4.0)
+METHODS = ("dpkps", "aug-pe", "pate-tutor", "dp-eda")
 SEED = 0
 
 
@@ -358,7 +359,9 @@ def _costs(costs: LLMCosts) -> dict[str, Any]:
     }
 
 
-def run(*, quick: bool = True, sizes: Sizes | None = None) -> dict[str, Any]:
+def run(
+    *, quick: bool = True, sizes: Sizes | None = None, methods: tuple[str, ...] = METHODS
+) -> dict[str, Any]:
     from workers.llm.local import LocalLLMServer
 
     sizes = sizes or (QUICK if quick else FULL)
@@ -378,7 +381,7 @@ def run(*, quick: bool = True, sizes: Sizes | None = None) -> dict[str, Any]:
             out["real"][data.name] = h.score(data, data.private_texts, data.private_labels)
             for epsilon in EPSILONS:
                 delta = delta_for(n)
-                for method in (h.dpkps, h.aug_pe, h.pate_tutor, h.dp_eda):
+                for method in (getattr(h, name.replace("-", "_")) for name in methods):
                     print(
                         f"[bench_methods] {data.name} ε={epsilon:g} {method.__name__}",
                         file=sys.stderr,
@@ -405,6 +408,12 @@ def markdown(r: dict[str, Any]) -> str:
         + (
             " (scaled down to fit the session on 2 busy CPU cores; NOT the issue's full size)"
             if r["preset"] != "full"
+            else ""
+        )
+        + (
+            f"; rows of {', '.join(r['partial_rerun'])} re-run after the others (same "
+            "sizes, same data)"
+            if r.get("partial_rerun")
             else ""
         )
         + f": {s['private']} private documents, {s['test']} held-out test documents, "
@@ -531,8 +540,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--full", action="store_true", help="the issue's sizes (FULL)")
     parser.add_argument("--quick", action="store_true", help="the QUICK preset (default)")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHODS,
+        default=list(METHODS),
+        help="run these methods only; with --update, the other rows stay as stored",
+    )
+    parser.add_argument(
+        "--update",
+        type=Path,
+        default=None,
+        help="BENCHMARKS.json: replace its bench_methods rows of --methods, keep the others",
+    )
     args = parser.parse_args(argv)
-    results = run(quick=not args.full)
+    results = run(quick=not args.full, methods=tuple(args.methods))
+    if args.update is not None:
+        stored = json.loads(args.update.read_text())
+        earlier = stored.get("bench_methods")
+        if earlier and earlier["sizes"] == results["sizes"]:
+            kept = [row for row in earlier["rows"] if row["method"] not in args.methods]
+            results["rows"] = sorted(
+                kept + results["rows"],
+                key=lambda row: (row["dataset"], row["epsilon"], METHODS.index(row["method"])),
+            )
+            results["partial_rerun"] = list(args.methods)
+        stored["bench_methods"] = results
+        args.update.write_text(json.dumps(stored, indent=1, default=str))
     print(json.dumps(results, indent=1), file=sys.stderr)
     print(markdown(results))
     return 0
