@@ -27,6 +27,11 @@ EPSILON_CEILING = 100.0  # above it the noise is negligible: no privacy worth a 
 
 
 NOISES = ("laplace", "gaussian")
+# How the private vocabulary is chosen (workers/methods/dpkps/private_vocab.py):
+# "histogram": noise on every phrase of the public vocabulary, top N; "threshold": Gaussian
+# noise on the phrases that occur, those above a threshold that bounds δ (Gaussian only).
+VOCABULARY_METHODS = ("histogram", "threshold")
+DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
 DELTA_CEILING = 1e-3  # δ is a probability of failure: keep it far below 1/n
 
 
@@ -186,6 +191,7 @@ class GenerationConfig:
     epsilon: float | None = None  # total budget, split among the mechanisms by the shares
     delta: float = 0.0  # with `epsilon`: > 0 for Gaussian noise
     noise: str = "laplace"  # "laplace" (pure ε) | "gaussian" (ε, δ), with `epsilon`
+    vocabulary_method: str | None = None  # "histogram" | "threshold"; None: per noise
     share_vocab: float = 1.0  # shares of the total (of ε for Laplace, of μ² for Gaussians)
     share_kde: float = 1.0
     share_count: float = 0.1
@@ -222,6 +228,17 @@ class GenerationConfig:
             "max_phrases_per_document",
         ):
             _check_int(getattr(self, name), name=name, low=1, high=LIMITS[name])
+        if self.vocabulary_method is not None:
+            if self.vocabulary_method not in VOCABULARY_METHODS:
+                raise ConfigError(
+                    f"must be one of {', '.join(VOCABULARY_METHODS)}", field="vocabulary_method"
+                )
+            if self.vocabulary_method == "threshold" and self.noise != "gaussian":
+                raise ConfigError(
+                    "the thresholded vocabulary is a Gaussian (ε, δ) release: give a total "
+                    "epsilon, delta > 0 and noise gaussian",
+                    field="vocabulary_method",
+                )
         if self.mode not in MODES:
             raise ConfigError(f"must be one of {', '.join(MODES)}", field="mode")
         if self.ensemble not in ENSEMBLES:
@@ -310,6 +327,13 @@ class GenerationConfig:
         return "exact" if self.mode == "independent" else "random_features"
 
     @property
+    def vocabulary_selection(self) -> str:
+        """How Ṽ is chosen: ``vocabulary_method``, or the default for the run's noise."""
+        if self.vocabulary_method is not None:
+            return self.vocabulary_method
+        return DEFAULT_VOCABULARY_METHOD[self.noise]
+
+    @property
     def sampling_temperature(self) -> float:
         """τ: ``temperature``, or the default measured for :attr:`density_method`."""
         if self.temperature is not None:
@@ -325,4 +349,5 @@ class GenerationConfig:
         """Every parameter, with the defaults that depend on the mode resolved."""
         out = asdict(self)
         out["kde_method"], out["temperature"] = self.density_method, self.sampling_temperature
+        out["vocabulary_method"] = self.vocabulary_selection
         return out

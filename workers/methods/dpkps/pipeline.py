@@ -33,7 +33,11 @@ from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.features import RandomFourierFeatures
 from workers.methods.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
 from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
-from workers.methods.dpkps.private_vocab import select_private_vocabulary
+from workers.methods.dpkps.private_vocab import (
+    PrivateVocabulary,
+    select_private_vocabulary,
+    select_thresholded_vocabulary,
+)
 from workers.methods.dpkps.proportions import allocate, noisy_class_counts
 from workers.methods.dpkps.sampling import (
     class_contrast,
@@ -113,6 +117,22 @@ def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Seq
         )
 
 
+def padded(private: PrivateVocabulary, config: GenerationConfig, size: int) -> PrivateVocabulary:
+    """Ṽ with public phrases appended (the public vocabulary's first ones, in its order)
+    when the DP release holds too few for a sequence: fewer than L distinct phrases, or
+    none. Post-processing of the release with public data only."""
+    need = min(config.sequence_length if config.distinct else 1, size)
+    if private.indices.size >= need:
+        return private
+    chosen = set(private.indices.tolist())
+    extra = [i for i in range(size) if i not in chosen][: need - private.indices.size]
+    return PrivateVocabulary(
+        indices=np.concatenate([private.indices, np.asarray(extra, dtype=np.int64)]),
+        noisy_counts=np.concatenate([private.noisy_counts, np.zeros(len(extra))]),
+        event=private.event,
+    )
+
+
 def _noop(stage: str, fraction: float) -> None:
     return None
 
@@ -154,22 +174,38 @@ def generate_sequences(
     # error, no early exit, no progress that counts documents); every mechanism stays DP
     # on an all-zero histogram. Raw facts go to ``owner_diagnostics`` only.
     pooled = pool(labels, units, label_set=label_set)
-    doc_matches = [extractor.extract(d, limit=config.max_matches_per_document) for d in documents]
+    thresholded = config.vocabulary_selection == "threshold"
+    # The thresholded histogram counts each unit's first S DISTINCT phrases: read a few
+    # more matches so that repeats do not leave it short (the bound S applies later).
+    limit = config.max_matches_per_document * (4 if thresholded else 1)
+    doc_matches = [extractor.extract(d, limit=limit) for d in documents]
     without_match = sum(1 for m in doc_matches if not m)
     # one list of matches per unit: its documents' matches in input order
     matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
     del doc_matches
     report_progress("extract", 1.0)
 
-    # 2. private vocabulary: Laplace histogram over every public phrase, top N
-    private = select_private_vocabulary(
-        matches,
-        vocabulary_size=len(vocabulary),
-        size=config.vocabulary_size,
-        planned=planned_event(VOCABULARY),
-        max_per_document=config.max_matches_per_document,
-    )
+    # 2. private vocabulary: a noisy histogram over every public phrase, top N; or a
+    # thresholded Gaussian histogram over the phrases that occur
+    if thresholded:
+        private = select_thresholded_vocabulary(
+            matches,
+            vocabulary_size=len(vocabulary),
+            size=config.vocabulary_size,
+            planned=planned_event(VOCABULARY),
+            max_per_document=config.max_matches_per_document,
+            threshold_delta=the_plan.threshold_delta,
+        )
+    else:
+        private = select_private_vocabulary(
+            matches,
+            vocabulary_size=len(vocabulary),
+            size=config.vocabulary_size,
+            planned=planned_event(VOCABULARY),
+            max_per_document=config.max_matches_per_document,
+        )
     del matches
+    private = padded(private, config, len(vocabulary))
     phrases = [vocabulary.phrases[i] for i in private.indices]
     events: list[PrivacyEvent] = [private.event]
     report_progress("private_vocabulary", 1.0)

@@ -26,6 +26,17 @@ noise per unit of sensitivity is what the accountant needs: ε for Laplace, σ/�
 Gaussians) and the run records the real sensitivity with a proportional scale;
 :func:`matches` checks that the run made exactly the planned releases.
 
+Thresholded vocabulary (``vocabulary_method = "threshold"``, Gaussian noise only): the
+vocabulary histogram is released on the phrases that occur, and only those above a
+threshold stay (:mod:`workers.methods.dpkps.private_vocab`). Its Gaussian part is the
+planned ``vocabulary`` event (L2 Δ = √S); the chance that a phrase held by the added unit
+alone crosses the threshold is ``threshold_delta`` (:data:`THRESHOLD_DELTA_SHARE` of δ),
+which also costs ``ln(1/(1 − threshold_delta))`` in ε. The plan calibrates every Gaussian
+to (ε − that, δ − threshold_delta) and :class:`Plan` carries both parts, so the run's
+total stays (ε, δ). A :class:`~workers.privacy.events.PrivacyEvent` has no δ of its own
+yet: whoever composes the events alone (a ledger) must add ``threshold_delta`` and
+``threshold_epsilon`` from the plan.
+
 Default shares (``share_vocab`` = ``share_kde`` = 1, ``share_count`` = 0.1): on AG News at
 ε = 1 an even vocabulary/KDE split beat 0.2/0.8 (0.635 against 0.497 synthetic accuracy,
 landed code, Laplace), because at low ε the private vocabulary is the bottleneck; the
@@ -48,6 +59,10 @@ from workers.privacy.events import PrivacyEvent
 
 VOCABULARY, CLASS_COUNTS, KDE = "vocabulary", "class_counts", "kde"
 RELATIVE_TOLERANCE = 1e-9  # planned against realised noise per unit of sensitivity
+# Share of the run's δ spent on the vocabulary threshold (a phrase of the added unit alone
+# crossing it); the Gaussians get the rest. T grows like √(2 ln(S/δ_thr)): halving δ_thr
+# moves T by ~2 % and costs the Gaussians little, so an even split is near optimal.
+THRESHOLD_DELTA_SHARE = 0.5
 
 
 def kde_structures(config: GenerationConfig) -> int:
@@ -117,6 +132,14 @@ class Plan:
     epsilon: Decimal
     delta: float
     accountant: str
+    # Thresholded vocabulary: the δ of its threshold, and the ε it adds (both 0 otherwise).
+    threshold_delta: float = 0.0
+    threshold_epsilon: float = 0.0
+
+    @property
+    def gaussian_delta(self) -> float:
+        """The δ at which the events themselves are composed (``delta − threshold_delta``)."""
+        return self.delta - self.threshold_delta
 
     def noise_per_sensitivity(self, mechanism: str) -> float:
         """Scale / sensitivity of ``mechanism`` (1/ε for Laplace, σ/Δ for Gaussians)."""
@@ -138,7 +161,21 @@ class Plan:
             "delta": self.delta,
             "accountant": self.accountant,
             "events": [e.to_dict() for e in self.events],
+            "threshold_delta": self.threshold_delta,
+            "threshold_epsilon": self.threshold_epsilon,
         }
+
+
+def threshold_costs(config: GenerationConfig) -> tuple[float, float]:
+    """(δ, ε) of the vocabulary threshold: 0 unless the run thresholds its vocabulary.
+
+    ε = ln(1/(1 − δ_thr)), rounded up: on the side where the added unit's phrases must
+    stay below the threshold, its probability (≥ 1 − δ_thr) divides the likelihood.
+    """
+    if config.vocabulary_selection != "threshold":
+        return 0.0, 0.0
+    delta = THRESHOLD_DELTA_SHARE * config.delta
+    return delta, math.nextafter(-math.log1p(-delta), math.inf)
 
 
 def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: int) -> Plan:
@@ -150,14 +187,29 @@ def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: in
     if config.epsilon is None:  # per-mechanism ε: their sum, each share its own ε
         total = math.fsum(m.share for m in mechanisms)
         split = split_budget(epsilon=total, delta=0.0, mechanisms=mechanisms)
-    else:
-        split = split_budget(epsilon=config.epsilon, delta=config.delta, mechanisms=mechanisms)
-    composition = compose(split.events)
+        return Plan(
+            events=split.events,
+            epsilon=split.epsilon,
+            delta=split.delta,
+            accountant=compose(split.events).name,
+        )
+    threshold_delta, threshold_epsilon = threshold_costs(config)
+    epsilon = config.epsilon
+    if threshold_delta:
+        target = Decimal(repr(config.epsilon)) - Decimal(threshold_epsilon)
+        epsilon = math.nextafter(float(target), 0.0)  # rounded down: the sum stays ≤ ε
+    split = split_budget(
+        epsilon=epsilon, delta=config.delta - threshold_delta, mechanisms=mechanisms
+    )
+    total = split.epsilon + Decimal(threshold_epsilon)
+    assert total <= Decimal(repr(config.epsilon)), (total, config.epsilon)
     return Plan(
         events=split.events,
-        epsilon=split.epsilon,
-        delta=split.delta,
-        accountant=composition.name,
+        epsilon=total,
+        delta=config.delta,
+        accountant=compose(split.events).name,
+        threshold_delta=threshold_delta,
+        threshold_epsilon=threshold_epsilon,
     )
 
 

@@ -1,0 +1,230 @@
+"""DP-KPS at small ε (issue 16): accuracy of a classifier trained on keyphrase sequences.
+
+Sequences only (no LLM), the classifier of ``bench_utility.py`` (``embedding``: MiniLM
+sentence embeddings + a small network), one total budget ``--epsilon``/``--delta``
+(Gaussian noise) split by the engine's shares.
+
+Splits (tuning kept disjoint from what is reported):
+
+* ``ag-tune``: AG News rows 0–3,799 — per class a seeded shuffle, 200 test documents per
+  class, the rest (about 750 per class) private. Defaults were chosen here.
+* ``ag-report``: AG News rows 3,800–7,599, split the same way. Reported, never tuned on.
+* ``yelp-small``: the "small hospital": 1,000 private reviews drawn (seeded) from
+  ``yelp_dev.csv``, labelled business category × stars (≤ 50 classes), tested on 2,000
+  reviews of ``yelp_test.csv``; class counts are noisy (``total``), since a fixed number
+  per class would give the 62 % restaurant reviews the weight of the rarest class.
+
+Each figure is also given as a fraction of the same classifier trained on the real
+private texts of the same split. Run: ``python -m benchmarks.bench_low_epsilon SPLIT
+EPSILON [EPSILON …] [--runs 5] [--set key=value …]``; results are appended as JSON lines
+to ``benchmarks/low_epsilon.jsonl`` (no private text, only accuracies and settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.pipeline import generate_sequences
+from workers.settings import CoreSettings
+from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
+from workers.text.vocabulary import load_vocabulary
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("KEYSEED_SHARED", REPO.parent / "shared")) / "data"
+OUT = REPO / "benchmarks" / "low_epsilon.jsonl"
+SEED = 0
+DELTA = 1e-6
+AG_TEST_PER_CLASS = 200
+YELP_PRIVATE, YELP_TEST = 1000, 2000
+
+
+class MemoEmbedder:
+    """A sentence embedder that remembers what it embedded (the test texts, every run)."""
+
+    def __init__(self, inner: SentenceEmbedder) -> None:
+        self.inner = inner
+        self.memo: dict[str, NDArray[np.float32]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dimension(self) -> int:
+        return int(self.inner.dimension)
+
+    def encode(self, texts: Sequence[str], *, batch_size: int = 256) -> NDArray[np.float32]:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.memo))
+        if missing:
+            rows = self.inner.encode(missing, batch_size=batch_size)
+            self.memo.update(zip(missing, rows, strict=True))
+        if not texts:
+            return self.inner.encode([])
+        return np.stack([self.memo[t] for t in texts])
+
+
+def _ag_text(row: dict[str, str]) -> str:
+    return ". ".join(" ".join(row[c].split()) for c in ("title", "description") if row[c].strip())
+
+
+def ag_split(first: int, last: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Rows [first, last) of AG News: per class 200 test documents, the rest private."""
+    with open(DATA / "ag_news_test.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))[first:last]
+    by_class: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for row in rows:
+        by_class[row["class"]].append(row)
+    rng = random.Random(SEED)
+    private, test = [], []
+    for label in sorted(by_class):
+        group = by_class[label]
+        rng.shuffle(group)
+        test.extend(group[:AG_TEST_PER_CLASS])
+        private.extend(group[AG_TEST_PER_CLASS:])
+    rng.shuffle(private)
+    return (
+        [_ag_text(r) for r in private],
+        [r["class"] for r in private],
+        [_ag_text(r) for r in test],
+        [r["class"] for r in test],
+    )
+
+
+def _yelp_label(row: dict[str, str]) -> str:
+    category = row["label1"].removeprefix("Business Category: ")
+    stars = row["label2"].removeprefix("Review Stars: ")
+    return f"{category} / {stars}"
+
+
+def yelp_split() -> tuple[list[str], list[str], list[str], list[str]]:
+    def sample(name: str, n: int) -> list[dict[str, str]]:
+        with open(DATA / name, newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+        return random.Random(SEED).sample(rows, n)
+
+    private, test = sample("yelp_dev.csv", YELP_PRIVATE), sample("yelp_test.csv", YELP_TEST)
+    return (
+        [" ".join(r["text"].split()) for r in private],
+        [_yelp_label(r) for r in private],
+        [" ".join(r["text"].split()) for r in test],
+        [_yelp_label(r) for r in test],
+    )
+
+
+SPLITS = {
+    "ag-tune": lambda: ag_split(0, 3800),
+    "ag-report": lambda: ag_split(3800, 7600),
+    "yelp-small": yelp_split,
+}
+
+
+class Bench:
+    def __init__(self, split: str) -> None:
+        self.split = split
+        self.texts, self.labels, self.test_texts, self.test_labels = SPLITS[split]()
+        # the declared label set: AG News's four topics; Yelp's categories × five stars
+        if split.startswith("yelp"):
+            categories = sorted({label.split(" / ")[0] for label in self.labels + self.test_labels})
+            self.label_set = [f"{c} / {s}.0" for c in categories for s in range(1, 6)]
+        else:
+            self.label_set = sorted(set(self.labels))
+        self.vocabulary = load_vocabulary("english")
+        self.embedder = MemoEmbedder(SentenceEmbedder())
+        self.cache = EmbeddingCache(CoreSettings().embedding_cache_dir)
+
+    def score(self, texts: list[str], labels: list[str]) -> float:
+        result = train_and_score(
+            texts,
+            labels,
+            self.test_texts,
+            self.test_labels,
+            classifier=DEFAULT_CLASSIFIER,
+            seed=SEED,
+            embedder=self.embedder,  # type: ignore[arg-type]
+        )
+        return result.accuracy
+
+    def real(self) -> float:
+        return self.score(self.texts, self.labels)
+
+    def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
+        base: dict[str, Any] = dict(epsilon=epsilon, delta=DELTA, noise="gaussian", seed=seed)
+        if self.split.startswith("yelp"):
+            base.update(per_class=None, total=2000)
+        else:
+            base.update(per_class=500)
+        base.update(settings)
+        config = GenerationConfig(**base).validate()
+        result = generate_sequences(
+            self.texts,
+            self.labels,
+            label_set=self.label_set,
+            vocabulary=self.vocabulary,
+            config=config,
+            embedder=self.embedder,  # type: ignore[arg-type]
+            cache=self.cache,
+        )
+        assert result.report.as_planned and float(result.report.epsilon) <= epsilon
+        seqs = result.sequences
+        return self.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
+
+
+def _value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"none": None, "true": True, "false": False}.get(text.lower(), text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("split", choices=sorted(SPLITS))
+    parser.add_argument("epsilons", type=float, nargs="+")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], help="config key=value")
+    parser.add_argument("--real", action="store_true", help="also score the real texts")
+    args = parser.parse_args(argv)
+    settings = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    bench = Bench(args.split)
+    real = None
+    if args.real:
+        real = bench.real()
+        print(f"{args.split}: real texts {real:.4f}", flush=True)
+    for epsilon in args.epsilons:
+        started = time.perf_counter()
+        accs = [bench.run(epsilon, seed, settings) for seed in range(args.runs)]
+        record = {
+            "split": args.split,
+            "epsilon": epsilon,
+            "delta": DELTA,
+            "settings": settings,
+            "runs": accs,
+            "mean": statistics.mean(accs),
+            "real": real,
+            "seconds": time.perf_counter() - started,
+        }
+        with open(OUT, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

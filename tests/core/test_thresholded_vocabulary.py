@@ -1,0 +1,213 @@
+"""The thresholded Gaussian vocabulary: a histogram over the phrases that occur, kept above
+a threshold that bounds the δ of a phrase only the added unit holds.
+
+Fast tests check the threshold, the support, the plan's split of (ε, δ) and a run end to
+end; the ``slow`` ones are stochastic checks on neighbouring corpora, in the pattern of
+``test_neighbouring.py``: (a) the Gaussian part on phrases both corpora hold stays
+within (ε, δ), and a control with half the noise is caught; (b) a phrase of the added
+unit alone crosses the threshold at most ``threshold_delta`` of the time, and a
+threshold computed for half the noise scale is caught.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from tests.core.test_neighbouring import SIGMA_1, check_gaussian
+from tests.privacy_audit import planned
+from workers.errors import ConfigError
+from workers.methods.dpkps import private_vocab
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.plan import THRESHOLD_DELTA_SHARE, plan
+from workers.methods.dpkps.private_vocab import (
+    phrase_histogram,
+    select_thresholded_vocabulary,
+    vocabulary_threshold,
+)
+from workers.privacy.accountant import compose
+
+
+def gaussian_config(**overrides: Any) -> GenerationConfig:
+    base: dict[str, Any] = dict(
+        epsilon=1.0, delta=1e-6, noise="gaussian", vocabulary_method="threshold"
+    )
+    base.update(overrides)
+    return GenerationConfig(**base)
+
+
+@pytest.mark.parametrize(("s", "delta"), [(1, 1e-6), (10, 5e-7), (32, 1e-3)])
+def test_threshold_bounds_the_chance_that_s_new_phrases_cross(s: int, delta: float) -> None:
+    scale = 7.5
+    t = vocabulary_threshold(scale=scale, max_per_document=s, threshold_delta=delta)
+    # S phrases of count 1 each: union bound S·Φ̄((T − 1)/σ) ≤ δ, and not much below it
+    tail = s * norm.sf((t - 1.0) / scale)
+    assert 0.99 * delta < tail <= delta
+
+
+def test_only_occurring_phrases_are_noised_and_can_be_kept() -> None:
+    size = 300_000
+    docs = [[5, 7, 9]] * 200 + [[11]] * 2
+    plan_event = planned("gaussian", 2.0, multiplier=1.0, dimension=size)
+    for _ in range(20):
+        chosen = select_thresholded_vocabulary(
+            docs,
+            vocabulary_size=size,
+            size=1000,
+            planned=plan_event,
+            max_per_document=4,
+            threshold_delta=1e-6,
+        )
+        # 200 ≫ T ≈ 1 + 2·5.2: the frequent phrases always pass; phrase 11 (count 2)
+        # never does; a phrase that occurs nowhere cannot be drawn at all
+        assert sorted(chosen.indices.tolist()) == [5, 7, 9]
+        assert np.all(chosen.noisy_counts > 100)
+    assert chosen.event.dimension == size and chosen.event.noise == "gaussian"
+
+
+def test_thresholded_histogram_counts_distinct_phrases_within_s() -> None:
+    counts = phrase_histogram([[1, 1, 1, 2, 3, 4, 5]], vocabulary_size=8, max_per_document=3,
+                              distinct=True)  # fmt: skip
+    assert counts.tolist() == [0, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_threshold_needs_gaussian_noise() -> None:
+    with pytest.raises(ConfigError) as info:
+        GenerationConfig(
+            epsilon_vocab=1.0, epsilon_kde=1.0, vocabulary_method="threshold"
+        ).validate()
+    assert info.value.field == "vocabulary_method"
+    with pytest.raises(ConfigError) as info:
+        gaussian_config(vocabulary_method="top").validate()
+    assert info.value.field == "vocabulary_method"
+
+
+@pytest.mark.parametrize("epsilon", [0.25, 1.0, 6.0])
+def test_plan_splits_epsilon_and_delta_with_the_threshold(epsilon: float) -> None:
+    cfg = gaussian_config(epsilon=epsilon)
+    p = plan(cfg, ["a", "b"], 300_000)
+    assert p.delta == 1e-6
+    assert p.threshold_delta == pytest.approx(THRESHOLD_DELTA_SHARE * 1e-6)
+    assert p.threshold_epsilon == pytest.approx(p.threshold_delta, rel=1e-5)
+    # the events compose at δ − δ_thr to at most ε − ε_thr, and the total stays ≤ ε
+    gaussian = compose(p.events).epsilon(p.gaussian_delta)
+    assert gaussian + Decimal(p.threshold_epsilon) <= Decimal(repr(epsilon))
+    assert p.epsilon <= Decimal(repr(epsilon))
+    assert float(p.epsilon) == pytest.approx(epsilon, rel=1e-3)
+    # the histogram variant of the same budget: no threshold, composed at the whole δ
+    h = plan(gaussian_config(epsilon=epsilon, vocabulary_method="histogram"), ["a", "b"], 300_000)
+    assert h.threshold_delta == 0 and h.gaussian_delta == 1e-6
+
+
+def test_a_thresholded_run_meets_its_budget_and_pads_a_tiny_vocabulary() -> None:
+    from tests.core.test_pipeline import TOPICS, corpus
+    from workers.methods.dpkps.pipeline import generate_sequences
+    from workers.text.embeddings import SentenceEmbedder
+    from workers.text.vocabulary import Vocabulary
+
+    phrases = [p for words in TOPICS.values() for p in words]
+    phrases += [f"unrelated term {i}" for i in range(200)]
+    vocabulary = Vocabulary.from_phrases("test-clinical", phrases)
+    texts, labels = corpus(per_class=40)
+    embedder = SentenceEmbedder()
+    for epsilon, enough in ((8.0, True), (0.05, False)):
+        cfg = gaussian_config(
+            epsilon=epsilon,
+            per_class=20,
+            vocabulary_size=30,
+            max_matches_per_document=4,
+            sequence_length=3,
+            bandwidth=0.5,
+        )
+        result = generate_sequences(
+            texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg,
+            embedder=embedder,
+        )  # fmt: skip
+        report = result.report
+        assert report.as_planned
+        assert float(report.epsilon) <= epsilon and report.delta == 1e-6
+        assert report.plan.threshold_delta == pytest.approx(5e-7)
+        assert len(result.sequences) == 20 * len(TOPICS)
+        assert result.manifest()["parameters"]["vocabulary_method"] == "threshold"
+        if enough:  # every topic phrase occurs in ~24 documents of 120: all clear T
+            assert not any(p.startswith("unrelated") for p in result.private_vocabulary)
+            assert len(result.private_vocabulary) == 15
+        else:  # at ε = 0.05 nothing clears T: Ṽ is padded to L public phrases
+            assert len(result.private_vocabulary) >= cfg.sequence_length
+
+
+# ------------------------------------------------------- stochastic, neighbouring corpora
+
+RUNS = 6000
+
+
+@pytest.mark.slow
+def test_thresholded_vocabulary_gaussian_part_within_epsilon_delta() -> None:
+    # Phrases both corpora hold, far above T: the release is the Gaussian mechanism with
+    # L2 Δ = √S (the added unit moves S counts by 1), and thresholding never bites.
+    s, size = 4, 8
+    corpus = [[0, 1, 2, 3]] * 150 + [[4, 5]] * 150
+    neighbour = [*corpus, [0, 1, 4, 5, 5, 5]]
+    plan_event = planned("gaussian", math.sqrt(s), multiplier=SIGMA_1, dimension=size)
+    raw = phrase_histogram(corpus, vocabulary_size=size, max_per_document=s, distinct=True)
+    raw2 = phrase_histogram(neighbour, vocabulary_size=size, max_per_document=s, distinct=True)
+    assert np.linalg.norm(raw2 - raw) == pytest.approx(math.sqrt(s))
+
+    def draw(add: bool) -> np.ndarray:
+        chosen = select_thresholded_vocabulary(
+            neighbour if add else corpus,
+            vocabulary_size=size,
+            size=size,
+            planned=plan_event,
+            max_per_document=s,
+            threshold_delta=1e-3,
+        )
+        assert chosen.indices.size == 6  # all six occurring phrases, every time
+        out = np.zeros(size)
+        out[chosen.indices] = chosen.noisy_counts
+        return out
+
+    check_gaussian(draw, raw.astype(float), raw2.astype(float), SIGMA_1 * math.sqrt(s))
+
+
+@pytest.mark.slow
+def test_phrases_of_the_added_unit_cross_the_threshold_at_most_delta(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s, size, delta = 4, 12, 0.05
+    corpus = [[0, 1, 2, 3]] * 100
+    neighbour = [*corpus, [8, 8, 9, 10, 11, 0]]  # four phrases nobody else holds
+    plan_event = planned("gaussian", math.sqrt(s), multiplier=SIGMA_1, dimension=size)
+    new = {8, 9, 10, 11}
+
+    def crossing_rate(runs: int) -> float:
+        hits = 0
+        for _ in range(runs):
+            chosen = select_thresholded_vocabulary(
+                neighbour,
+                vocabulary_size=size,
+                size=size,
+                planned=plan_event,
+                max_per_document=s,
+                threshold_delta=delta,
+            )
+            hits += bool(new & set(chosen.indices.tolist()))
+        return hits / runs
+
+    # exact chance 1 − (1 − δ/S)^S ≈ 0.9816·δ; binomial sd over 8,000 runs ≈ 0.05·δ
+    rate = crossing_rate(8000)
+    assert 0.8 * delta < rate <= 1.15 * delta
+
+    # control: a threshold computed for half the noise scale lets far more through
+    real = private_vocab.vocabulary_threshold
+
+    def halved(*, scale: float, **kwargs: Any) -> float:
+        return real(scale=scale / 2, **kwargs)
+
+    monkeypatch.setattr(private_vocab, "vocabulary_threshold", halved)
+    assert crossing_rate(2000) > 3 * delta
