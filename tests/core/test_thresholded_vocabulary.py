@@ -211,3 +211,73 @@ def test_phrases_of_the_added_unit_cross_the_threshold_at_most_delta(
 
     monkeypatch.setattr(private_vocab, "vocabulary_threshold", halved)
     assert crossing_rate(2000) > 3 * delta
+
+
+# ----------------------------------------- exact-kernel density with L2-normalised weights
+
+
+def _two_phrase_kernel() -> Any:
+    import torch
+
+    from workers.methods.dpkps.kde import ExactKernel
+
+    first = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    second = torch.tensor([[math.cos(0.74), math.sin(0.74)]], dtype=torch.float64)
+    return ExactKernel(torch.cat([first, second]), 1.0)  # K = [[1, k], [k, 1]], k ≈ 0.6
+
+
+def test_l2_weights_sensitivity_is_the_largest_eigenvalue_and_is_reached() -> None:
+    import torch
+
+    from workers.methods.dpkps.kde import ExactKernel, phrase_weights
+
+    kernel = _two_phrase_kernel()
+    k = float(torch.exp(-torch.tensor(2 - 2 * math.cos(0.74))))
+    assert kernel.spectral_norm == pytest.approx(1 + k, rel=1e-8)
+    # a document holding both phrases: x = (1, 1)/√2, the Perron vector: ‖K x‖₂ = 1 + k
+    base = kernel.density(phrase_weights([[0], [1]], 2, max_phrases=8, weighting="l2"))
+    more = kernel.density(phrase_weights([[0], [1], [0, 1]], 2, max_phrases=8, weighting="l2"))
+    assert np.linalg.norm(more - base) == pytest.approx(kernel.spectral_norm, rel=1e-6)
+    # many phrases: no document moves the density by more than λ_max in L2
+    emb = torch.nn.functional.normalize(
+        torch.randn(60, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64), dim=1
+    )
+    big = ExactKernel(emb, 0.8)
+    rng = np.random.default_rng(0)
+    corpus = [list(rng.choice(60, size=5, replace=False)) for _ in range(30)]
+    ref = big.density(phrase_weights(corpus, 60, max_phrases=8, weighting="l2"))
+    for n in (1, 2, 8, 20):
+        doc = list(rng.choice(60, size=n, replace=False))
+        moved = big.density(phrase_weights([*corpus, doc], 60, max_phrases=32, weighting="l2"))
+        assert np.linalg.norm(moved - ref) <= big.spectral_norm * (1 + 1e-9)
+    assert big.sensitivities["l2"] <= big.spectral_norm <= big.sensitivities["l1"] + 1e-9
+
+
+def test_l2_weights_need_gaussian_noise() -> None:
+    with pytest.raises(ConfigError) as info:
+        GenerationConfig(epsilon_vocab=1.0, epsilon_kde=1.0, kde_weighting="l2").validate()
+    assert info.value.field == "kde_weighting"
+
+
+@pytest.mark.slow
+def test_l2_weighted_exact_kde_within_epsilon_delta() -> None:
+    from workers.methods.dpkps.kde import build_exact_structure, phrase_weights
+
+    kernel = _two_phrase_kernel()
+    corpus = [[0], [1]]
+    neighbour = [*corpus, [0, 1]]  # the Perron direction: the bound is reached
+    raw = kernel.density(phrase_weights(corpus, 2, max_phrases=8, weighting="l2"))
+    raw2 = kernel.density(phrase_weights(neighbour, 2, max_phrases=8, weighting="l2"))
+    plan_event = planned("gaussian", 1.0, multiplier=SIGMA_1, dimension=2)
+
+    def draw(add: bool) -> np.ndarray:
+        return build_exact_structure(
+            neighbour if add else corpus,
+            kernel,
+            label="a",
+            planned=plan_event,
+            max_phrases=8,
+            weighting="l2",
+        ).noisy_density
+
+    check_gaussian(draw, raw, raw2, SIGMA_1 * kernel.spectral_norm)

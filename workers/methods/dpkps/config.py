@@ -32,6 +32,10 @@ NOISES = ("laplace", "gaussian")
 # noise on the phrases that occur, those above a threshold that bounds δ (Gaussian only).
 VOCABULARY_METHODS = ("histogram", "threshold")
 DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
+# A document's weights in the exact-kernel density (workers/methods/dpkps/kde.py): "l1",
+# they sum to 1; "l2", L2 norm 1 (Gaussian noise only; sensitivity λ_max of the kernel).
+KDE_WEIGHTINGS = ("l1", "l2")
+DEFAULT_KDE_WEIGHTING = {"laplace": "l1", "gaussian": "l1"}
 DELTA_CEILING = 1e-3  # δ is a probability of failure: keep it far below 1/n
 
 
@@ -192,6 +196,7 @@ class GenerationConfig:
     delta: float = 0.0  # with `epsilon`: > 0 for Gaussian noise
     noise: str = "laplace"  # "laplace" (pure ε) | "gaussian" (ε, δ), with `epsilon`
     vocabulary_method: str | None = None  # "histogram" | "threshold"; None: per noise
+    kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: per noise
     share_vocab: float = 1.0  # shares of the total (of ε for Laplace, of μ² for Gaussians)
     share_kde: float = 1.0
     share_count: float = 0.1
@@ -238,6 +243,17 @@ class GenerationConfig:
                     "the thresholded vocabulary is a Gaussian (ε, δ) release: give a total "
                     "epsilon, delta > 0 and noise gaussian",
                     field="vocabulary_method",
+                )
+        if self.kde_weighting is not None:
+            if self.kde_weighting not in KDE_WEIGHTINGS:
+                raise ConfigError(
+                    f"must be one of {', '.join(KDE_WEIGHTINGS)}", field="kde_weighting"
+                )
+            if self.kde_weighting == "l2" and self.noise != "gaussian":
+                raise ConfigError(
+                    "L2 document weights are bounded for Gaussian noise: give a total "
+                    "epsilon, delta > 0 and noise gaussian",
+                    field="kde_weighting",
                 )
         if self.mode not in MODES:
             raise ConfigError(f"must be one of {', '.join(MODES)}", field="mode")
@@ -334,6 +350,13 @@ class GenerationConfig:
         return DEFAULT_VOCABULARY_METHOD[self.noise]
 
     @property
+    def density_weighting(self) -> str:
+        """A document's weights in the exact-kernel density: ``kde_weighting`` or default."""
+        if self.kde_weighting is not None:
+            return self.kde_weighting
+        return DEFAULT_KDE_WEIGHTING[self.noise]
+
+    @property
     def sampling_temperature(self) -> float:
         """τ: ``temperature``, or the default measured for :attr:`density_method`."""
         if self.temperature is not None:
@@ -350,4 +373,5 @@ class GenerationConfig:
         out = asdict(self)
         out["kde_method"], out["temperature"] = self.density_method, self.sampling_temperature
         out["vocabulary_method"] = self.vocabulary_selection
+        out["kde_weighting"] = self.density_weighting
         return out

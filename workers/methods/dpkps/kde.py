@@ -53,6 +53,8 @@ from workers.methods.dpkps.noise import noise_std, release_vector
 from workers.privacy.events import PrivacyEvent
 
 _DOC_CHUNK = 2048
+SPECTRAL_EXACT_LIMIT = 5000  # |Ṽ| up to which λ_max(K) is computed (a |Ṽ|² matrix)
+WEIGHTINGS = ("l1", "l2")  # a document's weights: sum 1 (share), or L2 norm 1
 
 
 MAX_BOUND = math.sqrt(2.0)  # |f_k| ≤ √2: a bound of √2·I clips nothing
@@ -324,6 +326,26 @@ class ExactKernel:
             l2 = max(l2, float(block.pow(2).sum(dim=1).sqrt().max()))
         self.sensitivities = {"l1": l1, "l2": l2}
         self.sensitivity = l1
+        self._spectral: float | None = None
+
+    @property
+    def spectral_norm(self) -> float:
+        """λ_max(K), an upper bound on ‖K x‖₂ for every ‖x‖₂ ≤ 1: the sensitivity of the
+        density under L2-normalised document weights (:func:`phrase_weights`, ``"l2"``).
+
+        K is symmetric positive semi-definite (a Gaussian kernel matrix), so its operator
+        norm is its largest eigenvalue; computed exactly up to ``SPECTRAL_EXACT_LIMIT``
+        phrases (plus a relative margin for the solver), above it bounded by the largest
+        row sum (Gershgorin), which is ≥ λ_max. Public: a function of Ṽ and the embeddings.
+        """
+        if self._spectral is None:
+            if self.size <= SPECTRAL_EXACT_LIMIT:
+                matrix = torch.cat(list(self._blocks()))
+                top = float(torch.linalg.eigvalsh(matrix)[-1])
+                self._spectral = top * (1.0 + 1e-9) + 1e-12
+            else:
+                self._spectral = self.sensitivities["l1"]
+        return self._spectral
 
     @property
     def size(self) -> int:
@@ -343,14 +365,19 @@ class ExactKernel:
 
 
 def phrase_weights(
-    doc_phrases: Sequence[Sequence[int]], size: int, *, max_phrases: int
+    doc_phrases: Sequence[Sequence[int]], size: int, *, max_phrases: int, weighting: str = "l1"
 ) -> NDArray[np.float64]:
-    """``w[v] = Σ_j 1/n_j`` over the documents holding ``v`` among their first ``M`` phrases."""
+    """``w[v] = Σ_j 1/n_j`` over the documents holding ``v`` among their first ``M`` phrases
+    (``weighting="l1"``: a document's weights sum to 1), or ``Σ_j 1/√n_j`` (``"l2"``: a
+    document's weight vector has L2 norm 1)."""
+    if weighting not in WEIGHTINGS:
+        raise ConfigError(f"must be one of {', '.join(WEIGHTINGS)}", field="kde_weighting")
+    power = 1.0 if weighting == "l1" else 0.5
     weights = np.zeros(size, dtype=np.float64)
     for phrases in doc_phrases:
         kept = list(dict.fromkeys(phrases))[:max_phrases]
         if kept:
-            np.add.at(weights, np.asarray(kept, dtype=np.int64), 1.0 / len(kept))
+            np.add.at(weights, np.asarray(kept, dtype=np.int64), len(kept) ** -power)
     return weights
 
 
@@ -375,10 +402,27 @@ def build_exact_structure(
     label: str,
     planned: PrivacyEvent,
     max_phrases: int,
+    weighting: str = "l1",
 ) -> ExactKDE:
-    """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise."""
-    raw = kernel.density(phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases))
-    sensitivity = kernel.sensitivities[planned.norm]
+    """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise.
+
+    ``weighting="l1"`` (each document's weights sum to 1): sensitivity the largest column
+    sum (Laplace) or column norm (Gaussian) of K, since K·x_j is a convex combination of
+    columns. ``"l2"`` (weights 1/√n_j, ‖x_j‖₂ = 1; Gaussian noise only): ‖K x_j‖₂ ≤
+    λ_max(K)·‖x_j‖₂ = λ_max(K) (:attr:`ExactKernel.spectral_norm`). With K close to the
+    identity (a narrow kernel) both sensitivities are about 1, while a document of n
+    phrases gives each √n times the weight: the density's signal grows √n-fold against
+    the same noise.
+    """
+    if weighting == "l2" and planned.norm != "l2":
+        raise ConfigError("L2 document weights need Gaussian noise", field="kde_weighting")
+    weights = phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases, weighting=weighting)
+    raw = kernel.density(weights)
+    del weights
+    if weighting == "l2":
+        sensitivity = kernel.spectral_norm
+    else:
+        sensitivity = kernel.sensitivities[planned.norm]
     noisy, event = _release(raw, sensitivity, planned, label, "exact")
     del raw  # raw densities never outlive the structure's construction
     return ExactKDE(label=label, noisy_density=noisy, event=event)

@@ -281,6 +281,7 @@ def generate_sequences(
                 label=label,
                 planned=planned_event(KDE),
                 max_phrases=config.max_phrases_per_document,
+                weighting=config.density_weighting,
             )
             events.append(exact.event)
             bag_scores.append(floored_density(exact, noise_floor=config.noise_floor))
