@@ -127,7 +127,7 @@ def vocabulary_threshold(*, scale: float, max_per_document: int, threshold_delta
 
     >>> t = vocabulary_threshold(scale=10.0, max_per_document=10, threshold_delta=1e-6)
     >>> round(t, 2), float(10 * norm.sf((t - 1) / 10.0)) <= 1e-6
-    (54.99, True)
+    (52.99, True)
     """
     if not 0 < threshold_delta < 1:
         raise ConfigError("must be in (0, 1)", field="delta")
