@@ -66,8 +66,8 @@ class MemoEmbedder:
         return self.inner.name
 
     @property
-    def dimension(self) -> int:
-        return int(self.inner.dimension)
+    def dim(self) -> int:
+        return int(self.inner.dim)
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 256) -> NDArray[np.float32]:
         missing = list(dict.fromkeys(t for t in texts if t not in self.memo))
@@ -200,15 +200,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("epsilons", type=float, nargs="+")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], help="config key=value")
+    parser.add_argument(
+        "--grid", help="a JSON list of settings objects, each run at every ε (after --set)"
+    )
     parser.add_argument("--real", action="store_true", help="also score the real texts")
     args = parser.parse_args(argv)
-    settings = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    common = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    grid = [{**common, **g} for g in json.loads(args.grid)] if args.grid else [common]
     bench = Bench(args.split)
     real = None
     if args.real:
         real = bench.real()
         print(f"{args.split}: real texts {real:.4f}", flush=True)
-    for epsilon in args.epsilons:
+    for settings, epsilon in ((s, e) for s in grid for e in args.epsilons):
         started = time.perf_counter()
         accs = [bench.run(epsilon, seed, settings) for seed in range(args.runs)]
         record = {
