@@ -281,3 +281,69 @@ def test_l2_weighted_exact_kde_within_epsilon_delta() -> None:
         ).noisy_density
 
     check_gaussian(draw, raw, raw2, SIGMA_1 * kernel.spectral_norm)
+
+
+def test_collatz_wielandt_bound_is_above_the_largest_eigenvalue_and_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from workers.methods.dpkps import kde
+
+    emb = torch.nn.functional.normalize(
+        torch.randn(300, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64), dim=1
+    )
+    exact = kde.ExactKernel(emb, 0.6).spectral_norm
+    monkeypatch.setattr(kde, "SPECTRAL_EXACT_LIMIT", 10)
+    bound = kde.ExactKernel(emb, 0.6).spectral_norm
+    assert exact <= bound <= 1.05 * exact
+
+
+def test_all_classes_in_one_pass_release_each_class_density() -> None:
+    import torch
+
+    from workers.methods.dpkps.kde import ExactKernel, build_exact_structures, phrase_weights
+
+    emb = torch.nn.functional.normalize(
+        torch.randn(40, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64), dim=1
+    )
+    kernel = ExactKernel(emb, 0.5)
+    rng = np.random.default_rng(1)
+    classes = [(c, [list(rng.choice(40, size=4)) for _ in range(20)]) for c in "abc"]
+    plan_event = planned("laplace", 1.0, epsilon=1e6, dimension=40)  # negligible noise
+    released = build_exact_structures(classes, kernel, planned=plan_event, max_phrases=8)
+    for (label, docs), kde in zip(classes, released, strict=True):
+        raw = kernel.density(phrase_weights(docs, 40, max_phrases=8))
+        assert kde.label == label and kde.event.partition == label
+        assert np.allclose(kde.noisy_density, raw, atol=1e-3)
+        assert kde.event.sensitivity == pytest.approx(kernel.sensitivity, rel=1e-5)
+
+
+def test_a_public_vocabulary_is_no_release() -> None:
+    from tests.core.test_pipeline import TOPICS, corpus
+    from workers.methods.dpkps.pipeline import generate_sequences
+    from workers.text.embeddings import SentenceEmbedder
+    from workers.text.vocabulary import Vocabulary
+
+    cfg = gaussian_config(
+        vocabulary_method="public",
+        kde_weighting="l2",
+        per_class=10,
+        vocabulary_size=15,
+        sequence_length=3,
+        bandwidth=0.5,
+    )
+    p = plan(cfg, list(TOPICS), 1000)
+    assert {e.mechanism for e in p.events} == {"kde"}
+    assert p.threshold_delta == 0 and p.epsilon <= Decimal(1)
+    phrases = [w for words in TOPICS.values() for w in words] + ["zz unrelated"] * 1
+    vocabulary = Vocabulary.from_phrases("t", phrases)
+    texts, labels = corpus(per_class=20)
+    result = generate_sequences(
+        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg,
+        embedder=SentenceEmbedder(),
+    )  # fmt: skip
+    assert result.report.as_planned and float(result.report.epsilon) <= 1.0
+    assert {e.mechanism for e in result.report.events} == {"kde"}
+    assert result.private_vocabulary == list(vocabulary.phrases[:15])
+    assert len(result.sequences) == 10 * len(TOPICS)

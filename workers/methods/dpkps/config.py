@@ -29,8 +29,10 @@ EPSILON_CEILING = 100.0  # above it the noise is negligible: no privacy worth a 
 NOISES = ("laplace", "gaussian")
 # How the private vocabulary is chosen (workers/methods/dpkps/private_vocab.py):
 # "histogram": noise on every phrase of the public vocabulary, top N; "threshold": Gaussian
-# noise on the phrases that occur, those above a threshold that bounds δ (Gaussian only).
-VOCABULARY_METHODS = ("histogram", "threshold")
+# noise on the phrases that occur, those above a threshold that bounds δ (Gaussian only);
+# "public": the first N phrases of the public vocabulary (for the built-in ones, the most
+# frequent), no release and no budget: the class densities select among them.
+VOCABULARY_METHODS = ("histogram", "threshold", "public")
 DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
 # A document's weights in the exact-kernel density (workers/methods/dpkps/kde.py): "l1",
 # they sum to 1; "l2", L2 norm 1 (Gaussian noise only; sensitivity λ_max of the kernel).
@@ -195,7 +197,7 @@ class GenerationConfig:
     epsilon: float | None = None  # total budget, split among the mechanisms by the shares
     delta: float = 0.0  # with `epsilon`: > 0 for Gaussian noise
     noise: str = "laplace"  # "laplace" (pure ε) | "gaussian" (ε, δ), with `epsilon`
-    vocabulary_method: str | None = None  # "histogram" | "threshold"; None: per noise
+    vocabulary_method: str | None = None  # "histogram" | "threshold" | "public"; None: per noise
     kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: per noise
     share_vocab: float = 1.0  # shares of the total (of ε for Laplace, of μ² for Gaussians)
     share_kde: float = 1.0

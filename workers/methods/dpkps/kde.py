@@ -53,7 +53,8 @@ from workers.methods.dpkps.noise import noise_std, release_vector
 from workers.privacy.events import PrivacyEvent
 
 _DOC_CHUNK = 2048
-SPECTRAL_EXACT_LIMIT = 5000  # |Ṽ| up to which λ_max(K) is computed (a |Ṽ|² matrix)
+SPECTRAL_EXACT_LIMIT = 4000  # |Ṽ| up to which λ_max(K) is computed (a |Ṽ|² matrix)
+POWER_STEPS = 3  # above it: passes over K for the Collatz–Wielandt bound on λ_max
 WEIGHTINGS = ("l1", "l2")  # a document's weights: sum 1 (share), or L2 norm 1
 
 
@@ -335,16 +336,24 @@ class ExactKernel:
 
         K is symmetric positive semi-definite (a Gaussian kernel matrix), so its operator
         norm is its largest eigenvalue; computed exactly up to ``SPECTRAL_EXACT_LIMIT``
-        phrases (plus a relative margin for the solver), above it bounded by the largest
-        row sum (Gershgorin), which is ≥ λ_max. Public: a function of Ṽ and the embeddings.
+        phrases (plus a relative margin for the solver). Above it, the Collatz–Wielandt
+        bound: K ≥ 0 entrywise, so λ_max ≤ max_i (K x)_i / x_i for every x > 0; with x a
+        few power-iteration steps from the all-ones vector (the first step is the largest
+        row sum, Gershgorin) the bound is close to λ_max. Public: a function of Ṽ and the
+        embeddings.
         """
         if self._spectral is None:
             if self.size <= SPECTRAL_EXACT_LIMIT:
                 matrix = torch.cat(list(self._blocks()))
                 top = float(torch.linalg.eigvalsh(matrix)[-1])
-                self._spectral = top * (1.0 + 1e-9) + 1e-12
             else:
-                self._spectral = self.sensitivities["l1"]
+                x = torch.ones(self.size, dtype=torch.float64, device=self.embeddings.device)
+                top = math.inf
+                for _ in range(POWER_STEPS):
+                    y = torch.cat([k @ x for k in self._blocks()])
+                    top = min(top, float((y / x).max()))  # each step's bound is valid
+                    x = y / y.max()  # stays > 0: K has a unit diagonal and no negative entry
+            self._spectral = top * (1.0 + 1e-9) + 1e-12
         return self._spectral
 
     @property
@@ -393,6 +402,40 @@ class ExactKDE:
     def noise_std(self) -> float:
         """Standard deviation of the noise on one score (Laplace ``√2·b``, Gaussian σ)."""
         return noise_std(self.event)
+
+
+def build_exact_structures(
+    classes: Sequence[tuple[str, Sequence[Sequence[int]]]],
+    kernel: ExactKernel,
+    *,
+    planned: PrivacyEvent,
+    max_phrases: int,
+    weighting: str = "l1",
+) -> list[ExactKDE]:
+    """:func:`build_exact_structure` for every (label, units) of ``classes``, the densities
+    of all classes computed in one pass over the kernel (same releases, same noise)."""
+    if weighting == "l2" and planned.norm != "l2":
+        raise ConfigError("L2 document weights need Gaussian noise", field="kde_weighting")
+    if not classes:
+        return []
+    weights = np.stack(
+        [
+            phrase_weights(docs, kernel.size, max_phrases=max_phrases, weighting=weighting)
+            for _, docs in classes
+        ],
+        axis=1,
+    )
+    raw = kernel.density(weights)
+    del weights
+    sensitivity = kernel.spectral_norm if weighting == "l2" else kernel.sensitivities[planned.norm]
+    out = []
+    for n, (label, _) in enumerate(classes):
+        noisy, event = _release(
+            np.ascontiguousarray(raw[:, n]), sensitivity, planned, label, "exact"
+        )
+        out.append(ExactKDE(label=label, noisy_density=noisy, event=event))
+    del raw  # raw densities never outlive the structures' construction
+    return out
 
 
 def build_exact_structure(

@@ -31,10 +31,11 @@ from workers.errors import InputDataError
 from workers.methods.dpkps.accounting import PrivacyReport
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
+from workers.methods.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structures
 from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
 from workers.methods.dpkps.private_vocab import (
     PrivateVocabulary,
+    public_vocabulary,
     select_private_vocabulary,
     select_thresholded_vocabulary,
 )
@@ -168,8 +169,9 @@ def generate_sequences(
     def planned_event(mechanism: str) -> PrivacyEvent:
         return next(e for e in the_plan.events if e.mechanism == mechanism)
 
-    # 1. keyphrase extraction against the public vocabulary
-    extractor = KeyphraseExtractor(vocabulary)
+    # 1. keyphrase extraction against the public vocabulary (not needed for a public Ṽ)
+    public = config.vocabulary_selection == "public"
+    extractor = None if public else KeyphraseExtractor(vocabulary)
     # From here on the run reads private documents: nothing below branches on them (no
     # error, no early exit, no progress that counts documents); every mechanism stays DP
     # on an all-zero histogram. Raw facts go to ``owner_diagnostics`` only.
@@ -178,7 +180,7 @@ def generate_sequences(
     # The thresholded histogram counts each unit's first S DISTINCT phrases: read a few
     # more matches so that repeats do not leave it short (the bound S applies later).
     limit = config.max_matches_per_document * (4 if thresholded else 1)
-    doc_matches = [extractor.extract(d, limit=limit) for d in documents]
+    doc_matches = [[] if extractor is None else extractor.extract(d, limit=limit) for d in documents]
     without_match = sum(1 for m in doc_matches if not m)
     # one list of matches per unit: its documents' matches in input order
     matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
@@ -187,7 +189,9 @@ def generate_sequences(
 
     # 2. private vocabulary: a noisy histogram over every public phrase, top N; or a
     # thresholded Gaussian histogram over the phrases that occur
-    if thresholded:
+    if public:
+        private = public_vocabulary(vocabulary_size=len(vocabulary), size=config.vocabulary_size)
+    elif thresholded:
         private = select_thresholded_vocabulary(
             matches,
             vocabulary_size=len(vocabulary),
@@ -207,7 +211,7 @@ def generate_sequences(
     del matches
     private = padded(private, config, len(vocabulary))
     phrases = [vocabulary.phrases[i] for i in private.indices]
-    events: list[PrivacyEvent] = [private.event]
+    events: list[PrivacyEvent] = [] if private.event is None else [private.event]
     report_progress("private_vocabulary", 1.0)
 
     # 3. embeddings of Ṽ (public phrases, public model), cached per (vocabulary, model)
@@ -273,16 +277,20 @@ def generate_sequences(
         )
 
     bag_scores: list[torch.Tensor] = []
+    exact_structures = (
+        build_exact_structures(
+            [(label, by_class[label]) for label in label_set],
+            kernel,
+            planned=planned_event(KDE),
+            max_phrases=config.max_phrases_per_document,
+            weighting=config.density_weighting,
+        )
+        if kernel is not None
+        else []
+    )
     for n, label in enumerate(label_set):
         if kernel is not None:
-            exact = build_exact_structure(
-                by_class[label],
-                kernel,
-                label=label,
-                planned=planned_event(KDE),
-                max_phrases=config.max_phrases_per_document,
-                weighting=config.density_weighting,
-            )
+            exact = exact_structures[n]
             events.append(exact.event)
             bag_scores.append(floored_density(exact, noise_floor=config.noise_floor))
             report_progress("dp_kde", (n + 1) / len(label_set))

@@ -87,16 +87,18 @@ def _mechanisms(
     gaussian = config.noise == "gaussian"
     per = config.epsilon is None  # per-mechanism ε: the shares are the ε themselves
     s = config.max_matches_per_document
-    out = [
-        PlannedMechanism(
-            mechanism=VOCABULARY,
-            noise="gaussian" if gaussian else "discrete_laplace",
-            sensitivity=math.sqrt(s) if gaussian else float(s),
-            norm="l2" if gaussian else "l1",
-            dimension=vocabulary_size,
-            share=float(config.epsilon_vocab if per else config.share_vocab),  # type: ignore[arg-type]
+    out = []
+    if config.vocabulary_selection != "public":  # a public Ṽ is no release
+        out.append(
+            PlannedMechanism(
+                mechanism=VOCABULARY,
+                noise="gaussian" if gaussian else "discrete_laplace",
+                sensitivity=math.sqrt(s) if gaussian else float(s),
+                norm="l2" if gaussian else "l1",
+                dimension=vocabulary_size,
+                share=float(config.epsilon_vocab if per else config.share_vocab),  # type: ignore[arg-type]
+            )
         )
-    ]
     if config.uses_class_counts:
         out.append(
             PlannedMechanism(

@@ -76,11 +76,12 @@ def phrase_histogram(
 
 @dataclass(frozen=True)
 class PrivateVocabulary:
-    """Ṽ: indices into the public vocabulary, by decreasing noisy count."""
+    """Ṽ: indices into the public vocabulary, by decreasing noisy count (``event`` None:
+    chosen from public data alone, :func:`public_vocabulary`)."""
 
     indices: NDArray[np.int64]
     noisy_counts: NDArray[Any]
-    event: PrivacyEvent
+    event: PrivacyEvent | None
 
 
 def select_private_vocabulary(
@@ -180,4 +181,19 @@ def select_thresholded_vocabulary(
     order = np.lexsort((tiebreak, -kept_noisy))[:size]
     return PrivateVocabulary(
         indices=kept[order].astype(np.int64), noisy_counts=kept_noisy[order], event=event
+    )
+
+
+def public_vocabulary(*, vocabulary_size: int, size: int) -> PrivateVocabulary:
+    """Ṽ without a private read: the first ``size`` phrases of the public vocabulary, in
+    its own order (the built-in ``english`` is sorted by word frequency in general
+    English, so these are its most common content words). No release, no budget: the
+    per-class densities over Ṽ, all of them DP releases, decide which phrases a class
+    uses. Better than a noisy histogram when ε or the corpus is small, since the
+    histogram's threshold or its noise over never-seen phrases leaves few real ones.
+    """
+    if not 1 <= size <= vocabulary_size:
+        raise ConfigError(f"must be between 1 and {vocabulary_size}", field="vocabulary_size")
+    return PrivateVocabulary(
+        indices=np.arange(size, dtype=np.int64), noisy_counts=np.zeros(size), event=None
     )
