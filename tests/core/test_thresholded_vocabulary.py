@@ -295,8 +295,11 @@ def test_collatz_wielandt_bound_is_above_the_largest_eigenvalue_and_close(
     )
     exact = kde.ExactKernel(emb, 0.6).spectral_norm
     monkeypatch.setattr(kde, "SPECTRAL_EXACT_LIMIT", 10)
-    bound = kde.ExactKernel(emb, 0.6).spectral_norm
-    assert exact <= bound <= 1.05 * exact
+    kernel = kde.ExactKernel(emb, 0.6)
+    bound = kernel.spectral_norm
+    # a dense kernel (8 dimensions, wide bandwidth): three steps land within 10 %,
+    # well inside Gershgorin's largest row sum
+    assert exact <= bound <= 1.1 * exact < kernel.sensitivities["l1"]
 
 
 def test_all_classes_in_one_pass_release_each_class_density() -> None:
