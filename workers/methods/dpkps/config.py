@@ -15,10 +15,14 @@ from workers.errors import ConfigError
 
 MODES = ("independent", "iterative")
 ENSEMBLES = ("log", "linear")
-KDE_METHODS = ("exact", "random_features")
+KDE_METHODS = ("exact", "random_features", "centroid")
+# "centroid" (independent mode, Gaussian noise): each class releases the sum of its units'
+# document embeddings (L2 Δ = 1, EMBEDDING_DIMENSION coordinates), and a phrase's score
+# is its cosine with that sum (workers/methods/dpkps/kde.py, build_centroid_structures).
+EMBEDDING_DIMENSION = 384  # the packaged sentence model (all-MiniLM-L6-v2)
 # Temperatures chosen by measurement for each way of estimating the density (see the
 # GenerationConfig docstring and BENCHMARKS.md).
-DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3}
+DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3, "centroid": 1.0}
 EXACT_KERNEL_LIMIT = 20_000  # |Ṽ| for the exact kernel, computed in blocks of rows
 
 
@@ -65,6 +69,8 @@ def method_description(config: GenerationConfig) -> str:
     """What ran, derived from the configuration (the audit trail names the real kernel)."""
     if config.density_method == "exact":
         kde = "the exact Gaussian kernel density on the private vocabulary"
+    elif config.density_method == "centroid":
+        kde = "the class centroids of the document embeddings (linear kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
     return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
@@ -267,6 +273,11 @@ class GenerationConfig:
             raise ConfigError("must be > 0", field="bandwidth")
         if self.kde_method is not None and self.kde_method not in KDE_METHODS:
             raise ConfigError(f"must be one of {', '.join(KDE_METHODS)}", field="kde_method")
+        if self.kde_method == "centroid" and (self.mode != "independent" or self.noise != "gaussian"):
+            raise ConfigError(
+                "class centroids score independent sequences, with Gaussian noise",
+                field="kde_method",
+            )
         if self.mode == "iterative" and self.kde_method == "exact":
             raise ConfigError(
                 "the iterative mode scores prefixes in a continuous space: random_features",

@@ -469,3 +469,67 @@ def build_exact_structure(
     noisy, event = _release(raw, sensitivity, planned, label, "exact")
     del raw  # raw densities never outlive the structure's construction
     return ExactKDE(label=label, noisy_density=noisy, event=event)
+
+
+# --- Class centroids of document embeddings (a linear kernel) -------------------------
+#
+# Each unit contributes ONE vector: the mean of its documents' sentence embeddings (unit
+# rows of the public model), so its L2 norm is at most 1 (the norm of a mean of unit
+# vectors). A class releases ``F̃_c = Σ_j x_j + N(0, σ²)^d``: adding or removing a unit
+# moves the sum by x_j, L2 Δ = 1 whatever the unit's length, and classes are disjoint
+# (parallel composition). The score of a phrase v is ``e_vᵀ F̃_c``, the linear-kernel
+# density of the class at v; its noise is σ·‖e_v‖ = σ for every phrase, against a signal
+# that grows with the class size — in 384 coordinates, not one per phrase of Ṽ.
+
+
+CENTROID_SCALE = 0.05  # cosine units per e-fold of a phrase's centroid score (τ = 1)
+
+
+@dataclass(frozen=True)
+class CentroidKDE:
+    """One class's released embedding sum, and what it cost."""
+
+    label: str
+    noisy_sum: NDArray[np.float64]
+    event: PrivacyEvent
+
+
+def unit_vectors(
+    units: Sequence[Sequence[int]], document_embeddings: NDArray[np.floating]  # type: ignore[type-arg]
+) -> NDArray[np.float64]:
+    """One row per unit: the mean of its documents' (unit-norm) embeddings, norm ≤ 1."""
+    emb = np.asarray(document_embeddings, dtype=np.float64)
+    norms = np.linalg.norm(emb, axis=1, keepdims=True)
+    emb = emb / np.maximum(norms, 1.0)  # already unit rows; never above 1 in any case
+    out = np.zeros((len(units), emb.shape[1]))
+    for i, docs in enumerate(units):
+        if len(docs):
+            out[i] = emb[list(docs)].mean(axis=0)
+    return out
+
+
+def build_centroid_structures(
+    classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
+) -> list[CentroidKDE]:
+    """``Σ_j x_j`` of each class (rows ``x_j``, each of L2 norm ≤ 1) plus Gaussian noise."""
+    if planned.norm != "l2":
+        raise ConfigError("class centroids take Gaussian noise", field="kde_method")
+    out = []
+    for label, rows in classes:
+        norms = np.linalg.norm(rows, axis=1) if len(rows) else np.zeros(0)
+        if norms.size and norms.max() > 1.0 + 1e-9:
+            raise ConfigError("a unit's vector exceeds norm 1", field="kde_method")
+        raw = rows.sum(axis=0) if len(rows) else np.zeros(planned.dimension)
+        noisy, event = _release(raw, 1.0, planned, label, "centroid")
+        del raw
+        out.append(CentroidKDE(label=label, noisy_sum=noisy, event=event))
+    return out
+
+
+def centroid_scores(kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """``exp((cos(e_v, F̃_c) − max_v cos) / scale)`` for every phrase: positive scores for
+    :func:`~workers.methods.dpkps.sampling.sample_from_scores` (post-processing)."""
+    direction = torch.as_tensor(kde.noisy_sum, dtype=torch.float64, device=embeddings.device)
+    direction = direction / direction.norm().clamp_min(1e-300)
+    cos = embeddings.to(torch.float64) @ direction
+    return torch.exp((cos - cos.max()) / scale)

@@ -27,11 +27,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.errors import InputDataError
+from workers.errors import ConfigError, InputDataError
 from workers.methods.dpkps.accounting import PrivacyReport
-from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.config import (
+    EMBEDDING_DIMENSION,
+    GenerationConfig,
+    method_description,
+)
 from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structures
+from workers.methods.dpkps.kde import (
+    CENTROID_SCALE,
+    CentroidKDE,
+    ExactKernel,
+    build_centroid_structures,
+    build_class_ensemble,
+    build_exact_structures,
+    centroid_scores,
+    unit_vectors,
+)
 from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
 from workers.methods.dpkps.private_vocab import (
     PrivateVocabulary,
@@ -169,6 +182,12 @@ def generate_sequences(
     def planned_event(mechanism: str) -> PrivacyEvent:
         return next(e for e in the_plan.events if e.mechanism == mechanism)
 
+    if config.density_method == "centroid" and embedder.dim != EMBEDDING_DIMENSION:
+        raise ConfigError(
+            f"class centroids are planned in {EMBEDDING_DIMENSION} dimensions; the "
+            f"embedding model has {embedder.dim}",
+            field="kde_method",
+        )
     # 1. keyphrase extraction against the public vocabulary (not needed for a public Ṽ)
     public = config.vocabulary_selection == "public"
     extractor = None if public else KeyphraseExtractor(vocabulary)
@@ -254,8 +273,22 @@ def generate_sequences(
     # on Ṽ, or random-feature structures (either mode); only the one the run uses is built
     kernel: ExactKernel | None = None
     rff: RandomFourierFeatures | None = None
+    centroids: list[CentroidKDE] = []
     if config.density_method == "exact":
         kernel = ExactKernel(embeddings, config.bandwidth)
+    elif config.density_method == "centroid":
+        # one vector per unit: the mean of its documents' embeddings (public model)
+        document_embeddings = embedder.encode(list(documents))
+        unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
+        del document_embeddings
+        centroids = build_centroid_structures(
+            [
+                (label, unit_rows[[i for i, u in enumerate(unit_labels) if u == label]])
+                for label in label_set
+            ],
+            planned=planned_event(KDE),
+        )
+        del unit_rows
     else:
         rff = RandomFourierFeatures(
             dim=embeddings.shape[1],
@@ -289,6 +322,11 @@ def generate_sequences(
         else []
     )
     for n, label in enumerate(label_set):
+        if centroids:
+            events.append(centroids[n].event)
+            bag_scores.append(centroid_scores(centroids[n], embeddings, scale=CENTROID_SCALE))
+            report_progress("dp_kde", (n + 1) / len(label_set))
+            continue
         if kernel is not None:
             exact = exact_structures[n]
             events.append(exact.event)

@@ -52,7 +52,11 @@ from decimal import Decimal
 from typing import Any
 
 from workers.errors import ConfigError
-from workers.methods.dpkps.config import GenerationConfig, ensemble_block_counts
+from workers.methods.dpkps.config import (
+    EMBEDDING_DIMENSION,
+    GenerationConfig,
+    ensemble_block_counts,
+)
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import PlannedMechanism, split_budget
 from workers.privacy.events import PrivacyEvent
@@ -76,6 +80,8 @@ def kde_sensitivity(config: GenerationConfig) -> float:
     """The KDE's sensitivity where it is known before the run (random features), else 1."""
     if config.density_method == "exact":
         return 1.0  # normalised: the kernel's real sensitivity depends on Ṽ
+    if config.density_method == "centroid":
+        return 1.0  # a sum of unit vectors: L2 Δ = 1
     i = config.num_features
     c = config.contribution_bound
     return c * i if config.noise == "laplace" else c * math.sqrt(i)
@@ -117,7 +123,13 @@ def _mechanisms(
             noise="gaussian" if gaussian else "laplace",
             sensitivity=kde_sensitivity(config),
             norm="l2" if gaussian else "l1",
-            dimension=config.vocabulary_size if exact else config.num_features,
+            dimension=(
+                config.vocabulary_size
+                if exact
+                else EMBEDDING_DIMENSION
+                if config.density_method == "centroid"
+                else config.num_features
+            ),
             share=float(config.epsilon_kde if per else config.share_kde),  # type: ignore[arg-type]
             count=kde_structures(config),
             partitions=tuple(label_set),
