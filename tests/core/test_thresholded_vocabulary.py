@@ -350,3 +350,47 @@ def test_a_public_vocabulary_is_no_release() -> None:
     assert {e.mechanism for e in result.report.events} == {"kde"}
     assert result.private_vocabulary == list(vocabulary.phrases[:15])
     assert len(result.sequences) == 10 * len(TOPICS)
+
+
+# ------------------------------------------------- class centroids of document embeddings
+
+
+def test_a_unit_vector_has_norm_at_most_one_whatever_its_documents() -> None:
+    from workers.methods.dpkps.kde import unit_vectors
+
+    rng = np.random.default_rng(4)
+    emb = rng.normal(size=(10, 6))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    rows = unit_vectors([[0], [1, 2, 3], list(range(10)), []], emb)
+    norms = np.linalg.norm(rows, axis=1)
+    assert norms[0] == pytest.approx(1.0) and np.all(norms <= 1 + 1e-12) and norms[3] == 0
+
+
+def test_centroid_release_refuses_rows_above_norm_one_and_pure_noise() -> None:
+    from workers.methods.dpkps.kde import build_centroid_structures
+
+    plan_event = planned("gaussian", 1.0, multiplier=2.0, dimension=3)
+    with pytest.raises(ConfigError):
+        build_centroid_structures([("a", np.array([[2.0, 0.0, 0.0]]))], planned=plan_event)
+    with pytest.raises(ConfigError):
+        build_centroid_structures(
+            [("a", np.zeros((1, 3)))], planned=planned("laplace", 1.0, epsilon=1.0, dimension=3)
+        )
+    with pytest.raises(ConfigError) as info:
+        gaussian_config(kde_method="centroid", mode="iterative").validate()
+    assert info.value.field == "kde_method"
+
+
+@pytest.mark.slow
+def test_centroid_release_within_epsilon_delta() -> None:
+    from workers.methods.dpkps.kde import build_centroid_structures
+
+    rows = np.array([[0.6, 0.8, 0.0], [0.0, 1.0, 0.0]])
+    added = np.array([[0.0, 0.0, 1.0]])  # a unit vector: the sum moves by exactly 1
+    plan_event = planned("gaussian", 1.0, multiplier=SIGMA_1, dimension=3)
+
+    def draw(add: bool) -> np.ndarray:
+        data = np.vstack([rows, added]) if add else rows
+        return build_centroid_structures([("a", data)], planned=plan_event)[0].noisy_sum
+
+    check_gaussian(draw, rows.sum(axis=0), rows.sum(axis=0) + added[0], SIGMA_1)
