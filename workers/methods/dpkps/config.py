@@ -15,14 +15,16 @@ from workers.errors import ConfigError
 
 MODES = ("independent", "iterative")
 ENSEMBLES = ("log", "linear")
-KDE_METHODS = ("exact", "random_features", "centroid")
+KDE_METHODS = ("exact", "random_features", "centroid", "moments")
 # "centroid" (independent mode, Gaussian noise): each class releases the sum of its units'
 # document embeddings (L2 Δ = 1, EMBEDDING_DIMENSION coordinates), and a phrase's score
 # is its cosine with that sum (workers/methods/dpkps/kde.py, build_centroid_structures).
+# "moments": the same sum and the sum of the vectors' outer products (L2 Δ = √2), a
+# phrase scored by the degree-2 polynomial kernel density (build_moment_structures).
 EMBEDDING_DIMENSION = 384  # the packaged sentence model (all-MiniLM-L6-v2)
 # Temperatures chosen by measurement for each way of estimating the density (see the
 # GenerationConfig docstring and BENCHMARKS.md).
-DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3, "centroid": 1.0}
+DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3, "centroid": 1.0, "moments": 1.0}
 EXACT_KERNEL_LIMIT = 20_000  # |Ṽ| for the exact kernel, computed in blocks of rows
 
 
@@ -43,6 +45,15 @@ DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
 KDE_WEIGHTINGS = ("l1", "l2")
 DEFAULT_KDE_WEIGHTING = {"laplace": "l1", "gaussian": "l1"}
 DELTA_CEILING = 1e-3  # δ is a probability of failure: keep it far below 1/n
+
+
+def moments_dimension(dim: int) -> int:
+    """Coordinates of a "moments" release: the sum (d) and an upper triangle (d(d+1)/2).
+
+    >>> moments_dimension(384)
+    74304
+    """
+    return dim + dim * (dim + 1) // 2
 
 
 def ensemble_block_counts(ensemble: str, length: int) -> list[int]:
@@ -71,6 +82,8 @@ def method_description(config: GenerationConfig) -> str:
         kde = "the exact Gaussian kernel density on the private vocabulary"
     elif config.density_method == "centroid":
         kde = "the class centroids of the document embeddings (linear kernel)"
+    elif config.density_method == "moments":
+        kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
     return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
@@ -273,7 +286,9 @@ class GenerationConfig:
             raise ConfigError("must be > 0", field="bandwidth")
         if self.kde_method is not None and self.kde_method not in KDE_METHODS:
             raise ConfigError(f"must be one of {', '.join(KDE_METHODS)}", field="kde_method")
-        if self.kde_method == "centroid" and (self.mode != "independent" or self.noise != "gaussian"):
+        if self.kde_method in ("centroid", "moments") and (
+            self.mode != "independent" or self.noise != "gaussian"
+        ):
             raise ConfigError(
                 "class centroids score independent sequences, with Gaussian noise",
                 field="kde_method",

@@ -533,3 +533,57 @@ def centroid_scores(kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float)
     direction = direction / direction.norm().clamp_min(1e-300)
     cos = embeddings.to(torch.float64) @ direction
     return torch.exp((cos - cos.max()) / scale)
+
+
+# --- First two moments (a degree-2 polynomial kernel) ---------------------------------
+#
+# Each unit's vector x_j (norm ≤ 1, :func:`unit_vectors`) contributes x_j and the upper
+# triangle of x_j x_jᵀ, as one vector: its squared L2 norm is ‖x‖² + Σ_{i≤k} x_i² x_k² ≤
+# ‖x‖² + ‖x‖⁴ ≤ 2, so L2 Δ = √2 for the d + d(d+1)/2 coordinates of one class. A phrase's
+# score is the polynomial-kernel density Σ_j (1 + e_vᵀx_j)² − n = 2·e_vᵀF̃ + e_vᵀM̃e_v:
+# the quadratic term sees every direction the class's documents take, not their mean
+# only; its noise e_vᵀZe_v has standard deviation about √2·σ for a unit e_v.
+
+
+def _upper(d: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    rows, cols = np.triu_indices(d)
+    return rows.astype(np.int64), cols.astype(np.int64)
+
+
+def build_moment_structures(
+    classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
+) -> list[CentroidKDE]:
+    """``(Σ_j x_j, triu(Σ_j x_j x_jᵀ))`` of each class plus Gaussian noise (L2 Δ = √2)."""
+    if planned.norm != "l2":
+        raise ConfigError("moments take Gaussian noise", field="kde_method")
+    out = []
+    for label, rows in classes:
+        d = rows.shape[1]
+        if len(rows) and np.linalg.norm(rows, axis=1).max() > 1.0 + 1e-9:
+            raise ConfigError("a unit's vector exceeds norm 1", field="kde_method")
+        i, k = _upper(d)
+        second = rows.T @ rows if len(rows) else np.zeros((d, d))
+        raw = np.concatenate([rows.sum(axis=0) if len(rows) else np.zeros(d), second[i, k]])
+        del second
+        noisy, event = _release(raw, math.sqrt(2.0), planned, label, "moments")
+        del raw
+        out.append(CentroidKDE(label=label, noisy_sum=noisy, event=event))
+    return out
+
+
+def moment_scores(
+    kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float
+) -> torch.Tensor:
+    """``exp((k(v) − max k) / scale)`` with ``k(v) = (2·e_vᵀF̃ + e_vᵀM̃e_v) / tr(M̃)``, the
+    polynomial-kernel density per unit (tr M̃ ≈ the class's size); post-processing."""
+    e = embeddings.to(torch.float64)
+    d = e.shape[1]
+    released = torch.as_tensor(kde.noisy_sum, dtype=torch.float64, device=e.device)
+    first, upper = released[:d], released[d:]
+    i, k = _upper(d)
+    m = torch.zeros(d, d, dtype=torch.float64, device=e.device)
+    m[torch.as_tensor(i), torch.as_tensor(k)] = upper
+    m = m + m.T - torch.diag(torch.diagonal(m))
+    size = torch.clamp(torch.trace(m), min=1.0)
+    value = (2.0 * (e @ first) + ((e @ m) * e).sum(dim=1)) / size
+    return torch.exp((value - value.max()) / scale)

@@ -42,7 +42,9 @@ from workers.methods.dpkps.kde import (
     build_centroid_structures,
     build_class_ensemble,
     build_exact_structures,
+    build_moment_structures,
     centroid_scores,
+    moment_scores,
     unit_vectors,
 )
 from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
@@ -182,7 +184,7 @@ def generate_sequences(
     def planned_event(mechanism: str) -> PrivacyEvent:
         return next(e for e in the_plan.events if e.mechanism == mechanism)
 
-    if config.density_method == "centroid" and embedder.dim != EMBEDDING_DIMENSION:
+    if config.density_method in ("centroid", "moments") and embedder.dim != EMBEDDING_DIMENSION:
         raise ConfigError(
             f"class centroids are planned in {EMBEDDING_DIMENSION} dimensions; the "
             f"embedding model has {embedder.dim}",
@@ -276,12 +278,17 @@ def generate_sequences(
     centroids: list[CentroidKDE] = []
     if config.density_method == "exact":
         kernel = ExactKernel(embeddings, config.bandwidth)
-    elif config.density_method == "centroid":
+    elif config.density_method in ("centroid", "moments"):
         # one vector per unit: the mean of its documents' embeddings (public model)
         document_embeddings = embedder.encode(list(documents))
         unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
         del document_embeddings
-        centroids = build_centroid_structures(
+        build = (
+            build_centroid_structures
+            if config.density_method == "centroid"
+            else build_moment_structures
+        )
+        centroids = build(
             [
                 (label, unit_rows[[i for i, u in enumerate(unit_labels) if u == label]])
                 for label in label_set
@@ -324,7 +331,8 @@ def generate_sequences(
     for n, label in enumerate(label_set):
         if centroids:
             events.append(centroids[n].event)
-            bag_scores.append(centroid_scores(centroids[n], embeddings, scale=CENTROID_SCALE))
+            score = centroid_scores if config.density_method == "centroid" else moment_scores
+            bag_scores.append(score(centroids[n], embeddings, scale=CENTROID_SCALE))
             report_progress("dp_kde", (n + 1) / len(label_set))
             continue
         if kernel is not None:

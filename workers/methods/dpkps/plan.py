@@ -54,6 +54,7 @@ from typing import Any
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import (
     EMBEDDING_DIMENSION,
+    moments_dimension,
     GenerationConfig,
     ensemble_block_counts,
 )
@@ -81,7 +82,9 @@ def kde_sensitivity(config: GenerationConfig) -> float:
     if config.density_method == "exact":
         return 1.0  # normalised: the kernel's real sensitivity depends on Ṽ
     if config.density_method == "centroid":
-        return 1.0  # a sum of unit vectors: L2 Δ = 1
+        return 1.0  # a sum of vectors of norm ≤ 1: L2 Δ = 1
+    if config.density_method == "moments":
+        return math.sqrt(2.0)  # and their outer products: √(‖x‖² + ‖x‖⁴) ≤ √2
     i = config.num_features
     c = config.contribution_bound
     return c * i if config.noise == "laplace" else c * math.sqrt(i)
@@ -128,6 +131,8 @@ def _mechanisms(
                 if exact
                 else EMBEDDING_DIMENSION
                 if config.density_method == "centroid"
+                else moments_dimension(EMBEDDING_DIMENSION)
+                if config.density_method == "moments"
                 else config.num_features
             ),
             share=float(config.epsilon_kde if per else config.share_kde),  # type: ignore[arg-type]
