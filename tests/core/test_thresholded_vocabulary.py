@@ -394,3 +394,51 @@ def test_centroid_release_within_epsilon_delta() -> None:
         return build_centroid_structures([("a", data)], planned=plan_event)[0].noisy_sum
 
     check_gaussian(draw, rows.sum(axis=0), rows.sum(axis=0) + added[0], SIGMA_1)
+
+
+def test_moments_move_by_at_most_sqrt2_and_score_the_class_directions() -> None:
+    import torch
+
+    from workers.methods.dpkps.kde import CentroidKDE, build_moment_structures, moment_scores
+
+    rng = np.random.default_rng(5)
+    rows = rng.normal(size=(30, 6))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    plan_event = planned("gaussian", math.sqrt(2.0), multiplier=1e-9, dimension=27)
+    base = build_moment_structures([("a", rows)], planned=plan_event)[0].noisy_sum
+    for x in (rows[0], rows[1] * 0.5, np.eye(6)[2]):
+        more = build_moment_structures([("a", np.vstack([rows, x]))], planned=plan_event)
+        moved = np.linalg.norm(more[0].noisy_sum - base)
+        assert moved <= math.sqrt(2.0) + 1e-6
+    unit = np.eye(6)[2]
+    more = build_moment_structures([("a", np.vstack([rows, unit]))], planned=plan_event)
+    assert np.linalg.norm(more[0].noisy_sum - base) == pytest.approx(math.sqrt(2.0), abs=1e-6)
+    # two opposite clusters: the mean cancels, the second moment still finds both
+    axis = np.eye(6)[0]
+    two = np.vstack([np.tile(axis, (20, 1)), np.tile(-axis, (20, 1))])
+    released = build_moment_structures([("a", two)], planned=plan_event)[0]
+    emb = torch.as_tensor(np.vstack([axis, -axis, np.eye(6)[1]]))
+    scores = moment_scores(CentroidKDE("a", released.noisy_sum, released.event), emb, scale=0.05)
+    assert scores[0] == pytest.approx(1.0) and scores[1] == pytest.approx(1.0)
+    assert scores[2] < 1e-6
+
+
+@pytest.mark.slow
+def test_moment_release_within_epsilon_delta() -> None:
+    from workers.methods.dpkps.kde import build_moment_structures
+
+    rows = np.array([[0.6, 0.8, 0.0], [0.0, 1.0, 0.0]])
+    added = np.array([[0.0, 0.0, 1.0]])  # moves the sum by 1 and one square by 1: √2
+    plan_event = planned("gaussian", math.sqrt(2.0), multiplier=SIGMA_1, dimension=9)
+
+    def raw(data: np.ndarray) -> np.ndarray:
+        i, k = np.triu_indices(3)
+        return np.concatenate([data.sum(axis=0), (data.T @ data)[i, k]])
+
+    def draw(add: bool) -> np.ndarray:
+        data = np.vstack([rows, added]) if add else rows
+        return build_moment_structures([("a", data)], planned=plan_event)[0].noisy_sum
+
+    base, moved = raw(rows), raw(np.vstack([rows, added]))
+    assert np.linalg.norm(moved - base) == pytest.approx(math.sqrt(2.0))
+    check_gaussian(draw, base, moved, SIGMA_1 * math.sqrt(2.0))
