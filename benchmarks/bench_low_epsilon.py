@@ -185,6 +185,73 @@ class Bench:
         return self.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
 
 
+def svg_plot(
+    series: dict[str, list[tuple[float, float]]],
+    *,
+    title: str,
+    targets: Sequence[tuple[float, float]] = (),
+) -> str:
+    """A small line chart (ε on a log axis, fraction of real-text accuracy), as SVG text:
+    no plotting library needed."""
+    import math
+
+    width, height, left, right, top, bottom = 640, 400, 60, 170, 40, 50
+    xs = [0.25, 0.5, 1, 2, 4, 6]
+    lo, hi = math.log(0.2), math.log(8)
+
+    def px(eps: float) -> float:
+        return left + (math.log(eps) - lo) / (hi - lo) * (width - left - right)
+
+    def py(frac: float) -> float:
+        return top + (1.0 - frac) / 1.0 * (height - top - bottom)
+
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="14">{title}</text>',
+    ]
+    for frac in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        y = py(frac)
+        out.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#ddd"/>'
+        )
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{frac:.1f}</text>')
+    for eps in xs:
+        x = px(eps)
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" '
+                   'stroke="#eee"/>')  # fmt: skip
+        out.append(f'<text x="{x:.1f}" y="{height - bottom + 18}" text-anchor="middle">'
+                   f"{eps:g}</text>")  # fmt: skip
+    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 10}" '
+               'text-anchor="middle">ε (δ = 1e-6), log scale</text>')  # fmt: skip
+    out.append(f'<text x="16" y="{(top + height - bottom) / 2}" text-anchor="middle" '
+               f'transform="rotate(-90 16 {(top + height - bottom) / 2})">'
+               "fraction of real-text accuracy</text>")  # fmt: skip
+    for eps, frac in targets:
+        out.append(f'<circle cx="{px(eps):.1f}" cy="{py(frac):.1f}" r="5" fill="none" '
+                   'stroke="black" stroke-dasharray="2,2"/>')  # fmt: skip
+    for n, (name, points) in enumerate(series.items()):
+        colour = colours[n % len(colours)]
+        pts = sorted(points)
+        path = " ".join(f"{px(e):.1f},{py(f):.1f}" for e, f in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for e, f in pts:
+            out.append(f'<circle cx="{px(e):.1f}" cy="{py(f):.1f}" r="3" fill="{colour}"/>')
+        ly = top + 16 * n + 10
+        out.append(f'<line x1="{width - right + 10}" y1="{ly}" x2="{width - right + 30}" '
+                   f'y2="{ly}" stroke="{colour}" stroke-width="2"/>')  # fmt: skip
+        out.append(f'<text x="{width - right + 34}" y="{ly + 4}">{name}</text>')
+    if targets:
+        ly = top + 16 * len(series) + 10
+        out.append(f'<circle cx="{width - right + 20}" cy="{ly}" r="5" fill="none" '
+                   'stroke="black" stroke-dasharray="2,2"/>')  # fmt: skip
+        out.append(f'<text x="{width - right + 34}" y="{ly + 4}">target (issue 16)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def _value(text: str) -> Any:
     for cast in (int, float):
         try:

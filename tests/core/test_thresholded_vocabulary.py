@@ -332,7 +332,7 @@ def test_a_public_vocabulary_is_no_release() -> None:
         vocabulary_method="public",
         kde_weighting="l2",
         per_class=10,
-        vocabulary_size=15,
+        public_vocabulary_size=15,
         sequence_length=3,
         bandwidth=0.5,
     )

@@ -211,7 +211,10 @@ def generate_sequences(
     # 2. private vocabulary: a noisy histogram over every public phrase, top N; or a
     # thresholded Gaussian histogram over the phrases that occur
     if public:
-        private = public_vocabulary(vocabulary_size=len(vocabulary), size=config.vocabulary_size)
+        private = public_vocabulary(
+            vocabulary_size=len(vocabulary),
+            size=min(config.public_vocabulary_size, len(vocabulary)),
+        )
     elif thresholded:
         private = select_thresholded_vocabulary(
             matches,

@@ -127,7 +127,7 @@ def _mechanisms(
             sensitivity=kde_sensitivity(config),
             norm="l2" if gaussian else "l1",
             dimension=(
-                config.vocabulary_size
+                config.candidate_count
                 if exact
                 else EMBEDDING_DIMENSION
                 if config.density_method == "centroid"
