@@ -31,6 +31,12 @@ Independent sequences only query the density at the phrases of Ṽ, so by defaul
 mode releases the exact Gaussian kernel density there instead (:func:`build_exact_structure`,
 at the end of this module): its sensitivity is about 1 rather than ``c·I``.
 
+With a total Gaussian budget, independent mode defaults to class centroids instead
+(:func:`build_centroid_structures`, end of this module): one sum of document embeddings
+per class, L2 Δ = 1, and a phrase's score its cosine with that sum; :func:`build_moment_
+structures` adds the second moment (a degree-2 polynomial kernel). Their noise lives in
+384 (or 74,304) coordinates whatever |Ṽ| is, which is what keeps them useful at ε ≤ 1.
+
 Per class, an ensemble of structures shares ``ε_kde`` equally: the logarithmic ensemble
 (paper App. B.2) has block counts ``1, 2, 4, …`` capped at ``L``; the linear ensemble has
 ``1, 2, …, L``. Classes are disjoint, so each class may spend the whole ``ε_kde``.

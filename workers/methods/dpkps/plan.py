@@ -19,6 +19,11 @@ mechanism           Laplace (pure ε)      Gaussian (ε, δ)      dimension, par
 ``kde``             L1 (see below)        L2 (see below)       per class, in parallel
 ==================  ====================  ===================  =====================
 
+A public Ṽ (``vocabulary_method = "public"``) makes no ``vocabulary`` release. Class
+centroids (``kde_method = "centroid"``, Gaussian only) release per class the sum of the
+units' document embeddings, L2 Δ = 1 in 384 coordinates; ``"moments"`` adds the upper
+triangle of the sum of their outer products, L2 Δ = √2 (:mod:`workers.methods.dpkps.kde`).
+
 The KDE's sensitivity is c·I (L1) or c·√I (L2) for random features, known here; for the
 exact kernel it is the largest column sum (L1) or column norm (L2) of the kernel on Ṽ,
 which exists only once Ṽ is released. Such an event is planned with sensitivity 1 (its
