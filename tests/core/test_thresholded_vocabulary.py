@@ -366,12 +366,13 @@ def test_a_unit_vector_has_norm_at_most_one_whatever_its_documents() -> None:
     assert norms[0] == pytest.approx(1.0) and np.all(norms <= 1 + 1e-12) and norms[3] == 0
 
 
-def test_centroid_release_refuses_rows_above_norm_one_and_pure_noise() -> None:
+def test_centroid_release_clips_rows_to_norm_one_and_refuses_pure_noise() -> None:
     from workers.methods.dpkps.kde import build_centroid_structures
 
-    plan_event = planned("gaussian", 1.0, multiplier=2.0, dimension=3)
-    with pytest.raises(ConfigError):
-        build_centroid_structures([("a", np.array([[2.0, 0.0, 0.0]]))], planned=plan_event)
+    plan_event = planned("gaussian", 1.0, multiplier=1e-9, dimension=3)
+    # a row above norm 1 is scaled down to it: the sum moves by 1 at most
+    clipped = build_centroid_structures([("a", np.array([[2.0, 0.0, 0.0]]))], planned=plan_event)
+    assert clipped[0].noisy_sum == pytest.approx([1.0, 0.0, 0.0], abs=1e-6)
     with pytest.raises(ConfigError):
         build_centroid_structures(
             [("a", np.zeros((1, 3)))], planned=planned("laplace", 1.0, epsilon=1.0, dimension=3)

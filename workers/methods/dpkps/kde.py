@@ -514,6 +514,16 @@ def unit_vectors(
     return out
 
 
+def _within_unit_ball(rows: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Rows scaled down to L2 norm ≤ 1 (rows already within it unchanged): the bound the
+    sensitivity rests on is enforced, not assumed, and nothing branches on the data."""
+    data = np.asarray(rows, dtype=np.float64)
+    if data.ndim != 2:
+        raise ConfigError("one row per unit", field="kde_method")
+    norms = np.linalg.norm(data, axis=1, keepdims=True)
+    return data / np.maximum(norms, 1.0)
+
+
 def build_centroid_structures(
     classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
 ) -> list[CentroidKDE]:
@@ -521,10 +531,8 @@ def build_centroid_structures(
     if planned.norm != "l2":
         raise ConfigError("class centroids take Gaussian noise", field="kde_method")
     out = []
-    for label, rows in classes:
-        norms = np.linalg.norm(rows, axis=1) if len(rows) else np.zeros(0)
-        if norms.size and norms.max() > 1.0 + 1e-9:
-            raise ConfigError("a unit's vector exceeds norm 1", field="kde_method")
+    for label, given in classes:
+        rows = _within_unit_ball(given)
         raw = rows.sum(axis=0) if len(rows) else np.zeros(planned.dimension)
         noisy, event = _release(raw, 1.0, planned, label, "centroid")
         del raw
@@ -563,10 +571,9 @@ def build_moment_structures(
     if planned.norm != "l2":
         raise ConfigError("moments take Gaussian noise", field="kde_method")
     out = []
-    for label, rows in classes:
+    for label, given in classes:
+        rows = _within_unit_ball(given)
         d = rows.shape[1]
-        if len(rows) and np.linalg.norm(rows, axis=1).max() > 1.0 + 1e-9:
-            raise ConfigError("a unit's vector exceeds norm 1", field="kde_method")
         i, k = _upper(d)
         second = rows.T @ rows if len(rows) else np.zeros((d, d))
         raw = np.concatenate([rows.sum(axis=0) if len(rows) else np.zeros(d), second[i, k]])
