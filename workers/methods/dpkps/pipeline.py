@@ -261,6 +261,8 @@ def generate_sequences(
         for u in pooled
     ]
     unit_labels = [u.label for u in pooled]
+    if public:  # no match against V was made: count the units without a phrase of Ṽ
+        without_match = sum(1 for p in doc_phrases if not p)
 
     # 5. sequences per class: fixed, or split by noisy class counts (one count per unit)
     if config.uses_class_counts:
