@@ -39,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
-from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.config import LowEpsilonConfig
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
@@ -170,7 +170,7 @@ class Bench:
         else:
             base.update(per_class=500)
         base.update(settings)
-        config = GenerationConfig(**base).validate()
+        config = LowEpsilonConfig(**base).validate()
         result = generate_sequences(
             self.texts,
             self.labels,

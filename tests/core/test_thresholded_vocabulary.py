@@ -23,7 +23,7 @@ from tests.core.test_neighbouring import SIGMA_1, check_gaussian
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps import private_vocab
-from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.config import LowEpsilonConfig
 from workers.methods.dpkps.plan import THRESHOLD_DELTA_SHARE, plan
 from workers.methods.dpkps.private_vocab import (
     phrase_histogram,
@@ -33,12 +33,12 @@ from workers.methods.dpkps.private_vocab import (
 from workers.privacy.accountant import compose
 
 
-def gaussian_config(**overrides: Any) -> GenerationConfig:
+def gaussian_config(**overrides: Any) -> LowEpsilonConfig:
     base: dict[str, Any] = dict(
         epsilon=1.0, delta=1e-6, noise="gaussian", vocabulary_method="threshold"
     )
     base.update(overrides)
-    return GenerationConfig(**base)
+    return LowEpsilonConfig(**base)
 
 
 @pytest.mark.parametrize(("s", "delta"), [(1, 1e-6), (10, 5e-7), (32, 1e-3)])
@@ -78,7 +78,7 @@ def test_thresholded_histogram_counts_distinct_phrases_within_s() -> None:
 
 def test_threshold_needs_gaussian_noise() -> None:
     with pytest.raises(ConfigError) as info:
-        GenerationConfig(
+        LowEpsilonConfig(
             epsilon_vocab=1.0, epsilon_kde=1.0, vocabulary_method="threshold"
         ).validate()
     assert info.value.field == "vocabulary_method"
@@ -255,7 +255,7 @@ def test_l2_weights_sensitivity_is_the_largest_eigenvalue_and_is_reached() -> No
 
 def test_l2_weights_need_gaussian_noise() -> None:
     with pytest.raises(ConfigError) as info:
-        GenerationConfig(epsilon_vocab=1.0, epsilon_kde=1.0, kde_weighting="l2").validate()
+        LowEpsilonConfig(epsilon_vocab=1.0, epsilon_kde=1.0, kde_weighting="l2").validate()
     assert info.value.field == "kde_weighting"
 
 

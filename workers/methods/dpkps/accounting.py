@@ -50,9 +50,7 @@ class PrivacyReport:
         plan = self.plan
         if not plan.threshold_delta:
             return compose(self.events).epsilon(self.delta)
-        return compose(self.events).epsilon(plan.gaussian_delta) + Decimal(
-            plan.threshold_epsilon
-        )
+        return compose(self.events).epsilon(plan.gaussian_delta) + Decimal(plan.threshold_epsilon)
 
     @property
     def accountant(self) -> str:

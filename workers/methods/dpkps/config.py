@@ -39,6 +39,7 @@ NOISES = ("laplace", "gaussian")
 # "public": the first N phrases of the public vocabulary (for the built-in ones, the most
 # frequent), no release and no budget: the class densities select among them.
 VOCABULARY_METHODS = ("histogram", "threshold", "public")
+PUBLIC_VOCABULARY_SIZE = 5000  # |Ṽ| of a public Ṽ: the most frequent phrases
 DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
 # A document's weights in the exact-kernel density (workers/methods/dpkps/kde.py): "l1",
 # they sum to 1; "l2", L2 norm 1 (Gaussian noise only; sensitivity λ_max of the kernel).
@@ -86,7 +87,12 @@ def method_description(config: GenerationConfig) -> str:
         kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
-    return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
+    vocabulary = {
+        "histogram": "a noisy histogram over the public vocabulary",
+        "threshold": "a thresholded Gaussian histogram over the phrases that occur",
+        "public": f"the first {config.candidate_count:,} phrases of the public vocabulary",
+    }[config.vocabulary_selection]
+    return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}; Ṽ: {vocabulary}"
 
 
 def check_delta(value: float, *, gaussian: bool, field: str = "delta") -> float:
@@ -152,7 +158,6 @@ LIMITS = {
     "per_class": 1_000_000,
     "total": 10_000_000,
     "vocabulary_size": 200_000,
-    "public_vocabulary_size": 200_000,
     "max_matches_per_document": 1_000,
     "sequence_length": 64,
     "num_features": 65_536,
@@ -174,7 +179,7 @@ class GenerationConfig:
 
     With one total Gaussian budget (``epsilon``, ``delta``, ``noise="gaussian"``) the
     independent mode defaults to class centroids (``kde_method="centroid"``) over a public
-    Ṽ (``vocabulary_method="public"``, the 5,000 most frequent phrases of the vocabulary),
+    Ṽ (the :data:`PUBLIC_VOCABULARY_SIZE` = 5,000 most frequent phrases of the vocabulary),
     τ = 2: chosen on AG News rows 0–3,799 (about 3,000 private documents, 800 test, issue
     16), where at ε = 0.25 / 1 / 6 (δ = 1e-6) they gave 0.79 / 0.84 / 0.84 against
     0.22 / 0.56 / 0.80 for the noisy histogram and the exact kernel (0.90 on the real
@@ -182,8 +187,9 @@ class GenerationConfig:
     threshold leaves at most a handful (0 at ε = 0.25); a centroid is 384 numbers per
     class whatever Ṽ is, with L2 Δ = 1. τ: 0.5 / 1 / 2 / 4 gave 0.74 / 0.78 / 0.84 / 0.83
     at ε = 1. BENCHMARKS.md, "DP-KPS at small ε", has every measurement. The older
-    Gaussian path stays selectable (``kde_method="exact"``, ``vocabulary_method=
-    "histogram"`` or ``"threshold"``); Laplace runs keep the defaults below.
+    Gaussian path stays selectable (``kde_method="exact"``: the noisy histogram then);
+    :class:`LowEpsilonConfig` selects the thresholded or public Ṽ and the L2 weights
+    explicitly. Laplace runs keep the defaults below.
 
     The defaults were chosen by measurement on AG News (6,000 private documents, 4
     classes, ε = 1 + 5, keyphrase sequences only, classifier on sentence embeddings);
@@ -230,13 +236,10 @@ class GenerationConfig:
     epsilon: float | None = None  # total budget, split among the mechanisms by the shares
     delta: float = 0.0  # with `epsilon`: > 0 for Gaussian noise
     noise: str = "laplace"  # "laplace" (pure ε) | "gaussian" (ε, δ), with `epsilon`
-    vocabulary_method: str | None = None  # "histogram" | "threshold" | "public"; None: per noise
-    kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: per noise
     share_vocab: float = 1.0  # shares of the total (of ε for Laplace, of μ² for Gaussians)
     share_kde: float = 1.0
     share_count: float = 0.1
     vocabulary_size: int = 1000  # N: size of the private vocabulary
-    public_vocabulary_size: int = 5000  # |Ṽ| with vocabulary_method "public"
     max_matches_per_document: int = 10  # S: sensitivity of the vocabulary histogram
     sequence_length: int = 8  # L
     mode: str = "independent"  # "independent" | "iterative"
@@ -264,35 +267,12 @@ class GenerationConfig:
             _check_int(self.total, name="total", low=1, high=LIMITS["total"])
         for name in (
             "vocabulary_size",
-            "public_vocabulary_size",
             "max_matches_per_document",
             "sequence_length",
             "num_features",
             "max_phrases_per_document",
         ):
             _check_int(getattr(self, name), name=name, low=1, high=LIMITS[name])
-        if self.vocabulary_method is not None:
-            if self.vocabulary_method not in VOCABULARY_METHODS:
-                raise ConfigError(
-                    f"must be one of {', '.join(VOCABULARY_METHODS)}", field="vocabulary_method"
-                )
-            if self.vocabulary_method == "threshold" and self.noise != "gaussian":
-                raise ConfigError(
-                    "the thresholded vocabulary is a Gaussian (ε, δ) release: give a total "
-                    "epsilon, delta > 0 and noise gaussian",
-                    field="vocabulary_method",
-                )
-        if self.kde_weighting is not None:
-            if self.kde_weighting not in KDE_WEIGHTINGS:
-                raise ConfigError(
-                    f"must be one of {', '.join(KDE_WEIGHTINGS)}", field="kde_weighting"
-                )
-            if self.kde_weighting == "l2" and self.noise != "gaussian":
-                raise ConfigError(
-                    "L2 document weights are bounded for Gaussian noise: give a total "
-                    "epsilon, delta > 0 and noise gaussian",
-                    field="kde_weighting",
-                )
         if self.mode not in MODES:
             raise ConfigError(f"must be one of {', '.join(MODES)}", field="mode")
         if self.ensemble not in ENSEMBLES:
@@ -398,25 +378,30 @@ class GenerationConfig:
 
     @property
     def candidate_count(self) -> int:
-        """|Ṽ| at most: ``public_vocabulary_size`` for a public Ṽ, else ``vocabulary_size``."""
+        """|Ṽ| at most: the public Ṽ's size (:data:`PUBLIC_VOCABULARY_SIZE`, or
+        :class:`LowEpsilonConfig`'s ``public_vocabulary_size``), else ``vocabulary_size``."""
         if self.vocabulary_selection == "public":
-            return self.public_vocabulary_size
+            return int(getattr(self, "public_vocabulary_size", PUBLIC_VOCABULARY_SIZE))
         return self.vocabulary_size
 
     @property
     def vocabulary_selection(self) -> str:
-        """How Ṽ is chosen: ``vocabulary_method``, or the default for the run's noise."""
-        if self.vocabulary_method is not None:
-            return self.vocabulary_method
+        """How Ṽ is chosen: :class:`LowEpsilonConfig`'s ``vocabulary_method``, or the default:
+        public for class centroids or moments, else the noisy histogram."""
+        chosen = getattr(self, "vocabulary_method", None)
+        if chosen is not None:
+            return str(chosen)
         if self.density_method in ("centroid", "moments"):
             return "public"  # the densities select; a private Ṽ would cost budget for little
         return DEFAULT_VOCABULARY_METHOD[self.noise]
 
     @property
     def density_weighting(self) -> str:
-        """A document's weights in the exact-kernel density: ``kde_weighting`` or default."""
-        if self.kde_weighting is not None:
-            return self.kde_weighting
+        """A document's weights in the exact-kernel density: :class:`LowEpsilonConfig`'s
+        ``kde_weighting``, or the default."""
+        chosen = getattr(self, "kde_weighting", None)
+        if chosen is not None:
+            return str(chosen)
         return DEFAULT_KDE_WEIGHTING[self.noise]
 
     @property
@@ -435,6 +420,50 @@ class GenerationConfig:
         """Every parameter, with the defaults that depend on the mode resolved."""
         out = asdict(self)
         out["kde_method"], out["temperature"] = self.density_method, self.sampling_temperature
-        out["vocabulary_method"] = self.vocabulary_selection
-        out["kde_weighting"] = self.density_weighting
         return out
+
+
+@dataclass(frozen=True)
+class LowEpsilonConfig(GenerationConfig):
+    """A :class:`GenerationConfig` with the small-ε options of issue 16 made explicit.
+
+    They live in a subclass until the service's job spec carries them (the job spec
+    mirrors :class:`GenerationConfig`'s fields one for one); the engine reads them from
+    either (a plain :class:`GenerationConfig` takes the defaults).
+    """
+
+    vocabulary_method: str | None = None  # "histogram" | "threshold" | "public"; None: default
+    kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: "l1"
+    public_vocabulary_size: int = PUBLIC_VOCABULARY_SIZE  # |Ṽ| of a public Ṽ
+
+    def validate(self) -> LowEpsilonConfig:
+        if self.vocabulary_method is not None:
+            if self.vocabulary_method not in VOCABULARY_METHODS:
+                raise ConfigError(
+                    f"must be one of {', '.join(VOCABULARY_METHODS)}", field="vocabulary_method"
+                )
+            if self.vocabulary_method == "threshold" and self.noise != "gaussian":
+                raise ConfigError(
+                    "the thresholded vocabulary is a Gaussian (ε, δ) release: give a total "
+                    "epsilon, delta > 0 and noise gaussian",
+                    field="vocabulary_method",
+                )
+        if self.kde_weighting is not None:
+            if self.kde_weighting not in KDE_WEIGHTINGS:
+                raise ConfigError(
+                    f"must be one of {', '.join(KDE_WEIGHTINGS)}", field="kde_weighting"
+                )
+            if self.kde_weighting == "l2" and self.noise != "gaussian":
+                raise ConfigError(
+                    "L2 document weights are bounded for Gaussian noise: give a total "
+                    "epsilon, delta > 0 and noise gaussian",
+                    field="kde_weighting",
+                )
+        _check_int(
+            self.public_vocabulary_size,
+            name="public_vocabulary_size",
+            low=1,
+            high=LIMITS["vocabulary_size"],
+        )
+        super().validate()
+        return self

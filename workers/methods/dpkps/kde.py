@@ -468,10 +468,7 @@ def build_exact_structure(
     weights = phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases, weighting=weighting)
     raw = kernel.density(weights)
     del weights
-    if weighting == "l2":
-        sensitivity = kernel.spectral_norm
-    else:
-        sensitivity = kernel.sensitivities[planned.norm]
+    sensitivity = kernel.spectral_norm if weighting == "l2" else kernel.sensitivities[planned.norm]
     noisy, event = _release(raw, sensitivity, planned, label, "exact")
     del raw  # raw densities never outlive the structure's construction
     return ExactKDE(label=label, noisy_density=noisy, event=event)
@@ -501,7 +498,8 @@ class CentroidKDE:
 
 
 def unit_vectors(
-    units: Sequence[Sequence[int]], document_embeddings: NDArray[np.floating]  # type: ignore[type-arg]
+    units: Sequence[Sequence[int]],
+    document_embeddings: NDArray[np.floating],  # type: ignore[type-arg]
 ) -> NDArray[np.float64]:
     """One row per unit: the mean of its documents' (unit-norm) embeddings, norm ≤ 1."""
     emb = np.asarray(document_embeddings, dtype=np.float64)
@@ -584,9 +582,7 @@ def build_moment_structures(
     return out
 
 
-def moment_scores(
-    kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float
-) -> torch.Tensor:
+def moment_scores(kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float) -> torch.Tensor:
     """``exp((k(v) − max k) / scale)`` with ``k(v) = (2·e_vᵀF̃ + e_vᵀM̃e_v) / tr(M̃)``, the
     polynomial-kernel density per unit (tr M̃ ≈ the class's size); post-processing."""
     e = embeddings.to(torch.float64)

@@ -201,7 +201,9 @@ def generate_sequences(
     # The thresholded histogram counts each unit's first S DISTINCT phrases: read a few
     # more matches so that repeats do not leave it short (the bound S applies later).
     limit = config.max_matches_per_document * (4 if thresholded else 1)
-    doc_matches = [[] if extractor is None else extractor.extract(d, limit=limit) for d in documents]
+    doc_matches = [
+        [] if extractor is None else extractor.extract(d, limit=limit) for d in documents
+    ]
     without_match = sum(1 for m in doc_matches if not m)
     # one list of matches per unit: its documents' matches in input order
     matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
@@ -213,7 +215,7 @@ def generate_sequences(
     if public:
         private = public_vocabulary(
             vocabulary_size=len(vocabulary),
-            size=min(config.public_vocabulary_size, len(vocabulary)),
+            size=min(config.candidate_count, len(vocabulary)),
         )
     elif thresholded:
         private = select_thresholded_vocabulary(

@@ -59,9 +59,9 @@ from typing import Any
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import (
     EMBEDDING_DIMENSION,
-    moments_dimension,
     GenerationConfig,
     ensemble_block_counts,
+    moments_dimension,
 )
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import PlannedMechanism, split_budget

@@ -46,7 +46,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-
 from scipy.stats import norm
 
 from workers.errors import ConfigError
