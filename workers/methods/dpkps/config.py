@@ -87,12 +87,12 @@ def method_description(config: GenerationConfig) -> str:
         kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
-    vocabulary = {
-        "histogram": "a noisy histogram over the public vocabulary",
+    described = f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
+    vocabulary = {  # the noisy histogram is the paper's: no mention needed
         "threshold": "a thresholded Gaussian histogram over the phrases that occur",
         "public": f"the first {config.candidate_count:,} phrases of the public vocabulary",
-    }[config.vocabulary_selection]
-    return f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}; Ṽ: {vocabulary}"
+    }.get(config.vocabulary_selection)
+    return described if vocabulary is None else f"{described}; Ṽ: {vocabulary}"
 
 
 def check_delta(value: float, *, gaussian: bool, field: str = "delta") -> float:
