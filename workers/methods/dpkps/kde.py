@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -499,7 +500,7 @@ class CentroidKDE:
 
 def unit_vectors(
     units: Sequence[Sequence[int]],
-    document_embeddings: NDArray[np.floating],  # type: ignore[type-arg]
+    document_embeddings: NDArray[np.floating[Any]],
 ) -> NDArray[np.float64]:
     """One row per unit: the mean of its documents' (unit-norm) embeddings, norm ≤ 1."""
     emb = np.asarray(document_embeddings, dtype=np.float64)
@@ -519,7 +520,8 @@ def _within_unit_ball(rows: NDArray[np.float64]) -> NDArray[np.float64]:
     if data.ndim != 2:
         raise ConfigError("one row per unit", field="kde_method")
     norms = np.linalg.norm(data, axis=1, keepdims=True)
-    return data / np.maximum(norms, 1.0)
+    out: NDArray[np.float64] = data / np.maximum(norms, 1.0)
+    return out
 
 
 def build_centroid_structures(

@@ -225,11 +225,11 @@ def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: in
     split = split_budget(
         epsilon=epsilon, delta=config.delta - threshold_delta, mechanisms=mechanisms
     )
-    total = split.epsilon + Decimal(threshold_epsilon)
-    assert total <= Decimal(repr(config.epsilon)), (total, config.epsilon)
+    composed = split.epsilon + Decimal(threshold_epsilon)
+    assert composed <= Decimal(repr(config.epsilon)), (composed, config.epsilon)
     return Plan(
         events=split.events,
-        epsilon=total,
+        epsilon=composed,
         delta=config.delta,
         accountant=compose(split.events).name,
         threshold_delta=threshold_delta,
