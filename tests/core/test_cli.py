@@ -437,7 +437,10 @@ def test_a_total_epsilon_delta_gives_gaussian_noise_and_a_full_privacy_block(
     assert privacy["epsilon"] <= 1.0 and privacy["delta"] <= 1e-6
     assert privacy["accountant"].startswith("pld(dp-accounting")
     assert privacy["unit"] == "row"
-    assert {e["mechanism"] for e in privacy["events"]} == {"vocabulary", "kde"}
+    # the Gaussian defaults: class centroids over a public Ṽ, so no vocabulary release
+    assert {e["mechanism"] for e in privacy["events"]} == {"kde"}
+    assert {e["dimension"] for e in privacy["events"]} == {384}
+    assert "phrases of the public vocabulary" in manifest["method"]
     assert {e["noise"] for e in privacy["events"]} == {"gaussian"}
     assert all(e["scale"] > 0 and e["sensitivity"] > 0 for e in privacy["events"])
 

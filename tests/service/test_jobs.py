@@ -282,11 +282,9 @@ def test_a_dry_run_plans_the_releases_without_a_job_or_a_reservation(
     assert plan["epsilon"] <= 1.0 and plan["delta"] == 1e-7
     assert plan["accountant"].startswith("pld(dp-accounting")
     mechanisms = {e["mechanism"]: e["noise"] for e in plan["events"]}
-    assert mechanisms == {
-        "vocabulary": "gaussian",
-        "class_counts": "gaussian",
-        "kde": "gaussian",
-    }
+    # a total Gaussian budget defaults to class centroids over a public Ṽ (issue 16): no
+    # vocabulary release, the class counts and one centroid per class
+    assert mechanisms == {"class_counts": "gaussian", "kde": "gaussian"}
     assert all(e["scale"] > 0 for e in plan["events"])
     jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
     assert jobs == []

@@ -43,15 +43,21 @@ class PrivacyReport:
 
     @property
     def epsilon(self) -> Decimal:
-        """The accountant's ε of the realised releases at the run's δ."""
-        return compose(self.events).epsilon(self.delta)
+        """The accountant's ε of the realised releases at the run's δ.
+
+        With a thresholded vocabulary the events compose at ``δ − threshold_delta`` and
+        the threshold's ε is added (:mod:`workers.methods.dpkps.plan`)."""
+        plan = self.plan
+        if not plan.threshold_delta:
+            return compose(self.events).epsilon(self.delta)
+        return compose(self.events).epsilon(plan.gaussian_delta) + Decimal(plan.threshold_epsilon)
 
     @property
     def accountant(self) -> str:
         return compose(self.events).name
 
     def by_mechanism(self) -> dict[str, float]:
-        return epsilon_by_mechanism(self.events, self.delta)
+        return epsilon_by_mechanism(self.events, self.plan.gaussian_delta)
 
     @property
     def as_planned(self) -> bool:

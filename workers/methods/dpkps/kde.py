@@ -31,6 +31,12 @@ Independent sequences only query the density at the phrases of Ṽ, so by defaul
 mode releases the exact Gaussian kernel density there instead (:func:`build_exact_structure`,
 at the end of this module): its sensitivity is about 1 rather than ``c·I``.
 
+With a total Gaussian budget, independent mode defaults to class centroids instead
+(:func:`build_centroid_structures`, end of this module): one sum of document embeddings
+per class, L2 Δ = 1, and a phrase's score its cosine with that sum; :func:`build_moment_
+structures` adds the second moment (a degree-2 polynomial kernel). Their noise lives in
+384 (or 74,304) coordinates whatever |Ṽ| is, which is what keeps them useful at ε ≤ 1.
+
 Per class, an ensemble of structures shares ``ε_kde`` equally: the logarithmic ensemble
 (paper App. B.2) has block counts ``1, 2, 4, …`` capped at ``L``; the linear ensemble has
 ``1, 2, …, L``. Classes are disjoint, so each class may spend the whole ``ε_kde``.
@@ -41,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,6 +60,9 @@ from workers.methods.dpkps.noise import noise_std, release_vector
 from workers.privacy.events import PrivacyEvent
 
 _DOC_CHUNK = 2048
+SPECTRAL_EXACT_LIMIT = 4000  # |Ṽ| up to which λ_max(K) is computed (a |Ṽ|² matrix)
+POWER_STEPS = 3  # above it: passes over K for the Collatz–Wielandt bound on λ_max
+WEIGHTINGS = ("l1", "l2")  # a document's weights: sum 1 (share), or L2 norm 1
 
 
 MAX_BOUND = math.sqrt(2.0)  # |f_k| ≤ √2: a bound of √2·I clips nothing
@@ -324,6 +334,34 @@ class ExactKernel:
             l2 = max(l2, float(block.pow(2).sum(dim=1).sqrt().max()))
         self.sensitivities = {"l1": l1, "l2": l2}
         self.sensitivity = l1
+        self._spectral: float | None = None
+
+    @property
+    def spectral_norm(self) -> float:
+        """λ_max(K), an upper bound on ‖K x‖₂ for every ‖x‖₂ ≤ 1: the sensitivity of the
+        density under L2-normalised document weights (:func:`phrase_weights`, ``"l2"``).
+
+        K is symmetric positive semi-definite (a Gaussian kernel matrix), so its operator
+        norm is its largest eigenvalue; computed exactly up to ``SPECTRAL_EXACT_LIMIT``
+        phrases (plus a relative margin for the solver). Above it, the Collatz–Wielandt
+        bound: K ≥ 0 entrywise, so λ_max ≤ max_i (K x)_i / x_i for every x > 0; with x a
+        few power-iteration steps from the all-ones vector (the first step is the largest
+        row sum, Gershgorin) the bound is close to λ_max. Public: a function of Ṽ and the
+        embeddings.
+        """
+        if self._spectral is None:
+            if self.size <= SPECTRAL_EXACT_LIMIT:
+                matrix = torch.cat(list(self._blocks()))
+                top = float(torch.linalg.eigvalsh(matrix)[-1])
+            else:
+                x = torch.ones(self.size, dtype=torch.float64, device=self.embeddings.device)
+                top = math.inf
+                for _ in range(POWER_STEPS):
+                    y = torch.cat([k @ x for k in self._blocks()])
+                    top = min(top, float((y / x).max()))  # each step's bound is valid
+                    x = y / y.max()  # stays > 0: K has a unit diagonal and no negative entry
+            self._spectral = top * (1.0 + 1e-9) + 1e-12
+        return self._spectral
 
     @property
     def size(self) -> int:
@@ -343,14 +381,19 @@ class ExactKernel:
 
 
 def phrase_weights(
-    doc_phrases: Sequence[Sequence[int]], size: int, *, max_phrases: int
+    doc_phrases: Sequence[Sequence[int]], size: int, *, max_phrases: int, weighting: str = "l1"
 ) -> NDArray[np.float64]:
-    """``w[v] = Σ_j 1/n_j`` over the documents holding ``v`` among their first ``M`` phrases."""
+    """``w[v] = Σ_j 1/n_j`` over the documents holding ``v`` among their first ``M`` phrases
+    (``weighting="l1"``: a document's weights sum to 1), or ``Σ_j 1/√n_j`` (``"l2"``: a
+    document's weight vector has L2 norm 1)."""
+    if weighting not in WEIGHTINGS:
+        raise ConfigError(f"must be one of {', '.join(WEIGHTINGS)}", field="kde_weighting")
+    power = 1.0 if weighting == "l1" else 0.5
     weights = np.zeros(size, dtype=np.float64)
     for phrases in doc_phrases:
         kept = list(dict.fromkeys(phrases))[:max_phrases]
         if kept:
-            np.add.at(weights, np.asarray(kept, dtype=np.int64), 1.0 / len(kept))
+            np.add.at(weights, np.asarray(kept, dtype=np.int64), len(kept) ** -power)
     return weights
 
 
@@ -368,6 +411,40 @@ class ExactKDE:
         return noise_std(self.event)
 
 
+def build_exact_structures(
+    classes: Sequence[tuple[str, Sequence[Sequence[int]]]],
+    kernel: ExactKernel,
+    *,
+    planned: PrivacyEvent,
+    max_phrases: int,
+    weighting: str = "l1",
+) -> list[ExactKDE]:
+    """:func:`build_exact_structure` for every (label, units) of ``classes``, the densities
+    of all classes computed in one pass over the kernel (same releases, same noise)."""
+    if weighting == "l2" and planned.norm != "l2":
+        raise ConfigError("L2 document weights need Gaussian noise", field="kde_weighting")
+    if not classes:
+        return []
+    weights = np.stack(
+        [
+            phrase_weights(docs, kernel.size, max_phrases=max_phrases, weighting=weighting)
+            for _, docs in classes
+        ],
+        axis=1,
+    )
+    raw = kernel.density(weights)
+    del weights
+    sensitivity = kernel.spectral_norm if weighting == "l2" else kernel.sensitivities[planned.norm]
+    out = []
+    for n, (label, _) in enumerate(classes):
+        noisy, event = _release(
+            np.ascontiguousarray(raw[:, n]), sensitivity, planned, label, "exact"
+        )
+        out.append(ExactKDE(label=label, noisy_density=noisy, event=event))
+    del raw  # raw densities never outlive the structures' construction
+    return out
+
+
 def build_exact_structure(
     doc_phrases: Sequence[Sequence[int]],
     kernel: ExactKernel,
@@ -375,10 +452,149 @@ def build_exact_structure(
     label: str,
     planned: PrivacyEvent,
     max_phrases: int,
+    weighting: str = "l1",
 ) -> ExactKDE:
-    """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise."""
-    raw = kernel.density(phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases))
-    sensitivity = kernel.sensitivities[planned.norm]
+    """The exact Gaussian kernel density of one class at every phrase of Ṽ, plus noise.
+
+    ``weighting="l1"`` (each document's weights sum to 1): sensitivity the largest column
+    sum (Laplace) or column norm (Gaussian) of K, since K·x_j is a convex combination of
+    columns. ``"l2"`` (weights 1/√n_j, ‖x_j‖₂ = 1; Gaussian noise only): ‖K x_j‖₂ ≤
+    λ_max(K)·‖x_j‖₂ = λ_max(K) (:attr:`ExactKernel.spectral_norm`). With K close to the
+    identity (a narrow kernel) both sensitivities are about 1, while a document of n
+    phrases gives each √n times the weight: the density's signal grows √n-fold against
+    the same noise.
+    """
+    if weighting == "l2" and planned.norm != "l2":
+        raise ConfigError("L2 document weights need Gaussian noise", field="kde_weighting")
+    weights = phrase_weights(doc_phrases, kernel.size, max_phrases=max_phrases, weighting=weighting)
+    raw = kernel.density(weights)
+    del weights
+    sensitivity = kernel.spectral_norm if weighting == "l2" else kernel.sensitivities[planned.norm]
     noisy, event = _release(raw, sensitivity, planned, label, "exact")
     del raw  # raw densities never outlive the structure's construction
     return ExactKDE(label=label, noisy_density=noisy, event=event)
+
+
+# --- Class centroids of document embeddings (a linear kernel) -------------------------
+#
+# Each unit contributes ONE vector: the mean of its documents' sentence embeddings (unit
+# rows of the public model), so its L2 norm is at most 1 (the norm of a mean of unit
+# vectors). A class releases ``F̃_c = Σ_j x_j + N(0, σ²)^d``: adding or removing a unit
+# moves the sum by x_j, L2 Δ = 1 whatever the unit's length, and classes are disjoint
+# (parallel composition). The score of a phrase v is ``e_vᵀ F̃_c``, the linear-kernel
+# density of the class at v; its noise is σ·‖e_v‖ = σ for every phrase, against a signal
+# that grows with the class size — in 384 coordinates, not one per phrase of Ṽ.
+
+
+CENTROID_SCALE = 0.05  # cosine units per e-fold of a phrase's centroid score (τ = 1)
+
+
+@dataclass(frozen=True)
+class CentroidKDE:
+    """One class's released embedding sum, and what it cost."""
+
+    label: str
+    noisy_sum: NDArray[np.float64]
+    event: PrivacyEvent
+
+
+def unit_vectors(
+    units: Sequence[Sequence[int]],
+    document_embeddings: NDArray[np.floating[Any]],
+) -> NDArray[np.float64]:
+    """One row per unit: the mean of its documents' (unit-norm) embeddings, norm ≤ 1."""
+    emb = np.asarray(document_embeddings, dtype=np.float64)
+    norms = np.linalg.norm(emb, axis=1, keepdims=True)
+    emb = emb / np.maximum(norms, 1.0)  # already unit rows; never above 1 in any case
+    out = np.zeros((len(units), emb.shape[1]))
+    for i, docs in enumerate(units):
+        if len(docs):
+            out[i] = emb[list(docs)].mean(axis=0)
+    return out
+
+
+def _within_unit_ball(rows: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Rows scaled down to L2 norm ≤ 1 (rows already within it unchanged): the bound the
+    sensitivity rests on is enforced, not assumed, and nothing branches on the data."""
+    data = np.asarray(rows, dtype=np.float64)
+    if data.ndim != 2:
+        raise ConfigError("one row per unit", field="kde_method")
+    norms = np.linalg.norm(data, axis=1, keepdims=True)
+    out: NDArray[np.float64] = data / np.maximum(norms, 1.0)
+    return out
+
+
+def build_centroid_structures(
+    classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
+) -> list[CentroidKDE]:
+    """``Σ_j x_j`` of each class (rows ``x_j``, each of L2 norm ≤ 1) plus Gaussian noise."""
+    if planned.norm != "l2":
+        raise ConfigError("class centroids take Gaussian noise", field="kde_method")
+    out = []
+    for label, given in classes:
+        rows = _within_unit_ball(given)
+        raw = rows.sum(axis=0) if len(rows) else np.zeros(planned.dimension)
+        noisy, event = _release(raw, 1.0, planned, label, "centroid")
+        del raw
+        out.append(CentroidKDE(label=label, noisy_sum=noisy, event=event))
+    return out
+
+
+def centroid_scores(kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """``exp((cos(e_v, F̃_c) − max_v cos) / scale)`` for every phrase: positive scores for
+    :func:`~workers.methods.dpkps.sampling.sample_from_scores` (post-processing)."""
+    direction = torch.as_tensor(kde.noisy_sum, dtype=torch.float64, device=embeddings.device)
+    direction = direction / direction.norm().clamp_min(1e-300)
+    cos = embeddings.to(torch.float64) @ direction
+    return torch.exp((cos - cos.max()) / scale)
+
+
+# --- First two moments (a degree-2 polynomial kernel) ---------------------------------
+#
+# Each unit's vector x_j (norm ≤ 1, :func:`unit_vectors`) contributes x_j and the upper
+# triangle of x_j x_jᵀ, as one vector: its squared L2 norm is ‖x‖² + Σ_{i≤k} x_i² x_k² ≤
+# ‖x‖² + ‖x‖⁴ ≤ 2, so L2 Δ = √2 for the d + d(d+1)/2 coordinates of one class. A phrase's
+# score is the polynomial-kernel density Σ_j (1 + e_vᵀx_j)² − n = 2·e_vᵀF̃ + e_vᵀM̃e_v:
+# the quadratic term sees every direction the class's documents take, not their mean
+# only; its noise e_vᵀZe_v has standard deviation about √2·σ for a unit e_v.
+
+
+def _upper(d: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    rows, cols = np.triu_indices(d)
+    return rows.astype(np.int64), cols.astype(np.int64)
+
+
+def build_moment_structures(
+    classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
+) -> list[CentroidKDE]:
+    """``(Σ_j x_j, triu(Σ_j x_j x_jᵀ))`` of each class plus Gaussian noise (L2 Δ = √2)."""
+    if planned.norm != "l2":
+        raise ConfigError("moments take Gaussian noise", field="kde_method")
+    out = []
+    for label, given in classes:
+        rows = _within_unit_ball(given)
+        d = rows.shape[1]
+        i, k = _upper(d)
+        second = rows.T @ rows if len(rows) else np.zeros((d, d))
+        raw = np.concatenate([rows.sum(axis=0) if len(rows) else np.zeros(d), second[i, k]])
+        del second
+        noisy, event = _release(raw, math.sqrt(2.0), planned, label, "moments")
+        del raw
+        out.append(CentroidKDE(label=label, noisy_sum=noisy, event=event))
+    return out
+
+
+def moment_scores(kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """``exp((k(v) − max k) / scale)`` with ``k(v) = (2·e_vᵀF̃ + e_vᵀM̃e_v) / tr(M̃)``, the
+    polynomial-kernel density per unit (tr M̃ ≈ the class's size); post-processing."""
+    e = embeddings.to(torch.float64)
+    d = e.shape[1]
+    released = torch.as_tensor(kde.noisy_sum, dtype=torch.float64, device=e.device)
+    first, upper = released[:d], released[d:]
+    i, k = _upper(d)
+    m = torch.zeros(d, d, dtype=torch.float64, device=e.device)
+    m[torch.as_tensor(i), torch.as_tensor(k)] = upper
+    m = m + m.T - torch.diag(torch.diagonal(m))
+    size = torch.clamp(torch.trace(m), min=1.0)
+    value = (2.0 * (e @ first) + ((e @ m) * e).sum(dim=1)) / size
+    return torch.exp((value - value.max()) / scale)

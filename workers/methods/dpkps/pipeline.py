@@ -27,13 +27,33 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.errors import InputDataError
+from workers.errors import ConfigError, InputDataError
 from workers.methods.dpkps.accounting import PrivacyReport
-from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.config import (
+    EMBEDDING_DIMENSION,
+    GenerationConfig,
+    method_description,
+)
 from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import ExactKernel, build_class_ensemble, build_exact_structure
+from workers.methods.dpkps.kde import (
+    CENTROID_SCALE,
+    CentroidKDE,
+    ExactKernel,
+    build_centroid_structures,
+    build_class_ensemble,
+    build_exact_structures,
+    build_moment_structures,
+    centroid_scores,
+    moment_scores,
+    unit_vectors,
+)
 from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
-from workers.methods.dpkps.private_vocab import select_private_vocabulary
+from workers.methods.dpkps.private_vocab import (
+    PrivateVocabulary,
+    public_vocabulary,
+    select_private_vocabulary,
+    select_thresholded_vocabulary,
+)
 from workers.methods.dpkps.proportions import allocate, noisy_class_counts
 from workers.methods.dpkps.sampling import (
     class_contrast,
@@ -113,6 +133,22 @@ def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Seq
         )
 
 
+def padded(private: PrivateVocabulary, config: GenerationConfig, size: int) -> PrivateVocabulary:
+    """Ṽ with public phrases appended (the public vocabulary's first ones, in its order)
+    when the DP release holds too few for a sequence: fewer than L distinct phrases, or
+    none. Post-processing of the release with public data only."""
+    need = min(config.sequence_length if config.distinct else 1, size)
+    if private.indices.size >= need:
+        return private
+    chosen = set(private.indices.tolist())
+    extra = [i for i in range(size) if i not in chosen][: need - private.indices.size]
+    return PrivateVocabulary(
+        indices=np.concatenate([private.indices, np.asarray(extra, dtype=np.int64)]),
+        noisy_counts=np.concatenate([private.noisy_counts, np.zeros(len(extra))]),
+        event=private.event,
+    )
+
+
 def _noop(stage: str, fraction: float) -> None:
     return None
 
@@ -148,30 +184,60 @@ def generate_sequences(
     def planned_event(mechanism: str) -> PrivacyEvent:
         return next(e for e in the_plan.events if e.mechanism == mechanism)
 
-    # 1. keyphrase extraction against the public vocabulary
-    extractor = KeyphraseExtractor(vocabulary)
+    if config.density_method in ("centroid", "moments") and embedder.dim != EMBEDDING_DIMENSION:
+        raise ConfigError(
+            f"class centroids are planned in {EMBEDDING_DIMENSION} dimensions; the "
+            f"embedding model has {embedder.dim}",
+            field="kde_method",
+        )
+    # 1. keyphrase extraction against the public vocabulary (not needed for a public Ṽ)
+    public = config.vocabulary_selection == "public"
+    extractor = None if public else KeyphraseExtractor(vocabulary)
     # From here on the run reads private documents: nothing below branches on them (no
     # error, no early exit, no progress that counts documents); every mechanism stays DP
     # on an all-zero histogram. Raw facts go to ``owner_diagnostics`` only.
     pooled = pool(labels, units, label_set=label_set)
-    doc_matches = [extractor.extract(d, limit=config.max_matches_per_document) for d in documents]
+    thresholded = config.vocabulary_selection == "threshold"
+    # The thresholded histogram counts each unit's first S DISTINCT phrases: read a few
+    # more matches so that repeats do not leave it short (the bound S applies later).
+    limit = config.max_matches_per_document * (4 if thresholded else 1)
+    doc_matches = [
+        [] if extractor is None else extractor.extract(d, limit=limit) for d in documents
+    ]
     without_match = sum(1 for m in doc_matches if not m)
     # one list of matches per unit: its documents' matches in input order
     matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
     del doc_matches
     report_progress("extract", 1.0)
 
-    # 2. private vocabulary: Laplace histogram over every public phrase, top N
-    private = select_private_vocabulary(
-        matches,
-        vocabulary_size=len(vocabulary),
-        size=config.vocabulary_size,
-        planned=planned_event(VOCABULARY),
-        max_per_document=config.max_matches_per_document,
-    )
+    # 2. private vocabulary: a noisy histogram over every public phrase, top N; or a
+    # thresholded Gaussian histogram over the phrases that occur
+    if public:
+        private = public_vocabulary(
+            vocabulary_size=len(vocabulary),
+            size=min(config.candidate_count, len(vocabulary)),
+        )
+    elif thresholded:
+        private = select_thresholded_vocabulary(
+            matches,
+            vocabulary_size=len(vocabulary),
+            size=config.vocabulary_size,
+            planned=planned_event(VOCABULARY),
+            max_per_document=config.max_matches_per_document,
+            threshold_delta=the_plan.threshold_delta,
+        )
+    else:
+        private = select_private_vocabulary(
+            matches,
+            vocabulary_size=len(vocabulary),
+            size=config.vocabulary_size,
+            planned=planned_event(VOCABULARY),
+            max_per_document=config.max_matches_per_document,
+        )
     del matches
+    private = padded(private, config, len(vocabulary))
     phrases = [vocabulary.phrases[i] for i in private.indices]
-    events: list[PrivacyEvent] = [private.event]
+    events: list[PrivacyEvent] = [] if private.event is None else [private.event]
     report_progress("private_vocabulary", 1.0)
 
     # 3. embeddings of Ṽ (public phrases, public model), cached per (vocabulary, model)
@@ -197,6 +263,8 @@ def generate_sequences(
         for u in pooled
     ]
     unit_labels = [u.label for u in pooled]
+    if public:  # no match against V was made: count the units without a phrase of Ṽ
+        without_match = sum(1 for p in doc_phrases if not p)
 
     # 5. sequences per class: fixed, or split by noisy class counts (one count per unit)
     if config.uses_class_counts:
@@ -214,8 +282,27 @@ def generate_sequences(
     # on Ṽ, or random-feature structures (either mode); only the one the run uses is built
     kernel: ExactKernel | None = None
     rff: RandomFourierFeatures | None = None
+    centroids: list[CentroidKDE] = []
     if config.density_method == "exact":
         kernel = ExactKernel(embeddings, config.bandwidth)
+    elif config.density_method in ("centroid", "moments"):
+        # one vector per unit: the mean of its documents' embeddings (public model)
+        document_embeddings = embedder.encode(list(documents))
+        unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
+        del document_embeddings
+        build = (
+            build_centroid_structures
+            if config.density_method == "centroid"
+            else build_moment_structures
+        )
+        centroids = build(
+            [
+                (label, unit_rows[[i for i, u in enumerate(unit_labels) if u == label]])
+                for label in label_set
+            ],
+            planned=planned_event(KDE),
+        )
+        del unit_rows
     else:
         rff = RandomFourierFeatures(
             dim=embeddings.shape[1],
@@ -237,15 +324,26 @@ def generate_sequences(
         )
 
     bag_scores: list[torch.Tensor] = []
+    exact_structures = (
+        build_exact_structures(
+            [(label, by_class[label]) for label in label_set],
+            kernel,
+            planned=planned_event(KDE),
+            max_phrases=config.max_phrases_per_document,
+            weighting=config.density_weighting,
+        )
+        if kernel is not None
+        else []
+    )
     for n, label in enumerate(label_set):
+        if centroids:
+            events.append(centroids[n].event)
+            score = centroid_scores if config.density_method == "centroid" else moment_scores
+            bag_scores.append(score(centroids[n], embeddings, scale=CENTROID_SCALE))
+            report_progress("dp_kde", (n + 1) / len(label_set))
+            continue
         if kernel is not None:
-            exact = build_exact_structure(
-                by_class[label],
-                kernel,
-                label=label,
-                planned=planned_event(KDE),
-                max_phrases=config.max_phrases_per_document,
-            )
+            exact = exact_structures[n]
             events.append(exact.event)
             bag_scores.append(floored_density(exact, noise_floor=config.noise_floor))
             report_progress("dp_kde", (n + 1) / len(label_set))

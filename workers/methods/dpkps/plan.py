@@ -19,12 +19,28 @@ mechanism           Laplace (pure ε)      Gaussian (ε, δ)      dimension, par
 ``kde``             L1 (see below)        L2 (see below)       per class, in parallel
 ==================  ====================  ===================  =====================
 
+A public Ṽ (``vocabulary_method = "public"``) makes no ``vocabulary`` release. Class
+centroids (``kde_method = "centroid"``, Gaussian only) release per class the sum of the
+units' document embeddings, L2 Δ = 1 in 384 coordinates; ``"moments"`` adds the upper
+triangle of the sum of their outer products, L2 Δ = √2 (:mod:`workers.methods.dpkps.kde`).
+
 The KDE's sensitivity is c·I (L1) or c·√I (L2) for random features, known here; for the
 exact kernel it is the largest column sum (L1) or column norm (L2) of the kernel on Ṽ,
 which exists only once Ṽ is released. Such an event is planned with sensitivity 1 (its
 noise per unit of sensitivity is what the accountant needs: ε for Laplace, σ/Δ for
 Gaussians) and the run records the real sensitivity with a proportional scale;
 :func:`matches` checks that the run made exactly the planned releases.
+
+Thresholded vocabulary (``vocabulary_method = "threshold"``, Gaussian noise only): the
+vocabulary histogram is released on the phrases that occur, and only those above a
+threshold stay (:mod:`workers.methods.dpkps.private_vocab`). Its Gaussian part is the
+planned ``vocabulary`` event (L2 Δ = √S); the chance that a phrase held by the added unit
+alone crosses the threshold is ``threshold_delta`` (:data:`THRESHOLD_DELTA_SHARE` of δ),
+which also costs ``ln(1/(1 − threshold_delta))`` in ε. The plan calibrates every Gaussian
+to (ε − that, δ − threshold_delta) and :class:`Plan` carries both parts, so the run's
+total stays (ε, δ). A :class:`~workers.privacy.events.PrivacyEvent` has no δ of its own
+yet: whoever composes the events alone (a ledger) must add ``threshold_delta`` and
+``threshold_epsilon`` from the plan.
 
 Default shares (``share_vocab`` = ``share_kde`` = 1, ``share_count`` = 0.1): on AG News at
 ε = 1 an even vocabulary/KDE split beat 0.2/0.8 (0.635 against 0.497 synthetic accuracy,
@@ -41,13 +57,22 @@ from decimal import Decimal
 from typing import Any
 
 from workers.errors import ConfigError
-from workers.methods.dpkps.config import GenerationConfig, ensemble_block_counts
+from workers.methods.dpkps.config import (
+    EMBEDDING_DIMENSION,
+    GenerationConfig,
+    ensemble_block_counts,
+    moments_dimension,
+)
 from workers.privacy.accountant import compose
 from workers.privacy.calibration import PlannedMechanism, split_budget
 from workers.privacy.events import PrivacyEvent
 
 VOCABULARY, CLASS_COUNTS, KDE = "vocabulary", "class_counts", "kde"
 RELATIVE_TOLERANCE = 1e-9  # planned against realised noise per unit of sensitivity
+# Share of the run's δ spent on the vocabulary threshold (a phrase of the added unit alone
+# crossing it); the Gaussians get the rest. T grows like √(2 ln(S/δ_thr)): halving δ_thr
+# moves T by ~2 % and costs the Gaussians little, so an even split is near optimal.
+THRESHOLD_DELTA_SHARE = 0.5
 
 
 def kde_structures(config: GenerationConfig) -> int:
@@ -61,6 +86,10 @@ def kde_sensitivity(config: GenerationConfig) -> float:
     """The KDE's sensitivity where it is known before the run (random features), else 1."""
     if config.density_method == "exact":
         return 1.0  # normalised: the kernel's real sensitivity depends on Ṽ
+    if config.density_method == "centroid":
+        return 1.0  # a sum of vectors of norm ≤ 1: L2 Δ = 1
+    if config.density_method == "moments":
+        return math.sqrt(2.0)  # and their outer products: √(‖x‖² + ‖x‖⁴) ≤ √2
     i = config.num_features
     c = config.contribution_bound
     return c * i if config.noise == "laplace" else c * math.sqrt(i)
@@ -72,16 +101,18 @@ def _mechanisms(
     gaussian = config.noise == "gaussian"
     per = config.epsilon is None  # per-mechanism ε: the shares are the ε themselves
     s = config.max_matches_per_document
-    out = [
-        PlannedMechanism(
-            mechanism=VOCABULARY,
-            noise="gaussian" if gaussian else "discrete_laplace",
-            sensitivity=math.sqrt(s) if gaussian else float(s),
-            norm="l2" if gaussian else "l1",
-            dimension=vocabulary_size,
-            share=float(config.epsilon_vocab if per else config.share_vocab),  # type: ignore[arg-type]
+    out = []
+    if config.vocabulary_selection != "public":  # a public Ṽ is no release
+        out.append(
+            PlannedMechanism(
+                mechanism=VOCABULARY,
+                noise="gaussian" if gaussian else "discrete_laplace",
+                sensitivity=math.sqrt(s) if gaussian else float(s),
+                norm="l2" if gaussian else "l1",
+                dimension=vocabulary_size,
+                share=float(config.epsilon_vocab if per else config.share_vocab),  # type: ignore[arg-type]
+            )
         )
-    ]
     if config.uses_class_counts:
         out.append(
             PlannedMechanism(
@@ -100,7 +131,15 @@ def _mechanisms(
             noise="gaussian" if gaussian else "laplace",
             sensitivity=kde_sensitivity(config),
             norm="l2" if gaussian else "l1",
-            dimension=config.vocabulary_size if exact else config.num_features,
+            dimension=(
+                config.candidate_count
+                if exact
+                else EMBEDDING_DIMENSION
+                if config.density_method == "centroid"
+                else moments_dimension(EMBEDDING_DIMENSION)
+                if config.density_method == "moments"
+                else config.num_features
+            ),
             share=float(config.epsilon_kde if per else config.share_kde),  # type: ignore[arg-type]
             count=kde_structures(config),
             partitions=tuple(label_set),
@@ -117,6 +156,14 @@ class Plan:
     epsilon: Decimal
     delta: float
     accountant: str
+    # Thresholded vocabulary: the δ of its threshold, and the ε it adds (both 0 otherwise).
+    threshold_delta: float = 0.0
+    threshold_epsilon: float = 0.0
+
+    @property
+    def gaussian_delta(self) -> float:
+        """The δ at which the events themselves are composed (``delta − threshold_delta``)."""
+        return self.delta - self.threshold_delta
 
     def noise_per_sensitivity(self, mechanism: str) -> float:
         """Scale / sensitivity of ``mechanism`` (1/ε for Laplace, σ/Δ for Gaussians)."""
@@ -138,7 +185,21 @@ class Plan:
             "delta": self.delta,
             "accountant": self.accountant,
             "events": [e.to_dict() for e in self.events],
+            "threshold_delta": self.threshold_delta,
+            "threshold_epsilon": self.threshold_epsilon,
         }
+
+
+def threshold_costs(config: GenerationConfig) -> tuple[float, float]:
+    """(δ, ε) of the vocabulary threshold: 0 unless the run thresholds its vocabulary.
+
+    ε = ln(1/(1 − δ_thr)), rounded up: on the side where the added unit's phrases must
+    stay below the threshold, its probability (≥ 1 − δ_thr) divides the likelihood.
+    """
+    if config.vocabulary_selection != "threshold":
+        return 0.0, 0.0
+    delta = THRESHOLD_DELTA_SHARE * config.delta
+    return delta, math.nextafter(-math.log1p(-delta), math.inf)
 
 
 def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: int) -> Plan:
@@ -150,14 +211,29 @@ def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: in
     if config.epsilon is None:  # per-mechanism ε: their sum, each share its own ε
         total = math.fsum(m.share for m in mechanisms)
         split = split_budget(epsilon=total, delta=0.0, mechanisms=mechanisms)
-    else:
-        split = split_budget(epsilon=config.epsilon, delta=config.delta, mechanisms=mechanisms)
-    composition = compose(split.events)
+        return Plan(
+            events=split.events,
+            epsilon=split.epsilon,
+            delta=split.delta,
+            accountant=compose(split.events).name,
+        )
+    threshold_delta, threshold_epsilon = threshold_costs(config)
+    epsilon = config.epsilon
+    if threshold_delta:
+        target = Decimal(repr(config.epsilon)) - Decimal(threshold_epsilon)
+        epsilon = math.nextafter(float(target), 0.0)  # rounded down: the sum stays ≤ ε
+    split = split_budget(
+        epsilon=epsilon, delta=config.delta - threshold_delta, mechanisms=mechanisms
+    )
+    composed = split.epsilon + Decimal(threshold_epsilon)
+    assert composed <= Decimal(repr(config.epsilon)), (composed, config.epsilon)
     return Plan(
         events=split.events,
-        epsilon=split.epsilon,
-        delta=split.delta,
-        accountant=composition.name,
+        epsilon=composed,
+        delta=config.delta,
+        accountant=compose(split.events).name,
+        threshold_delta=threshold_delta,
+        threshold_epsilon=threshold_epsilon,
     )
 
 

@@ -1,0 +1,301 @@
+"""DP-KPS at small ε (issue 16): accuracy of a classifier trained on keyphrase sequences.
+
+Sequences only (no LLM), the classifier of ``bench_utility.py`` (``embedding``: MiniLM
+sentence embeddings + a small network), one total budget ``--epsilon``/``--delta``
+(Gaussian noise) split by the engine's shares.
+
+Splits (tuning kept disjoint from what is reported):
+
+* ``ag-tune``: AG News rows 0–3,799 — per class a seeded shuffle, 200 test documents per
+  class, the rest (about 750 per class) private. Defaults were chosen here.
+* ``ag-report``: AG News rows 3,800–7,599, split the same way. Reported, never tuned on.
+* ``yelp-small``: the "small hospital": 1,000 private reviews drawn (seeded) from
+  ``yelp_dev.csv``, labelled business category × stars (≤ 50 classes), tested on 2,000
+  reviews of ``yelp_test.csv``; class counts are noisy (``total``), since a fixed number
+  per class would give the 62 % restaurant reviews the weight of the rarest class.
+
+Each figure is also given as a fraction of the same classifier trained on the real
+private texts of the same split. Run: ``python -m benchmarks.bench_low_epsilon SPLIT
+EPSILON [EPSILON …] [--runs 5] [--set key=value …]``; results are appended as JSON lines
+to ``benchmarks/low_epsilon.jsonl`` (no private text, only accuracies and settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+from workers.methods.dpkps.config import LowEpsilonConfig
+from workers.methods.dpkps.pipeline import generate_sequences
+from workers.settings import CoreSettings
+from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
+from workers.text.vocabulary import load_vocabulary
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("KEYSEED_SHARED", REPO.parent / "shared")) / "data"
+OUT = REPO / "benchmarks" / "low_epsilon.jsonl"
+SEED = 0
+DELTA = 1e-6
+AG_TEST_PER_CLASS = 200
+YELP_PRIVATE, YELP_TEST = 1000, 2000
+
+
+class MemoEmbedder:
+    """A sentence embedder that remembers what it embedded (the test texts, every run)."""
+
+    def __init__(self, inner: SentenceEmbedder) -> None:
+        self.inner = inner
+        self.memo: dict[str, NDArray[np.float32]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dim(self) -> int:
+        return int(self.inner.dim)
+
+    def encode(self, texts: Sequence[str], *, batch_size: int = 256) -> NDArray[np.float32]:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.memo))
+        if missing:
+            rows = self.inner.encode(missing, batch_size=batch_size)
+            self.memo.update(zip(missing, rows, strict=True))
+        if not texts:
+            return self.inner.encode([])
+        return np.stack([self.memo[t] for t in texts])
+
+
+def _ag_text(row: dict[str, str]) -> str:
+    return ". ".join(" ".join(row[c].split()) for c in ("title", "description") if row[c].strip())
+
+
+def ag_split(first: int, last: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Rows [first, last) of AG News: per class 200 test documents, the rest private."""
+    with open(DATA / "ag_news_test.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))[first:last]
+    by_class: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for row in rows:
+        by_class[row["class"]].append(row)
+    rng = random.Random(SEED)
+    private, test = [], []
+    for label in sorted(by_class):
+        group = by_class[label]
+        rng.shuffle(group)
+        test.extend(group[:AG_TEST_PER_CLASS])
+        private.extend(group[AG_TEST_PER_CLASS:])
+    rng.shuffle(private)
+    return (
+        [_ag_text(r) for r in private],
+        [r["class"] for r in private],
+        [_ag_text(r) for r in test],
+        [r["class"] for r in test],
+    )
+
+
+def _yelp_label(row: dict[str, str]) -> str:
+    category = row["label1"].removeprefix("Business Category: ")
+    stars = row["label2"].removeprefix("Review Stars: ")
+    return f"{category} / {stars}"
+
+
+def yelp_split() -> tuple[list[str], list[str], list[str], list[str]]:
+    def sample(name: str, n: int) -> list[dict[str, str]]:
+        with open(DATA / name, newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+        return random.Random(SEED).sample(rows, n)
+
+    private, test = sample("yelp_dev.csv", YELP_PRIVATE), sample("yelp_test.csv", YELP_TEST)
+    return (
+        [" ".join(r["text"].split()) for r in private],
+        [_yelp_label(r) for r in private],
+        [" ".join(r["text"].split()) for r in test],
+        [_yelp_label(r) for r in test],
+    )
+
+
+SPLITS = {
+    "ag-tune": lambda: ag_split(0, 3800),
+    "ag-report": lambda: ag_split(3800, 7600),
+    "yelp-small": yelp_split,
+}
+
+
+class Bench:
+    def __init__(self, split: str) -> None:
+        self.split = split
+        self.texts, self.labels, self.test_texts, self.test_labels = SPLITS[split]()
+        # the declared label set: AG News's four topics; Yelp's categories × five stars
+        if split.startswith("yelp"):
+            categories = sorted({label.split(" / ")[0] for label in self.labels + self.test_labels})
+            self.label_set = [f"{c} / {s}.0" for c in categories for s in range(1, 6)]
+        else:
+            self.label_set = sorted(set(self.labels))
+        self.vocabulary = load_vocabulary("english")
+        self.embedder = MemoEmbedder(SentenceEmbedder())
+        self.cache = EmbeddingCache(CoreSettings().embedding_cache_dir)
+
+    def score(self, texts: list[str], labels: list[str]) -> float:
+        result = train_and_score(
+            texts,
+            labels,
+            self.test_texts,
+            self.test_labels,
+            classifier=DEFAULT_CLASSIFIER,
+            seed=SEED,
+            embedder=self.embedder,  # type: ignore[arg-type]
+        )
+        return result.accuracy
+
+    def real(self) -> float:
+        return self.score(self.texts, self.labels)
+
+    def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
+        base: dict[str, Any] = dict(epsilon=epsilon, delta=DELTA, noise="gaussian", seed=seed)
+        if self.split.startswith("yelp"):
+            base.update(per_class=None, total=2000)
+        else:
+            base.update(per_class=500)
+        base.update(settings)
+        config = LowEpsilonConfig(**base).validate()
+        result = generate_sequences(
+            self.texts,
+            self.labels,
+            label_set=self.label_set,
+            vocabulary=self.vocabulary,
+            config=config,
+            embedder=self.embedder,  # type: ignore[arg-type]
+            cache=self.cache,
+        )
+        assert result.report.as_planned and float(result.report.epsilon) <= epsilon
+        seqs = result.sequences
+        return self.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
+
+
+def svg_plot(
+    series: dict[str, list[tuple[float, float]]],
+    *,
+    title: str,
+    targets: Sequence[tuple[float, float]] = (),
+) -> str:
+    """A small line chart (ε on a log axis, fraction of real-text accuracy), as SVG text:
+    no plotting library needed."""
+    import math
+
+    width, height, left, right, top, bottom = 680, 400, 60, 210, 40, 50
+    xs = [0.25, 0.5, 1, 2, 4, 6]
+    lo, hi = math.log(0.2), math.log(8)
+
+    def px(eps: float) -> float:
+        return left + (math.log(eps) - lo) / (hi - lo) * (width - left - right)
+
+    def py(frac: float) -> float:
+        return top + (1.0 - frac) / 1.0 * (height - top - bottom)
+
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="14">{title}</text>',
+    ]
+    for frac in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        y = py(frac)
+        out.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#ddd"/>'
+        )
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{frac:.1f}</text>')
+    for eps in xs:
+        x = px(eps)
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" '
+                   'stroke="#eee"/>')  # fmt: skip
+        out.append(f'<text x="{x:.1f}" y="{height - bottom + 18}" text-anchor="middle">'
+                   f"{eps:g}</text>")  # fmt: skip
+    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 10}" '
+               'text-anchor="middle">ε (δ = 1e-6), log scale</text>')  # fmt: skip
+    out.append(f'<text x="16" y="{(top + height - bottom) / 2}" text-anchor="middle" '
+               f'transform="rotate(-90 16 {(top + height - bottom) / 2})">'
+               "fraction of real-text accuracy</text>")  # fmt: skip
+    for eps, frac in targets:
+        out.append(f'<circle cx="{px(eps):.1f}" cy="{py(frac):.1f}" r="5" fill="none" '
+                   'stroke="black" stroke-dasharray="2,2"/>')  # fmt: skip
+    for n, (name, points) in enumerate(series.items()):
+        colour = colours[n % len(colours)]
+        pts = sorted(points)
+        path = " ".join(f"{px(e):.1f},{py(f):.1f}" for e, f in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for e, f in pts:
+            out.append(f'<circle cx="{px(e):.1f}" cy="{py(f):.1f}" r="3" fill="{colour}"/>')
+        ly = top + 16 * n + 10
+        out.append(f'<line x1="{width - right + 10}" y1="{ly}" x2="{width - right + 30}" '
+                   f'y2="{ly}" stroke="{colour}" stroke-width="2"/>')  # fmt: skip
+        out.append(f'<text x="{width - right + 34}" y="{ly + 4}">{name}</text>')
+    if targets:
+        ly = top + 16 * len(series) + 10
+        out.append(f'<circle cx="{width - right + 20}" cy="{ly}" r="5" fill="none" '
+                   'stroke="black" stroke-dasharray="2,2"/>')  # fmt: skip
+        out.append(f'<text x="{width - right + 34}" y="{ly + 4}">target (issue 16)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"none": None, "true": True, "false": False}.get(text.lower(), text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("split", choices=sorted(SPLITS))
+    parser.add_argument("epsilons", type=float, nargs="+")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], help="config key=value")
+    parser.add_argument(
+        "--grid", help="a JSON list of settings objects, each run at every ε (after --set)"
+    )
+    parser.add_argument("--real", action="store_true", help="also score the real texts")
+    args = parser.parse_args(argv)
+    common = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    grid = [{**common, **g} for g in json.loads(args.grid)] if args.grid else [common]
+    bench = Bench(args.split)
+    real = None
+    if args.real:
+        real = bench.real()
+        print(f"{args.split}: real texts {real:.4f}", flush=True)
+    for settings, epsilon in ((s, e) for s in grid for e in args.epsilons):
+        started = time.perf_counter()
+        accs = [bench.run(epsilon, seed, settings) for seed in range(args.runs)]
+        record = {
+            "split": args.split,
+            "epsilon": epsilon,
+            "delta": DELTA,
+            "settings": settings,
+            "runs": accs,
+            "mean": statistics.mean(accs),
+            "real": real,
+            "seconds": time.perf_counter() - started,
+        }
+        with open(OUT, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
