@@ -17,7 +17,14 @@ from pathlib import Path
 
 import torch
 
-SECTIONS = ("bench_utility", "bench_scoring", "bench_prompting", "bench_methods", "bench_load")
+SECTIONS = (
+    "bench_utility",
+    "bench_low_epsilon",
+    "bench_scoring",
+    "bench_prompting",
+    "bench_methods",
+    "bench_load",
+)
 
 
 def machine() -> str:
