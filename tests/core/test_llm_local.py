@@ -197,3 +197,55 @@ def test_the_weights_are_converted_once(cache_dir: Path) -> None:
     again = convert_weights(source, "q8_0", cache_dir)
     assert again == first and os.stat(again).st_mtime_ns == stamp
     assert not list(cache_dir.glob(".*.partial"))
+
+
+def test_steps_decode_their_sequences_in_order_and_the_lane_tunes_its_threads(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests finish at different times, so freed slots are taken out of sequence
+    order; every batch still reaches llama.cpp in sequence order (an unsorted one decodes
+    ~2.5× slower), and the lane measures both of its thread counts."""
+    import llama_cpp
+
+    batches: list[list[int]] = []
+    restarts: list[tuple[int, list[int]]] = []  # (seq, sequences still generating)
+    last: dict[int, int] = {}  # seq -> last position decoded
+    decode = llama_cpp.llama_decode
+
+    def spy(ctx: object, batch: llama_cpp.llama_batch) -> int:
+        ids = [batch.seq_id[i][0] for i in range(batch.n_tokens)]
+        starts = {}
+        for i, seq in enumerate(ids):
+            starts.setdefault(seq, batch.pos[i])
+        for seq, pos in starts.items():  # a new request in a freed slot starts over
+            if seq in last and pos <= last[seq]:
+                going = [s for s in starts if s != seq and s in last and starts[s] > last[s]]
+                restarts.append((seq, going))
+        for i, seq in enumerate(ids):
+            last[seq] = batch.pos[i]
+        batches.append(ids)
+        return int(decode(ctx, batch))
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", spy)
+    lengths = [3, 20, 6, 20, 9, 14, 20, 5, 11, 17]
+    with BatchEngine(packaged_gguf_path(), slots=4, threads=2, cache_dir=cache_dir) as engine:
+        assert engine.lanes == 1
+        prompts = [
+            engine.chat_prompt([{"role": "user", "content": f"Write about {', '.join(t)}."}])
+            for t in TOPICS + TOPICS[:2]
+        ]
+        futures = [
+            engine.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0))
+            for prompt, n in zip(prompts, lengths, strict=True)
+        ]
+        results = [future.result(timeout=300) for future in futures]
+        tuner = engine._lanes[0].tuner
+        stats = engine.stats
+    assert all(r.completion_tokens >= 1 for r in results)
+    assert all(ids == sorted(ids) for ids in batches)
+    # a freed slot took a new request while a later sequence was still generating: the
+    # lane's arrival order (its dict of active slots) was not sequence order
+    assert any(others and seq < max(others) for seq, others in restarts)
+    assert tuner.options == (2, 1)
+    assert {threads for threads, _ in tuner.cost} == {2, 1}
+    assert stats.thread_switches >= 1 and stats.threads in (1, 2)

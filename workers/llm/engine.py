@@ -16,13 +16,20 @@ here (README, "The local LLM"):
 * **Prompt cache.** A slot keeps the tokens of its last request in its KV stream; a new
   request goes to the free slot sharing the longest prefix with its prompt and only the
   rest is decoded (every DP-KPS prompt starts with the same system message and template).
-* **Lanes, not spinning threads.** llama.cpp's worker threads meet at a busy-wait
-  barrier after every operation, so a context with two threads on two cores that other
-  processes also use can run many times slower than with one (measured: minutes instead
-  of seconds). The engine therefore runs ``threads`` independent lanes, each a context
-  with its own scheduler thread and one llama.cpp thread, sharing the model weights and
-  one request queue; ``llama_decode`` releases the GIL, so lanes decode in parallel and a
-  lane that loses its core delays only its own slots.
+* **Batches in sequence order.** A step's tokens are put in the batch slot by slot in
+  ``seq_id`` order: llama.cpp decodes a batch whose sequences come out of order about
+  2.5× slower (measured: 8 tokens of 8 sequences, 2 threads, 59 ms against 23 ms).
+* **Threads that adapt to the machine.** llama.cpp's worker threads meet at a busy-wait
+  barrier after every operation. On idle cores, one context on every core is fastest
+  (here, 8 slots: one lane of 2 threads 7.5-8.3 calls/s, two single-threaded lanes
+  6.0-6.3); on cores that other processes also use, a thread that loses its core stalls
+  the others at each barrier (one busy core: 2.3-2.8 calls/s against 4.0; on 2 busy
+  cores 48 tokens took 6.4 s with 2 threads and 0.7-1.0 s with 1). Each lane therefore
+  holds a :class:`ThreadTuner` that measures its decode steps with its full thread count
+  and with one thread, now and then, and keeps whichever is cheaper per token
+  (``llama_set_n_threads`` switches between steps). ``lanes`` independent contexts (each
+  with its scheduler thread, sharing the weights and one request queue; ``llama_decode``
+  releases the GIL) remain for machines with many cores.
 * **Weights the CPU can batch.** llama.cpp's CPU backend has matrix-matrix kernels
   (llamafile's tinyBLAS) for Q8_0, F16 and BF16 but none for Q4_1, the packaged
   SmolLM2's type. :func:`convert_weights` writes the model once as Q8_0 (145 MB): 8 bits
@@ -54,6 +61,7 @@ import queue
 import random
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -63,6 +71,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEFAULT_SLOTS = 8
+DEFAULT_LANES = 1
 DEFAULT_CTX_PER_SLOT = 2048
 DEFAULT_BATCH = 512
 DEFAULT_WEIGHT_TYPE = "q8_0"
@@ -122,6 +131,8 @@ class EngineStats:
     reused_tokens: int = 0  # prompt tokens found in a slot's cache, not decoded again
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    threads: int = 0  # llama.cpp threads the lanes use now (their tuners' choice)
+    thread_switches: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: int(value) for name, value in vars(self).items()}
@@ -185,8 +196,71 @@ def convert_weights(source: Path, weight_type: str, cache_dir: Path) -> Path:
 
 
 def default_threads() -> int:
-    """One lane per CPU: lanes never wait for each other (see the module docstring)."""
+    """Every CPU: a lane's :class:`ThreadTuner` falls back to one thread when it pays."""
     return max(1, os.cpu_count() or 1)
+
+
+class ThreadTuner:
+    """Chooses a lane's llama.cpp thread count from what its decode steps measure.
+
+    The candidates are the lane's full count and one thread. For each candidate and
+    each batch size (the slots generating at once) the tuner keeps a moving average of
+    the seconds one step took, fed only by steps that decode nothing but generated tokens
+    (a prompt's prefill varies too much to compare). A step runs on the cheaper candidate
+    for its batch size, once on each that has not been measured there yet, and on the
+    other for ``probe_steps`` steps out of every ``probe_every``, so a change in the
+    machine's load (another process taking a core, or leaving it) is noticed within a
+    few seconds. A step that prefills keeps the current count. Pure bookkeeping: the
+    lane does the switching.
+    """
+
+    def __init__(
+        self, most: int, *, probe_every: int = 48, probe_steps: int = 3, weight: float = 0.3
+    ) -> None:
+        if most < 1:
+            raise ValueError("most must be at least 1")
+        self.options = (most, 1) if most > 1 else (1,)
+        self.probe_every = probe_every
+        self.probe_steps = probe_steps
+        self.weight = weight
+        self.cost: dict[tuple[int, int], float] = {}  # (threads, tokens) -> seconds a step
+        self.current = most
+        self.steps = 0
+        self.switches = 0
+
+    def best(self, tokens: int) -> int:
+        """The cheaper candidate for steps of ``tokens`` generated tokens (so far)."""
+        measured = [n for n in self.options if (n, tokens) in self.cost]
+        if not measured:
+            return self.current
+        return min(measured, key=lambda n: self.cost[n, tokens])
+
+    def choose(self, tokens: int, *, generation_only: bool = True) -> int:
+        """The thread count for the next step, which decodes ``tokens`` tokens."""
+        choice = self.current
+        if len(self.options) > 1 and generation_only:
+            unmeasured = [n for n in self.options if (n, tokens) not in self.cost]
+            best = self.best(tokens)
+            if unmeasured:
+                choice = unmeasured[0]
+            elif self.steps % self.probe_every >= self.probe_every - self.probe_steps:
+                choice = next(n for n in self.options if n != best)
+            else:
+                choice = best
+        if choice != self.current:
+            self.switches += 1
+            self.current = choice
+        return choice
+
+    def record(self, threads: int, seconds: float, tokens: int, *, generation_only: bool) -> None:
+        """What a step of ``tokens`` tokens on ``threads`` threads cost."""
+        self.steps += 1
+        if not generation_only:
+            return
+        previous = self.cost.get((threads, tokens))
+        self.cost[threads, tokens] = (
+            seconds if previous is None else previous + self.weight * (seconds - previous)
+        )
 
 
 class BatchEngine:
@@ -203,6 +277,7 @@ class BatchEngine:
         slots: int = DEFAULT_SLOTS,
         ctx_per_slot: int = DEFAULT_CTX_PER_SLOT,
         threads: int | None = None,
+        lanes: int = DEFAULT_LANES,
         batch_size: int = DEFAULT_BATCH,
         weight_type: str | None = DEFAULT_WEIGHT_TYPE,
         cache_dir: Path | None = None,
@@ -214,6 +289,8 @@ class BatchEngine:
             raise ValueError("ctx_per_slot must be at least 256")
         if threads is not None and threads < 1:
             raise ValueError("threads must be at least 1")
+        if lanes < 1:
+            raise ValueError("lanes must be at least 1")
         if batch_size < 32:
             raise ValueError("batch_size must be at least 32")
         if weight_type is not None and weight_type not in WEIGHT_TYPES:
@@ -221,7 +298,8 @@ class BatchEngine:
         self.model_path = Path(model_path)
         self.slots = slots
         self.ctx_per_slot = ctx_per_slot
-        self.threads = min(threads or default_threads(), slots)
+        self.threads = threads or default_threads()  # llama.cpp threads over all lanes
+        self.lanes = min(lanes, slots, self.threads)
         self.batch_size = batch_size
         self.weight_type = weight_type
         self.cache_dir = cache_dir
@@ -229,7 +307,7 @@ class BatchEngine:
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # the counters
-        self._stats = EngineStats(slots=slots, lanes=self.threads)
+        self._stats = EngineStats(slots=slots, lanes=self.lanes)
         self._lanes: list[_Lane] = []
         self._model: Any = None
         self._vocab: Any = None
@@ -266,21 +344,22 @@ class BatchEngine:
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._template = llama_cpp.llama_model_chat_template(model, None)
         self._stopping.clear()
-        sizes = [
-            self.slots // self.threads + (i < self.slots % self.threads)
-            for i in range(self.threads)
-        ]
+        sizes = _shares(self.slots, self.lanes)
+        threads = _shares(self.threads, self.lanes)
         try:
-            self._lanes = [_Lane(self, number, size) for number, size in enumerate(sizes)]
+            self._lanes = [
+                _Lane(self, number, size, threads[number]) for number, size in enumerate(sizes)
+            ]
         except EngineError:
             self.close()
             raise
         for lane in self._lanes:
             lane.start()
         logger.info(
-            "batch engine: %d slots × %d tokens on %d lane(s), %s weights",
+            "batch engine: %d slots × %d tokens on %d lane(s), %d thread(s), %s weights",
             self.slots,
             self.ctx_per_slot,
+            self.lanes,
             self.threads,
             self.weight_type or "packaged",
         )
@@ -319,6 +398,8 @@ class BatchEngine:
         with self._lock:
             snapshot = EngineStats(**vars(self._stats))
         snapshot.queued = self._queue.qsize()
+        snapshot.threads = sum(lane.tuner.current for lane in self._lanes)
+        snapshot.thread_switches = sum(lane.tuner.switches for lane in self._lanes)
         return snapshot
 
     # ----------------------------------------------------------------- requests
@@ -430,20 +511,22 @@ class BatchEngine:
 
 
 class _Lane:
-    """One llama.cpp context (one thread) serving ``size`` slots from the shared queue."""
+    """One llama.cpp context serving ``size`` slots from the shared queue on up to
+    ``threads`` threads (its tuner's choice, step by step)."""
 
-    def __init__(self, engine: BatchEngine, number: int, size: int) -> None:
+    def __init__(self, engine: BatchEngine, number: int, size: int, threads: int) -> None:
         import llama_cpp
 
         self.engine = engine
         self.size = size
+        self.tuner = ThreadTuner(threads)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = size * engine.ctx_per_slot
         params.n_batch = engine.batch_size
         params.n_ubatch = engine.batch_size
         params.n_seq_max = size
-        params.n_threads = 1
-        params.n_threads_batch = 1
+        params.n_threads = self.tuner.current
+        params.n_threads_batch = self.tuner.current
         params.kv_unified = False  # one KV stream per slot: attention reads its own only
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(engine._model, params)
@@ -526,22 +609,36 @@ class _Lane:
         import llama_cpp
 
         batch, n = self.batch, 0
-        for slot in self.active.values():  # generating slots: their last sampled token
+        slots = [self.active[seq_id] for seq_id in sorted(self.active)]
+        # generating slots first claim one token each; prompts fill what is left
+        generating = sum(slot.pending is not None for slot in slots)
+        room = self.engine.batch_size - generating
+        for slot in slots:  # in sequence order: llama.cpp decodes an unsorted batch ~2× slower
             slot.logits_at = -1
             if slot.pending is not None:
                 self._put(n, slot, slot.pending, logits=True)
                 slot.pending = None
                 n += 1
-        for slot in self.active.values():  # prompts fill what is left of the batch
+                continue
             prompt = slot.request.prompt
-            while slot.prefilling and n < self.engine.batch_size:
+            while slot.prefilling and room > 0:
                 slot.prefilled += 1
                 self._put(n, slot, prompt[slot.prefilled - 1], logits=not slot.prefilling)
                 n += 1
+                room -= 1
         if n == 0:
             return
         batch.n_tokens = n
+        generation_only = generating == n
+        before = self.tuner.current
+        threads = self.tuner.choose(n, generation_only=generation_only)
+        if threads != before:
+            llama_cpp.llama_set_n_threads(self.ctx, threads, threads)
+        started = time.perf_counter()
         code = llama_cpp.llama_decode(self.ctx, batch)
+        self.tuner.record(
+            threads, time.perf_counter() - started, n, generation_only=generation_only
+        )
         self.engine._count(decode_calls=1)
         if code != 0:
             for slot in list(self.active.values()):
@@ -612,6 +709,11 @@ class _Lane:
             slot.request.future.set_exception(error)
         elif result is not None:
             slot.request.future.set_result(result)
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` near-equal whole shares, larger ones first."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

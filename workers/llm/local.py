@@ -26,8 +26,9 @@ Choices, and why:
 * Threads: llama.cpp's threads spin at barriers, so on cores shared with other work
   more threads in one context can be much slower (measured here on 2 busy cores: 48
   tokens in 6.4 s with 2 threads, 0.7-1.0 s with 1). llama-cpp-python's server therefore
-  gets half the CPUs (at least one); the batched engine runs ``threads`` independent
-  single-threaded lanes instead (default: one per CPU), which never wait for each other.
+  gets half the CPUs (at least one); the batched engine gets every CPU, and each of its
+  lanes measures its steps on all its threads and on one and keeps the cheaper
+  (:class:`workers.llm.engine.ThreadTuner`).
 * ``HF_HUB_OFFLINE=1``: nothing is ever downloaded at run time.
 * The server's output goes to a temporary log file (a pipe nobody reads would block it
   once full); its tail is quoted when the server fails to start. Neither engine writes
@@ -62,7 +63,7 @@ from typing import IO, Any
 
 from workers.errors import ConfigError, LLMError
 from workers.llm.client import LLMEndpoint
-from workers.llm.engine import DEFAULT_SLOTS, DEFAULT_WEIGHT_TYPE, default_threads
+from workers.llm.engine import DEFAULT_LANES, DEFAULT_SLOTS, DEFAULT_WEIGHT_TYPE, default_threads
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class LocalLLMServer:
         port: int | None = None,
         n_ctx: int = DEFAULT_N_CTX,
         threads: int | None = None,
+        lanes: int = DEFAULT_LANES,
         engine: str = "batched",
         slots: int = DEFAULT_SLOTS,
         weight_type: str | None = DEFAULT_WEIGHT_TYPE,
@@ -149,6 +151,8 @@ class LocalLLMServer:
             raise ConfigError("must be at least 256", field="n_ctx")
         if threads is not None and threads < 1:
             raise ConfigError("must be at least 1", field="threads")
+        if lanes < 1:
+            raise ConfigError("must be at least 1", field="lanes")
         if engine not in ENGINES:
             raise ConfigError(f"must be one of {', '.join(ENGINES)}", field="engine")
         if not 1 <= slots <= 64:
@@ -165,6 +169,7 @@ class LocalLLMServer:
             half = max(1, (os.cpu_count() or 2) // 2)
             threads = default_threads() if engine == "batched" else half
         self.threads = threads
+        self.lanes = lanes if engine == "batched" else 1
         self.engine = engine
         self.slots = slots
         self.weight_type = weight_type if engine == "batched" else None
@@ -235,6 +240,8 @@ class LocalLLMServer:
             str(self.n_ctx),
             "--threads",
             str(self.threads),
+            "--lanes",
+            str(self.lanes),
             "--weight-type",
             self.weight_type or "as-is",
             "--cache-dir",
@@ -294,11 +301,12 @@ class LocalLLMServer:
                 break
         atexit.register(self.stop)
         logger.info(
-            "local LLM %s ready on port %s (%s, %d slot(s), %d thread(s))",
+            "local LLM %s ready on port %s (%s, %d slot(s), %d lane(s), %d thread(s))",
             self.model_name,
             self.port,
             self.engine,
             self.slots,
+            self.lanes,
             self.threads,
         )
         return self
@@ -412,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alias", default=DEFAULT_ALIAS, help="the model name clients send")
     parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--lanes", type=int, default=DEFAULT_LANES)
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="completions at once")
     parser.add_argument("--chat-format", default=None)
     parser.add_argument("--startup-timeout", type=float, default=300.0)
@@ -424,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         n_ctx=args.n_ctx,
         threads=args.threads,
+        lanes=args.lanes,
         slots=args.slots,
         chat_format=args.chat_format,
         model_alias=args.alias,

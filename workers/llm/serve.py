@@ -42,6 +42,7 @@ from typing import Any
 from workers.llm.engine import (
     DEFAULT_BATCH,
     DEFAULT_CTX_PER_SLOT,
+    DEFAULT_LANES,
     DEFAULT_SLOTS,
     DEFAULT_WEIGHT_TYPE,
     WEIGHT_TYPES,
@@ -258,7 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8081)
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS)
     parser.add_argument("--ctx-per-slot", type=int, default=DEFAULT_CTX_PER_SLOT)
-    parser.add_argument("--threads", type=int, default=None, help="lanes (default: one per CPU)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="llama.cpp threads in all (default: every CPU)"
+    )
+    parser.add_argument(
+        "--lanes", type=int, default=DEFAULT_LANES, help="independent contexts sharing the slots"
+    )
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     parser.add_argument(
         "--weight-type",
@@ -276,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slots=args.slots,
             ctx_per_slot=args.ctx_per_slot,
             threads=args.threads,
+            lanes=args.lanes,
             batch_size=args.batch_size,
             weight_type=None if args.weight_type == "as-is" else args.weight_type,
             cache_dir=args.cache_dir,
