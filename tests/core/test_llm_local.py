@@ -12,6 +12,8 @@ errors; the weight conversion is made once. Marked ``llm`` and ``slow``.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,12 +201,13 @@ def test_the_weights_are_converted_once(cache_dir: Path) -> None:
     assert not list(cache_dir.glob(".*.partial"))
 
 
-def test_steps_decode_their_sequences_in_order_and_the_lane_tunes_its_threads(
+def test_steps_decode_their_sequences_in_order_and_the_lane_gives_way_to_other_work(
     cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Requests finish at different times, so freed slots are taken out of sequence
     order; every batch still reaches llama.cpp in sequence order (an unsorted one decodes
-    ~2.5× slower), and the lane measures both of its thread counts."""
+    ~2.5× slower); and while another process keeps a core busy, the lane drops to one
+    thread."""
     import llama_cpp
 
     batches: list[list[int]] = []
@@ -228,24 +231,26 @@ def test_steps_decode_their_sequences_in_order_and_the_lane_tunes_its_threads(
 
     monkeypatch.setattr(llama_cpp, "llama_decode", spy)
     lengths = [3, 20, 6, 20, 9, 14, 20, 5, 11, 17]
-    with BatchEngine(packaged_gguf_path(), slots=4, threads=2, cache_dir=cache_dir) as engine:
-        assert engine.lanes == 1
-        prompts = [
-            engine.chat_prompt([{"role": "user", "content": f"Write about {', '.join(t)}."}])
-            for t in TOPICS + TOPICS[:2]
-        ]
-        futures = [
-            engine.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0))
-            for prompt, n in zip(prompts, lengths, strict=True)
-        ]
-        results = [future.result(timeout=300) for future in futures]
-        tuner = engine._lanes[0].tuner
-        stats = engine.stats
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with BatchEngine(packaged_gguf_path(), slots=4, threads=2, cache_dir=cache_dir) as engine:
+            assert engine.lanes == 1
+            prompts = [
+                engine.chat_prompt([{"role": "user", "content": f"Write about {', '.join(t)}."}])
+                for t in TOPICS + TOPICS[:2]
+            ]
+            futures = [
+                engine.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0))
+                for prompt, n in zip(prompts, lengths, strict=True)
+            ]
+            results = [future.result(timeout=300) for future in futures]
+            stats = engine.stats
+    finally:
+        spinner.kill()
+        spinner.wait()
     assert all(r.completion_tokens >= 1 for r in results)
     assert all(ids == sorted(ids) for ids in batches)
     # a freed slot took a new request while a later sequence was still generating: the
     # lane's arrival order (its dict of active slots) was not sequence order
     assert any(others and seq < max(others) for seq, others in restarts)
-    assert tuner.options == (2, 1)
-    assert {threads for threads, _ in tuner.cost} == {2, 1}
-    assert stats.thread_switches >= 1 and stats.threads in (1, 2)
+    assert stats.thread_switches >= 1 and stats.threads == 1

@@ -19,17 +19,15 @@ here (README, "The local LLM"):
 * **Batches in sequence order.** A step's tokens are put in the batch slot by slot in
   ``seq_id`` order: llama.cpp decodes a batch whose sequences come out of order about
   2.5× slower (measured: 8 tokens of 8 sequences, 2 threads, 59 ms against 23 ms).
-* **Threads that adapt to the machine.** llama.cpp's worker threads meet at a busy-wait
-  barrier after every operation. On idle cores, one context on every core is fastest
-  (here, 8 slots: one lane of 2 threads 7.5-8.3 calls/s, two single-threaded lanes
-  6.0-6.3); on cores that other processes also use, a thread that loses its core stalls
-  the others at each barrier (one busy core: 2.3-2.8 calls/s against 4.0; on 2 busy
-  cores 48 tokens took 6.4 s with 2 threads and 0.7-1.0 s with 1). Each lane therefore
-  holds a :class:`ThreadTuner` that measures its decode steps with its full thread count
-  and with one thread, now and then, and keeps whichever is cheaper per token
-  (``llama_set_n_threads`` switches between steps). ``lanes`` independent contexts (each
-  with its scheduler thread, sharing the weights and one request queue; ``llama_decode``
-  releases the GIL) remain for machines with many cores.
+* **Threads that give way.** llama.cpp's worker threads meet at a busy-wait barrier
+  after every operation. On idle cores one context on every core is fastest (here, 8
+  slots: one context on 2 threads 7.5-8.3 calls/s, two single-threaded contexts
+  6.0-6.3), but a thread that loses its core to another process stalls the others at
+  each barrier. Each lane's :class:`ThreadGovernor` therefore reads, four times a
+  second, how many CPUs other processes keep busy and runs the next steps on the CPUs
+  they leave free (``llama_set_n_threads`` between steps). ``lanes`` independent
+  contexts (each with its scheduler thread, sharing the weights and one request queue;
+  ``llama_decode`` releases the GIL) remain for machines with many cores.
 * **Weights the CPU can batch.** llama.cpp's CPU backend has matrix-matrix kernels
   (llamafile's tinyBLAS) for Q8_0, F16 and BF16 but none for Q4_1, the packaged
   SmolLM2's type. :func:`convert_weights` writes the model once as Q8_0 (145 MB): 8 bits
@@ -131,7 +129,7 @@ class EngineStats:
     reused_tokens: int = 0  # prompt tokens found in a slot's cache, not decoded again
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    threads: int = 0  # llama.cpp threads the lanes use now (their tuners' choice)
+    threads: int = 0  # llama.cpp threads the lanes use now (their governors' choice)
     thread_switches: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -196,71 +194,98 @@ def convert_weights(source: Path, weight_type: str, cache_dir: Path) -> Path:
 
 
 def default_threads() -> int:
-    """Every CPU: a lane's :class:`ThreadTuner` falls back to one thread when it pays."""
+    """Every CPU: a lane's :class:`ThreadGovernor` uses fewer while other work takes some."""
     return max(1, os.cpu_count() or 1)
 
 
-class ThreadTuner:
-    """Chooses a lane's llama.cpp thread count from what its decode steps measure.
+class CpuMeter:
+    """How many CPUs other processes kept busy since the last reading (Linux ``/proc``).
 
-    The candidates are the lane's full count and one thread. For each candidate and
-    each batch size (the slots generating at once) the tuner keeps a moving average of
-    the seconds one step took, fed only by steps that decode nothing but generated tokens
-    (a prompt's prefill varies too much to compare). A step runs on the cheaper candidate
-    for its batch size, once on each that has not been measured there yet, and on the
-    other for ``probe_steps`` steps out of every ``probe_every``, so a change in the
-    machine's load (another process taking a core, or leaving it) is noticed within a
-    few seconds. A step that prefills keeps the current count. Pure bookkeeping: the
-    lane does the switching.
+    The machine's busy time (``/proc/stat``: user, system, irq, softirq, steal; *not*
+    ``nice``, whose processes give way to ours) minus this process's own (``os.times``),
+    over the wall time between two readings. ``None`` where ``/proc/stat`` cannot be read.
+    """
+
+    def __init__(self, path: Path = Path("/proc/stat")) -> None:
+        self.path = path
+        self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        try:
+            with open(self.path, "rb") as file:
+                fields = file.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 9 or fields[0] != b"cpu":
+            return None
+        user, _nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+        busy = (user + system + irq + softirq + steal) / self.ticks
+        own = os.times()
+        return time.monotonic(), busy, own.user + own.system
+
+    def others(self) -> float | None:
+        """CPUs' worth of work other processes did since the previous call."""
+        now, last = self._read(), self._last
+        self._last = now
+        if now is None or last is None or now[0] <= last[0]:
+            return None
+        return max(0.0, (now[1] - last[1]) - (now[2] - last[2])) / (now[0] - last[0])
+
+
+class ThreadGovernor:
+    """A lane's llama.cpp thread count, from the CPUs other processes leave free.
+
+    llama.cpp's threads wait for each other at a spinning barrier after every operation,
+    so a context with more threads than free cores loses a whole scheduler time slice at
+    each barrier its descheduled thread reaches late (here, with one core taken by another
+    process, 8 slots: 2.3-2.8 calls/s on two threads, 4.0-4.3 on one; on two busy cores 48
+    tokens took 6.4 s with two threads and 0.7-1.0 s with one). Every ``interval`` seconds
+    the governor reads :class:`CpuMeter` and gives the lane its share of the free CPUs,
+    rounded, at least one thread and at most ``most`` (the lane's share of ``cpus``). The
+    reading is smoothed over two intervals; while nothing can be read the lane keeps
+    ``most``. Costs a clock read per step and a file read per interval.
     """
 
     def __init__(
-        self, most: int, *, probe_every: int = 48, probe_steps: int = 3, weight: float = 0.3
+        self,
+        most: int,
+        *,
+        cpus: int | None = None,
+        meter: CpuMeter | None = None,
+        interval: float = 0.25,
+        clock: Any = time.monotonic,
     ) -> None:
         if most < 1:
             raise ValueError("most must be at least 1")
-        self.options = (most, 1) if most > 1 else (1,)
-        self.probe_every = probe_every
-        self.probe_steps = probe_steps
-        self.weight = weight
-        self.cost: dict[tuple[int, int], float] = {}  # (threads, tokens) -> seconds a step
+        self.most = most
+        self.cpus = cpus or os.cpu_count() or 1
+        self.meter = meter if meter is not None else CpuMeter()
+        self.interval = interval
+        self.clock = clock
         self.current = most
-        self.steps = 0
+        self.others: float | None = None  # smoothed CPUs other processes use
         self.switches = 0
+        self._next = clock() + interval
 
-    def best(self, tokens: int) -> int:
-        """The cheaper candidate for steps of ``tokens`` generated tokens (so far)."""
-        measured = [n for n in self.options if (n, tokens) in self.cost]
-        if not measured:
+    def choose(self) -> int:
+        """The thread count for the next step."""
+        if self.most == 1:
+            return 1
+        now = self.clock()
+        if now < self._next:
             return self.current
-        return min(measured, key=lambda n: self.cost[n, tokens])
-
-    def choose(self, tokens: int, *, generation_only: bool = True) -> int:
-        """The thread count for the next step, which decodes ``tokens`` tokens."""
-        choice = self.current
-        if len(self.options) > 1 and generation_only:
-            unmeasured = [n for n in self.options if (n, tokens) not in self.cost]
-            best = self.best(tokens)
-            if unmeasured:
-                choice = unmeasured[0]
-            elif self.steps % self.probe_every >= self.probe_every - self.probe_steps:
-                choice = next(n for n in self.options if n != best)
-            else:
-                choice = best
+        self._next = now + self.interval
+        reading = self.meter.others()
+        if reading is None:
+            return self.current
+        self.others = reading if self.others is None else (self.others + reading) / 2
+        free = max(0.0, self.cpus - self.others)
+        choice = min(self.most, max(1, round(free * self.most / self.cpus)))
         if choice != self.current:
             self.switches += 1
             self.current = choice
         return choice
-
-    def record(self, threads: int, seconds: float, tokens: int, *, generation_only: bool) -> None:
-        """What a step of ``tokens`` tokens on ``threads`` threads cost."""
-        self.steps += 1
-        if not generation_only:
-            return
-        previous = self.cost.get((threads, tokens))
-        self.cost[threads, tokens] = (
-            seconds if previous is None else previous + self.weight * (seconds - previous)
-        )
 
 
 class BatchEngine:
@@ -398,8 +423,8 @@ class BatchEngine:
         with self._lock:
             snapshot = EngineStats(**vars(self._stats))
         snapshot.queued = self._queue.qsize()
-        snapshot.threads = sum(lane.tuner.current for lane in self._lanes)
-        snapshot.thread_switches = sum(lane.tuner.switches for lane in self._lanes)
+        snapshot.threads = sum(lane.governor.current for lane in self._lanes)
+        snapshot.thread_switches = sum(lane.governor.switches for lane in self._lanes)
         return snapshot
 
     # ----------------------------------------------------------------- requests
@@ -512,21 +537,21 @@ class BatchEngine:
 
 class _Lane:
     """One llama.cpp context serving ``size`` slots from the shared queue on up to
-    ``threads`` threads (its tuner's choice, step by step)."""
+    ``threads`` threads (fewer while other processes take CPUs: its governor)."""
 
     def __init__(self, engine: BatchEngine, number: int, size: int, threads: int) -> None:
         import llama_cpp
 
         self.engine = engine
         self.size = size
-        self.tuner = ThreadTuner(threads)
+        self.governor = ThreadGovernor(threads)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = size * engine.ctx_per_slot
         params.n_batch = engine.batch_size
         params.n_ubatch = engine.batch_size
         params.n_seq_max = size
-        params.n_threads = self.tuner.current
-        params.n_threads_batch = self.tuner.current
+        params.n_threads = threads
+        params.n_threads_batch = threads
         params.kv_unified = False  # one KV stream per slot: attention reads its own only
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(engine._model, params)
@@ -611,8 +636,7 @@ class _Lane:
         batch, n = self.batch, 0
         slots = [self.active[seq_id] for seq_id in sorted(self.active)]
         # generating slots first claim one token each; prompts fill what is left
-        generating = sum(slot.pending is not None for slot in slots)
-        room = self.engine.batch_size - generating
+        room = self.engine.batch_size - sum(slot.pending is not None for slot in slots)
         for slot in slots:  # in sequence order: llama.cpp decodes an unsorted batch ~2× slower
             slot.logits_at = -1
             if slot.pending is not None:
@@ -629,16 +653,11 @@ class _Lane:
         if n == 0:
             return
         batch.n_tokens = n
-        generation_only = generating == n
-        before = self.tuner.current
-        threads = self.tuner.choose(n, generation_only=generation_only)
+        before = self.governor.current
+        threads = self.governor.choose()
         if threads != before:
             llama_cpp.llama_set_n_threads(self.ctx, threads, threads)
-        started = time.perf_counter()
         code = llama_cpp.llama_decode(self.ctx, batch)
-        self.tuner.record(
-            threads, time.perf_counter() - started, n, generation_only=generation_only
-        )
         self.engine._count(decode_calls=1)
         if code != 0:
             for slot in list(self.active.values()):

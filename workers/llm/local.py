@@ -26,9 +26,8 @@ Choices, and why:
 * Threads: llama.cpp's threads spin at barriers, so on cores shared with other work
   more threads in one context can be much slower (measured here on 2 busy cores: 48
   tokens in 6.4 s with 2 threads, 0.7-1.0 s with 1). llama-cpp-python's server therefore
-  gets half the CPUs (at least one); the batched engine gets every CPU, and each of its
-  lanes measures its steps on all its threads and on one and keeps the cheaper
-  (:class:`workers.llm.engine.ThreadTuner`).
+  gets half the CPUs (at least one); the batched engine gets every CPU and runs on
+  those other processes leave free (:class:`workers.llm.engine.ThreadGovernor`).
 * ``HF_HUB_OFFLINE=1``: nothing is ever downloaded at run time.
 * The server's output goes to a temporary log file (a pipe nobody reads would block it
   once full); its tail is quoted when the server fails to start. Neither engine writes

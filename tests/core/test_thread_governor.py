@@ -1,0 +1,99 @@
+"""The batched engine's thread governor (``workers.llm.engine.ThreadGovernor``, ``CpuMeter``).
+
+What is shown: a lane runs on every CPU while nothing else works, on one when another
+process keeps a core busy, and back on every CPU when it leaves; readings are taken once
+an interval and smoothed over two; nothing readable leaves the count alone; a lane's
+share follows ``most``; a one-thread lane never switches. And the meter, on this machine,
+reads a busy-looping child process as about one CPU and its own process's work as none.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.llm.engine import CpuMeter, ThreadGovernor
+
+
+class FakeMeter(CpuMeter):
+    def __init__(self, readings: list[float | None]) -> None:
+        self.readings = readings
+
+    def others(self) -> float | None:
+        return self.readings.pop(0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def governor(readings: list[float | None], most: int = 2, cpus: int = 2) -> ThreadGovernor:
+    clock = FakeClock()
+    g = ThreadGovernor(most, cpus=cpus, meter=FakeMeter(readings), interval=0.25, clock=clock)
+    g.clock_ = clock  # type: ignore[attr-defined]
+    return g
+
+
+def step(g: ThreadGovernor, seconds: float = 0.25) -> int:
+    g.clock_.now += seconds  # type: ignore[attr-defined]
+    return g.choose()
+
+
+def test_the_lane_gives_way_to_other_processes_and_takes_the_cores_back() -> None:
+    g = governor([0.02, 0.05, 1.0, 1.0, 0.95, 0.0, 0.0])
+    assert g.choose() == 2  # before the first interval: every CPU
+    assert [step(g) for _ in range(7)] == [2, 2, 1, 1, 1, 2, 2]
+    assert g.switches == 2
+
+
+def test_readings_are_taken_once_an_interval() -> None:
+    g = governor([1.0, 1.0])
+    assert [step(g, 0.05) for _ in range(4)] == [2, 2, 2, 2]  # 0.2 s: no reading yet
+    assert step(g, 0.05) == 1  # 0.25 s: the first reading
+    assert g.meter.readings == [1.0]  # type: ignore[attr-defined]
+
+
+def test_nothing_readable_keeps_the_count() -> None:
+    g = governor([None, None, 1.0, 1.0, None])
+    assert [step(g) for _ in range(5)] == [2, 2, 1, 1, 1]
+
+
+def test_a_lane_takes_its_share_of_what_is_free() -> None:
+    g = governor([0.0, 2.0, 2.0, 6.0, 6.0], most=4, cpus=8)  # one of two lanes on 8 CPUs
+    assert [step(g) for _ in range(5)] == [4, 4, 3, 2, 2]
+
+
+def test_a_single_thread_lane_never_switches() -> None:
+    g = governor([0.0, 1.0, 0.0], most=1)
+    assert [step(g) for _ in range(3)] == [1, 1, 1]
+    assert g.switches == 0
+    with pytest.raises(ValueError):
+        ThreadGovernor(0, meter=FakeMeter([]))
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
+def test_the_meter_reads_another_process_and_not_its_own() -> None:
+    meter = CpuMeter()
+    meter.others()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # this process works: not counted
+        pass
+    assert meter.others() < 0.5
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        meter.others()
+        time.sleep(0.6)
+        assert meter.others() > 0.6
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert CpuMeter(Path("/nonexistent")).others() is None
