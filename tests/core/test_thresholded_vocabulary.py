@@ -358,6 +358,7 @@ def test_a_public_vocabulary_is_no_release() -> None:
 
     cfg = gaussian_config(
         vocabulary_method="public",
+        kde_method="exact",
         kde_weighting="l2",
         per_class=10,
         public_vocabulary_size=15,
