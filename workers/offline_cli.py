@@ -49,7 +49,12 @@ from typing import Any
 
 from workers.errors import ConfigError, KeyseedError
 from workers.llm.client import LLMCosts
-from workers.methods.dpkps.config import DEFAULT_TEMPERATURE, KDE_METHODS
+from workers.methods.dpkps.config import (
+    DEFAULT_TEMPERATURE,
+    KDE_METHODS,
+    KDE_WEIGHTINGS,
+    VOCABULARY_METHODS,
+)
 
 HANDLER = "workers.offline_cli"
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
@@ -207,8 +212,30 @@ def register(sub: Any) -> None:
         "--kde-method",
         choices=KDE_METHODS,
         default=d["kde_method"],
-        help="exact kernel on the private vocabulary (independent mode, the default there) "
-        "or random Fourier features (the iterative mode's)",
+        help="independent mode: class centroids (the default for a Gaussian budget) or "
+        "moments of the document embeddings (Gaussian noise), or the exact kernel on Ṽ "
+        "(the default for Laplace); random Fourier features (the iterative mode's)",
+    )
+    eng.add_argument(
+        "--vocabulary-method",
+        choices=VOCABULARY_METHODS,
+        default=d["vocabulary_method"],
+        help="how Ṽ is chosen: noisy histogram over the vocabulary, thresholded Gaussian "
+        "histogram over the phrases that occur (Gaussian noise; spends half of δ outright), "
+        "or the first --public-vocabulary-size phrases, no release (default: public for "
+        "centroid and moments, else histogram)",
+    )
+    eng.add_argument(
+        "--kde-weighting",
+        choices=KDE_WEIGHTINGS,
+        default=d["kde_weighting"],
+        help="a document's weights in the exact kernel: l1 (default) or l2 (Gaussian noise)",
+    )
+    eng.add_argument(
+        "--public-vocabulary-size",
+        type=int,
+        default=d["public_vocabulary_size"],
+        help=f"|Ṽ| of a public Ṽ (default {d['public_vocabulary_size']:,})",
     )
     eng.add_argument(
         "--temperature",
@@ -477,6 +504,9 @@ def _config(args: argparse.Namespace) -> Any:
         num_features=args.num_features,
         bandwidth=args.bandwidth,
         kde_method=args.kde_method,
+        vocabulary_method=args.vocabulary_method,
+        kde_weighting=args.kde_weighting,
+        public_vocabulary_size=args.public_vocabulary_size,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,
@@ -630,7 +660,12 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     config.check_vocabulary(vocabulary.name, len(vocabulary))
     planned = plan(config, label_set, len(vocabulary))
     if args.dry_run:  # public inputs only: --input is not opened
-        print(json.dumps({"method": method_description(config), **planned.to_dict()}, indent=2))
+        summary = {
+            "method": method_description(config),
+            "parameters": config.to_dict(),
+            **planned.to_dict(),
+        }
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
         return 0
     corpus = read_labelled(
         args.input,

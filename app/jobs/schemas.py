@@ -134,7 +134,27 @@ class JobSpec(BaseModel):
     ensemble: Literal["log", "linear"] = _ENGINE["ensemble"]
     num_features: int = Field(default=_ENGINE["num_features"], ge=1, le=LIMITS["num_features"])
     bandwidth: float = Field(default=_ENGINE["bandwidth"], gt=0, le=1e6)
-    kde_method: Literal["exact", "random_features"] | None = _ENGINE["kde_method"]
+    kde_method: Literal["exact", "random_features", "centroid", "moments"] | None = Field(
+        default=_ENGINE["kde_method"],
+        description="default: centroid for a total Gaussian budget in independent mode, "
+        "exact for Laplace, random_features in iterative mode; centroid and moments need "
+        "Gaussian noise and independent mode",
+    )
+    vocabulary_method: Literal["histogram", "threshold", "public"] | None = Field(
+        default=_ENGINE["vocabulary_method"],
+        description="how Ṽ is chosen: a noisy histogram over the vocabulary, a thresholded "
+        "Gaussian histogram over the phrases that occur (Gaussian noise; spends half of "
+        "delta outright), or the first public_vocabulary_size phrases (no release); "
+        "default: public for centroid and moments, else histogram",
+    )
+    kde_weighting: Literal["l1", "l2"] | None = Field(
+        default=_ENGINE["kde_weighting"],
+        description="a document's weights in the exact kernel density: l1 (default) or l2 "
+        "(Gaussian noise, kde_method exact)",
+    )
+    public_vocabulary_size: int = Field(
+        default=_ENGINE["public_vocabulary_size"], ge=1, le=LIMITS["vocabulary_size"]
+    )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)
     class_contrast: float = Field(default=_ENGINE["class_contrast"], ge=0, le=10)
@@ -253,6 +273,11 @@ class JobPlanOut(BaseModel):
     accountant: str
     by_mechanism: dict[str, float]
     events: list[dict[str, Any]]
+    parameters: dict[str, Any] | None = Field(
+        default=None,
+        description="DP-KPS: every engine parameter, with the defaults that depend on the "
+        "budget and mode resolved (kde_method, vocabulary_method, kde_weighting, temperature)",
+    )
     noise: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Each release's noise per score (noise_std) beside the signal one "

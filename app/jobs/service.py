@@ -206,10 +206,20 @@ def dry_run(
         "accountant": the_plan.accountant,
         "by_mechanism": epsilon_by_mechanism(the_plan.events, the_plan.delta),
         "events": [e.to_dict() for e in the_plan.events],
+        "parameters": _resolved_parameters(spec),
         "noise": noise_report(
             the_plan.events, dataset.documents if owner else None, len(dataset.labels)
         ),
     }
+
+
+def _resolved_parameters(spec: AnySpec) -> dict[str, Any] | None:
+    """A DP-KPS spec's engine parameters, defaults resolved (None for the LLM methods)."""
+    if isinstance(spec, LLMMethodJob):
+        return None
+    parameters = spec.generation_config().to_dict()
+    del parameters["device"]  # the worker's business, not the spec's
+    return parameters
 
 
 def noise_report(

@@ -152,6 +152,12 @@ def test_declared_labels_are_used_and_reported(small: dict[str, Path]) -> None:
         (["--class-contrast", "-0.5"], "--class-contrast"),
         (["--sequence-length", "0"], "--sequence-length"),
         (["--per-class", "0"], "--per-class"),
+        # the small-ε options: Gaussian-only ones with a pure (Laplace) budget, bad sizes
+        (["--kde-method", "centroid"], "--kde-method"),
+        (["--kde-method", "moments"], "--kde-method"),
+        (["--vocabulary-method", "threshold"], "--vocabulary-method"),
+        (["--kde-weighting", "l2"], "--kde-weighting"),
+        (["--public-vocabulary-size", "0"], "--public-vocabulary-size"),
     ],
 )
 def test_bad_options_name_the_option_and_write_nothing(
@@ -456,6 +462,68 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
     assert plan["accountant"].startswith("pld(")
     kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
     assert {e["partition"] for e in kde} == set(LABELS)  # one per class, in parallel
+    assert outputs_absent(small["out"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["--kde-method", "exact", "--vocabulary-method", "threshold"],
+            {"kde_method": "exact", "vocabulary_method": "threshold", "kde_weighting": "l1"},
+        ),
+        (
+            [
+                "--kde-method",
+                "exact",
+                "--kde-weighting",
+                "l2",
+                "--vocabulary-method",
+                "public",
+                "--public-vocabulary-size",
+                "12",
+            ],
+            {"vocabulary_method": "public", "kde_weighting": "l2", "public_vocabulary_size": 12},
+        ),
+        (["--kde-method", "moments"], {"kde_method": "moments", "vocabulary_method": "public"}),
+        (
+            ["--kde-method", "centroid", "--vocabulary-method", "histogram"],
+            {"kde_method": "centroid", "vocabulary_method": "histogram"},
+        ),
+    ],
+)
+def test_a_dry_run_shows_the_small_epsilon_options(
+    small: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    expected: dict[str, object],
+) -> None:
+    args = _without(generate_args(small), "--epsilon-vocab", "--epsilon-kde")
+    gaussian = ["--epsilon", "1", "--delta", "1e-6", "--dry-run"]
+    assert main([*args, *gaussian, *extra]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert expected.items() <= plan["parameters"].items()
+    vocab = [e for e in plan["events"] if e["mechanism"] == "vocabulary"]
+    selection = plan["parameters"]["vocabulary_method"]
+    assert len(vocab) == (selection != "public")
+    if selection == "threshold":  # δ_thr is spent by the vocabulary release itself
+        assert vocab[0]["delta"] == "5E-7" and "thresholded" in plan["method"]
+    if selection == "public":
+        assert f"first {plan['parameters']['public_vocabulary_size']:,} phrases" in plan["method"]
+    if plan["parameters"]["kde_weighting"] == "l2":
+        assert "L2 norm 1" in plan["method"]
+    assert float(plan["epsilon"]) <= 1.0
+
+
+def test_an_unknown_small_epsilon_option_value_names_the_option(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for option in ("--vocabulary-method", "--kde-weighting", "--kde-method"):
+        with pytest.raises(SystemExit) as info:
+            main(generate_args(small, option, "bogus"))
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {option}: invalid choice: 'bogus'" in err, err
     assert outputs_absent(small["out"])
 
 

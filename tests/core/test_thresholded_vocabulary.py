@@ -11,8 +11,10 @@ threshold computed for half the noise scale is caught.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -24,13 +26,14 @@ from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps import private_vocab
 from workers.methods.dpkps.config import LowEpsilonConfig
-from workers.methods.dpkps.plan import THRESHOLD_DELTA_SHARE, plan
+from workers.methods.dpkps.plan import THRESHOLD_DELTA_SHARE, VOCABULARY, matches, plan
 from workers.methods.dpkps.private_vocab import (
     phrase_histogram,
     select_thresholded_vocabulary,
     vocabulary_threshold,
 )
 from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
 
 
 def gaussian_config(**overrides: Any) -> LowEpsilonConfig:
@@ -88,20 +91,42 @@ def test_threshold_needs_gaussian_noise() -> None:
 
 
 @pytest.mark.parametrize("epsilon", [0.25, 1.0, 6.0])
-def test_plan_splits_epsilon_and_delta_with_the_threshold(epsilon: float) -> None:
+def test_the_events_alone_compose_to_the_target_with_the_threshold_delta_once(
+    epsilon: float,
+) -> None:
     cfg = gaussian_config(epsilon=epsilon)
     p = plan(cfg, ["a", "b"], 300_000)
     assert p.delta == 1e-6
-    assert p.threshold_delta == pytest.approx(THRESHOLD_DELTA_SHARE * 1e-6)
-    assert p.threshold_epsilon == pytest.approx(p.threshold_delta, rel=1e-5)
-    # the events compose at δ − δ_thr to at most ε − ε_thr, and the total stays ≤ ε
-    gaussian = compose(p.events).epsilon(p.gaussian_delta)
-    assert gaussian + Decimal(p.threshold_epsilon) <= Decimal(repr(epsilon))
-    assert p.epsilon <= Decimal(repr(epsilon))
+    # δ_thr is carried by the vocabulary release, and by it alone
+    with_delta = [e for e in p.events if e.delta is not None]
+    assert [e.mechanism for e in with_delta] == [VOCABULARY]
+    assert with_delta[0].delta == Decimal("5E-7") and with_delta[0].count == 1
+    assert p.threshold_delta == THRESHOLD_DELTA_SHARE * 1e-6
+    composition = compose(p.events)
+    assert composition.spends_delta == Fraction(5, 10_000_000)  # charged exactly once
+    # what a ledger sees, composing the events alone at the run's δ, is the plan's ε ≤ ε
+    assert composition.epsilon(1e-6) == p.epsilon <= Decimal(repr(epsilon))
     assert float(p.epsilon) == pytest.approx(epsilon, rel=1e-3)
-    # the histogram variant of the same budget: no threshold, composed at the whole δ
+    # the Gaussians are calibrated at δ − δ_thr: the same events without the δ spent
+    # outright give that ε there, and a smaller one at the whole δ (not counted twice)
+    core = [dataclasses.replace(e, delta=None) for e in p.events]
+    assert compose(core).epsilon(1e-6 - 5e-7) == p.epsilon
+    assert compose(core).epsilon(1e-6) < p.epsilon
+    # and the events spend the whole δ: below δ_thr no finite ε holds
+    assert composition.epsilon(4e-7).is_infinite()
+    # the JSON the ledger stores reads back with its δ
+    stored = [PrivacyEvent.from_dict(e.to_dict()) for e in p.events]
+    assert compose(stored).epsilon(1e-6) == p.epsilon
+    # the histogram variant of the same budget: no δ spent outright
     h = plan(gaussian_config(epsilon=epsilon, vocabulary_method="histogram"), ["a", "b"], 300_000)
-    assert h.threshold_delta == 0 and h.gaussian_delta == 1e-6
+    assert h.threshold_delta == 0 and all(e.delta is None for e in h.events)
+    assert compose(h.events).epsilon(1e-6) == h.epsilon <= Decimal(repr(epsilon))
+
+
+def test_a_run_whose_vocabulary_drops_the_threshold_delta_is_not_as_planned() -> None:
+    p = plan(gaussian_config(), ["a", "b"], 1000)
+    without = [dataclasses.replace(e, delta=None) for e in p.events]
+    assert matches(p.events, p.events) and not matches(p.events, without)
 
 
 def test_a_thresholded_run_meets_its_budget_and_pads_a_tiny_vocabulary() -> None:
@@ -132,6 +157,9 @@ def test_a_thresholded_run_meets_its_budget_and_pads_a_tiny_vocabulary() -> None
         assert report.as_planned
         assert float(report.epsilon) <= epsilon and report.delta == 1e-6
         assert report.plan.threshold_delta == pytest.approx(5e-7)
+        (vocab,) = [e for e in report.events if e.mechanism == VOCABULARY]
+        assert vocab.delta == Decimal("5E-7")  # the realised release carries δ_thr
+        assert report.epsilon == compose(report.events).epsilon(1e-6)
         assert len(result.sequences) == 20 * len(TOPICS)
         assert result.manifest()["parameters"]["vocabulary_method"] == "threshold"
         if enough:  # every topic phrase occurs in ~24 documents of 120: all clear T
@@ -330,6 +358,7 @@ def test_a_public_vocabulary_is_no_release() -> None:
 
     cfg = gaussian_config(
         vocabulary_method="public",
+        kde_method="exact",
         kde_weighting="l2",
         per_class=10,
         public_vocabulary_size=15,

@@ -31,6 +31,11 @@ weight, 1 by default). With S the sum of all shares:
    (ε(δ) is not additive over Gaussians, μ² is), and because the accountant composes
    rather than adds, the Gaussian mechanisms receive at least their nominal part.
 
+A mechanism may spend a δ outright (``delta``, e.g. a thresholded selection's chance
+of releasing a phrase only one unit holds): its events carry it, and the accountant
+takes it off the target δ before composing the rest, so the noise of every mechanism is
+calibrated at what remains and the events alone compose to the target (ε, δ).
+
 Pure parts are charged exactly as computed here; a mechanism that records OpenDP's own
 map (rounded up by an ulp or so) must be planned with a hair of slack, which the
 rounding down of step 1 provides.
@@ -125,6 +130,7 @@ class GaussianRelease:
     partitions: tuple[str, ...] = ()  # disjoint classes, one release each; () = whole data
     weight: float = 1.0  # share of μ² among the releases calibrated together
     noise: str = "gaussian"  # or "discrete_gaussian"
+    delta: float | None = None  # δ each release spends outright (the event's ``delta``)
 
     def __post_init__(self) -> None:
         if self.noise not in GAUSSIAN_NOISES:
@@ -147,9 +153,15 @@ class GaussianRelease:
                 dimension=self.dimension,
                 partition=partition,
                 count=self.count,
+                delta=_outright(self.delta),
             )
             for partition in (self.partitions or (None,))
         ]
+
+
+def _outright(delta: float | None) -> Decimal | None:
+    """A release's ``delta`` as the event holds it (exact decimal), None for none."""
+    return None if delta is None else exact_decimal(delta, field="delta")
 
 
 def _events_at(releases: Sequence[GaussianRelease], multiplier: float) -> list[PrivacyEvent]:
@@ -242,6 +254,9 @@ class PlannedMechanism:
     share: float = 1.0
     count: int = 1
     partitions: tuple[str, ...] = ()
+    # δ one release spends outright (the event's ``delta``): the accountant takes it off
+    # the target δ, so the rest of the budget is calibrated at what remains.
+    delta: float | None = None
 
     def __post_init__(self) -> None:
         if self.noise not in NOISES:
@@ -287,6 +302,7 @@ def _pure_events(m: PlannedMechanism, epsilon_share: Decimal) -> list[PrivacyEve
             partition=partition,
             count=m.count,
             epsilon=per_release,
+            delta=_outright(m.delta),
         )
         for partition in (m.partitions or (None,))
     ]
@@ -317,6 +333,7 @@ def split_budget(
                     partitions=m.partitions,
                     weight=m.share,
                     noise=m.noise,
+                    delta=m.delta,
                 )
             )
         else:

@@ -43,21 +43,16 @@ class PrivacyReport:
 
     @property
     def epsilon(self) -> Decimal:
-        """The accountant's ε of the realised releases at the run's δ.
-
-        With a thresholded vocabulary the events compose at ``δ − threshold_delta`` and
-        the threshold's ε is added (:mod:`workers.methods.dpkps.plan`)."""
-        plan = self.plan
-        if not plan.threshold_delta:
-            return compose(self.events).epsilon(self.delta)
-        return compose(self.events).epsilon(plan.gaussian_delta) + Decimal(plan.threshold_epsilon)
+        """The accountant's ε of the realised releases at the run's δ (a thresholded
+        vocabulary's δ_thr is in its event: the accountant takes it off δ)."""
+        return compose(self.events).epsilon(self.delta)
 
     @property
     def accountant(self) -> str:
         return compose(self.events).name
 
     def by_mechanism(self) -> dict[str, float]:
-        return epsilon_by_mechanism(self.events, self.plan.gaussian_delta)
+        return epsilon_by_mechanism(self.events, self.delta)
 
     @property
     def as_planned(self) -> bool:

@@ -81,6 +81,8 @@ def method_description(config: GenerationConfig) -> str:
     """What ran, derived from the configuration (the audit trail names the real kernel)."""
     if config.density_method == "exact":
         kde = "the exact Gaussian kernel density on the private vocabulary"
+        if config.density_weighting == "l2":
+            kde += " (document weights of L2 norm 1)"
     elif config.density_method == "centroid":
         kde = "the class centroids of the document embeddings (linear kernel)"
     elif config.density_method == "moments":
@@ -188,8 +190,8 @@ class GenerationConfig:
     class whatever Ṽ is, with L2 Δ = 1. τ: 0.5 / 1 / 2 / 4 gave 0.74 / 0.78 / 0.84 / 0.83
     at ε = 1. BENCHMARKS.md, "DP-KPS at small ε", has every measurement. The older
     Gaussian path stays selectable (``kde_method="exact"``: the noisy histogram then);
-    :class:`LowEpsilonConfig` selects the thresholded or public Ṽ and the L2 weights
-    explicitly. Laplace runs keep the defaults below.
+    ``vocabulary_method`` selects the thresholded or public Ṽ and ``kde_weighting`` the
+    L2 weights explicitly. Laplace runs keep the defaults below.
 
     The defaults were chosen by measurement on AG News (6,000 private documents, 4
     classes, ε = 1 + 5, keyphrase sequences only, classifier on sentence embeddings);
@@ -246,6 +248,10 @@ class GenerationConfig:
     ensemble: str = "log"  # "log" | "linear" (iterative mode)
     kde_method: str | None = None  # "exact" | "random_features" | "centroid" | "moments";
     # None: independent mode → centroid (Gaussian noise) or exact (Laplace); else random_features
+    vocabulary_method: str | None = None  # "histogram" | "threshold" (Gaussian) | "public";
+    # None: public for centroid or moments, else histogram
+    kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: "l1"
+    public_vocabulary_size: int = PUBLIC_VOCABULARY_SIZE  # |Ṽ| of a public Ṽ
     num_features: int = 1024  # I: random Fourier features
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
     temperature: float | None = None  # τ: p ∝ clip(score)^(1/τ); None: per kde_method
@@ -273,6 +279,12 @@ class GenerationConfig:
             "max_phrases_per_document",
         ):
             _check_int(getattr(self, name), name=name, low=1, high=LIMITS[name])
+        _check_int(
+            self.public_vocabulary_size,
+            name="public_vocabulary_size",
+            low=1,
+            high=LIMITS["vocabulary_size"],
+        )
         if self.mode not in MODES:
             raise ConfigError(f"must be one of {', '.join(MODES)}", field="mode")
         if self.ensemble not in ENSEMBLES:
@@ -290,16 +302,18 @@ class GenerationConfig:
                 "class centroids score independent sequences, with Gaussian noise",
                 field="kde_method",
             )
+        self._check_vocabulary_and_weighting()
         if self.mode == "iterative" and self.kde_method == "exact":
             raise ConfigError(
                 "the iterative mode scores prefixes in a continuous space: random_features",
                 field="kde_method",
             )
         if self.density_method == "exact" and self.candidate_count > EXACT_KERNEL_LIMIT:
+            public = self.vocabulary_selection == "public"
             raise ConfigError(
                 f"the exact kernel holds at most {EXACT_KERNEL_LIMIT:,} phrases; "
                 "use kde_method random_features for a larger private vocabulary",
-                field="vocabulary_size",
+                field="public_vocabulary_size" if public else "vocabulary_size",
             )
         if self.temperature is not None:
             check_temperature(self.temperature)
@@ -318,6 +332,37 @@ class GenerationConfig:
                 field="sequence_length",
             )
         return self
+
+    def _check_vocabulary_and_weighting(self) -> None:
+        """``vocabulary_method`` and ``kde_weighting``: known values, and the Gaussian-only
+        ones with a Gaussian budget, the L2 weights with the exact kernel."""
+        if self.vocabulary_method is not None:
+            if self.vocabulary_method not in VOCABULARY_METHODS:
+                raise ConfigError(
+                    f"must be one of {', '.join(VOCABULARY_METHODS)}", field="vocabulary_method"
+                )
+            if self.vocabulary_method == "threshold" and self.noise != "gaussian":
+                raise ConfigError(
+                    "the thresholded vocabulary is a Gaussian (ε, δ) release: give a total "
+                    "epsilon, delta > 0 and noise gaussian",
+                    field="vocabulary_method",
+                )
+        if self.kde_weighting is not None:
+            if self.kde_weighting not in KDE_WEIGHTINGS:
+                raise ConfigError(
+                    f"must be one of {', '.join(KDE_WEIGHTINGS)}", field="kde_weighting"
+                )
+            if self.kde_weighting == "l2" and self.noise != "gaussian":
+                raise ConfigError(
+                    "L2 document weights are bounded for Gaussian noise: give a total "
+                    "epsilon, delta > 0 and noise gaussian",
+                    field="kde_weighting",
+                )
+            if self.kde_weighting == "l2" and self.density_method != "exact":
+                raise ConfigError(
+                    "document weights apply to the exact kernel: give kde_method exact",
+                    field="kde_weighting",
+                )
 
     def _check_budget(self) -> None:
         """One total budget (``epsilon``, ``delta``, ``noise``, shares) or per-mechanism ε."""
@@ -378,30 +423,27 @@ class GenerationConfig:
 
     @property
     def candidate_count(self) -> int:
-        """|Ṽ| at most: the public Ṽ's size (:data:`PUBLIC_VOCABULARY_SIZE`, or
-        :class:`LowEpsilonConfig`'s ``public_vocabulary_size``), else ``vocabulary_size``."""
+        """|Ṽ| at most: ``public_vocabulary_size`` for a public Ṽ, else ``vocabulary_size``."""
         if self.vocabulary_selection == "public":
-            return int(getattr(self, "public_vocabulary_size", PUBLIC_VOCABULARY_SIZE))
+            return self.public_vocabulary_size
         return self.vocabulary_size
 
     @property
     def vocabulary_selection(self) -> str:
-        """How Ṽ is chosen: :class:`LowEpsilonConfig`'s ``vocabulary_method``, or the default:
-        public for class centroids or moments, else the noisy histogram."""
-        chosen = getattr(self, "vocabulary_method", None)
-        if chosen is not None:
-            return str(chosen)
+        """How Ṽ is chosen: ``vocabulary_method``, or the default: public for class
+        centroids or moments, else the noisy histogram."""
+        if self.vocabulary_method is not None:
+            return self.vocabulary_method
         if self.density_method in ("centroid", "moments"):
             return "public"  # the densities select; a private Ṽ would cost budget for little
         return DEFAULT_VOCABULARY_METHOD[self.noise]
 
     @property
     def density_weighting(self) -> str:
-        """A document's weights in the exact-kernel density: :class:`LowEpsilonConfig`'s
-        ``kde_weighting``, or the default."""
-        chosen = getattr(self, "kde_weighting", None)
-        if chosen is not None:
-            return str(chosen)
+        """A document's weights in the exact-kernel density: ``kde_weighting``, or the
+        default."""
+        if self.kde_weighting is not None:
+            return self.kde_weighting
         return DEFAULT_KDE_WEIGHTING[self.noise]
 
     @property
@@ -420,50 +462,12 @@ class GenerationConfig:
         """Every parameter, with the defaults that depend on the mode resolved."""
         out = asdict(self)
         out["kde_method"], out["temperature"] = self.density_method, self.sampling_temperature
+        out["vocabulary_method"] = self.vocabulary_selection
+        out["kde_weighting"] = self.density_weighting
         return out
 
 
-@dataclass(frozen=True)
-class LowEpsilonConfig(GenerationConfig):
-    """A :class:`GenerationConfig` with the small-ε options of issue 16 made explicit.
-
-    They live in a subclass until the service's job spec carries them (the job spec
-    mirrors :class:`GenerationConfig`'s fields one for one); the engine reads them from
-    either (a plain :class:`GenerationConfig` takes the defaults).
-    """
-
-    vocabulary_method: str | None = None  # "histogram" | "threshold" | "public"; None: default
-    kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: "l1"
-    public_vocabulary_size: int = PUBLIC_VOCABULARY_SIZE  # |Ṽ| of a public Ṽ
-
-    def validate(self) -> LowEpsilonConfig:
-        if self.vocabulary_method is not None:
-            if self.vocabulary_method not in VOCABULARY_METHODS:
-                raise ConfigError(
-                    f"must be one of {', '.join(VOCABULARY_METHODS)}", field="vocabulary_method"
-                )
-            if self.vocabulary_method == "threshold" and self.noise != "gaussian":
-                raise ConfigError(
-                    "the thresholded vocabulary is a Gaussian (ε, δ) release: give a total "
-                    "epsilon, delta > 0 and noise gaussian",
-                    field="vocabulary_method",
-                )
-        if self.kde_weighting is not None:
-            if self.kde_weighting not in KDE_WEIGHTINGS:
-                raise ConfigError(
-                    f"must be one of {', '.join(KDE_WEIGHTINGS)}", field="kde_weighting"
-                )
-            if self.kde_weighting == "l2" and self.noise != "gaussian":
-                raise ConfigError(
-                    "L2 document weights are bounded for Gaussian noise: give a total "
-                    "epsilon, delta > 0 and noise gaussian",
-                    field="kde_weighting",
-                )
-        _check_int(
-            self.public_vocabulary_size,
-            name="public_vocabulary_size",
-            low=1,
-            high=LIMITS["vocabulary_size"],
-        )
-        super().validate()
-        return self
+# The small-ε options of issue 16 (``vocabulary_method``, ``kde_weighting``,
+# ``public_vocabulary_size``) were a subclass's until the job spec carried them; they are
+# GenerationConfig's own now, and the old name stays for the benchmarks.
+LowEpsilonConfig = GenerationConfig

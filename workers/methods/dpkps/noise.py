@@ -44,7 +44,8 @@ def _check_sensitivity(sensitivity: float) -> float:
 def _event(
     planned: PrivacyEvent, *, scale: float, sensitivity: float, partition: str | None, name: str
 ) -> PrivacyEvent:
-    """What OpenDP's map certifies for the release just drawn (``release_event``)."""
+    """What OpenDP's map certifies for the release just drawn (``release_event``), with
+    the δ the planned release spends outright (a thresholded vocabulary's)."""
     return samplers.release_event(
         mechanism=planned.mechanism,
         noise=planned.noise,
@@ -53,6 +54,7 @@ def _event(
         dimension=planned.dimension,
         partition=partition,
         name=name,
+        delta=None if planned.delta is None else float(planned.delta),
     )
 
 

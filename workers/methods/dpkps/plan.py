@@ -33,14 +33,13 @@ Gaussians) and the run records the real sensitivity with a proportional scale;
 
 Thresholded vocabulary (``vocabulary_method = "threshold"``, Gaussian noise only): the
 vocabulary histogram is released on the phrases that occur, and only those above a
-threshold stay (:mod:`workers.methods.dpkps.private_vocab`). Its Gaussian part is the
-planned ``vocabulary`` event (L2 Δ = √S); the chance that a phrase held by the added unit
-alone crosses the threshold is ``threshold_delta`` (:data:`THRESHOLD_DELTA_SHARE` of δ),
-which also costs ``ln(1/(1 − threshold_delta))`` in ε. The plan calibrates every Gaussian
-to (ε − that, δ − threshold_delta) and :class:`Plan` carries both parts, so the run's
-total stays (ε, δ). A :class:`~workers.privacy.events.PrivacyEvent` has no δ of its own
-yet: whoever composes the events alone (a ledger) must add ``threshold_delta`` and
-``threshold_epsilon`` from the plan.
+threshold stay (:mod:`workers.methods.dpkps.private_vocab`). Its event is the Gaussian
+(L2 Δ = √S) with ``delta`` = δ_thr (:data:`THRESHOLD_DELTA_SHARE` of δ), the chance that
+a phrase held by the added unit alone crosses the threshold, spent outright. The
+accountant takes δ_thr off the run's δ and composes the Gaussians at δ − δ_thr, so the
+events alone — what the ledger reserves and composes — come to the run's (ε, δ), δ_thr
+counted once (``private_vocab``'s docstring has the argument, which needs no ε of its
+own for the threshold).
 
 Default shares (``share_vocab`` = ``share_kde`` = 1, ``share_count`` = 0.1): on AG News at
 ε = 1 an even vocabulary/KDE split beat 0.2/0.8 (0.635 against 0.497 synthetic accuracy,
@@ -98,6 +97,7 @@ def kde_sensitivity(config: GenerationConfig) -> float:
 def _mechanisms(
     config: GenerationConfig, label_set: Sequence[str], vocabulary_size: int
 ) -> list[PlannedMechanism]:
+    threshold = threshold_delta(config)
     gaussian = config.noise == "gaussian"
     per = config.epsilon is None  # per-mechanism ε: the shares are the ε themselves
     s = config.max_matches_per_document
@@ -111,6 +111,7 @@ def _mechanisms(
                 norm="l2" if gaussian else "l1",
                 dimension=vocabulary_size,
                 share=float(config.epsilon_vocab if per else config.share_vocab),  # type: ignore[arg-type]
+                delta=threshold or None,
             )
         )
     if config.uses_class_counts:
@@ -156,14 +157,14 @@ class Plan:
     epsilon: Decimal
     delta: float
     accountant: str
-    # Thresholded vocabulary: the δ of its threshold, and the ε it adds (both 0 otherwise).
-    threshold_delta: float = 0.0
-    threshold_epsilon: float = 0.0
 
     @property
-    def gaussian_delta(self) -> float:
-        """The δ at which the events themselves are composed (``delta − threshold_delta``)."""
-        return self.delta - self.threshold_delta
+    def threshold_delta(self) -> float:
+        """δ_thr of a thresholded vocabulary: the ``delta`` its event spends (0 otherwise)."""
+        for event in self.events:
+            if event.mechanism == VOCABULARY and event.delta is not None:
+                return float(event.delta)
+        return 0.0
 
     def noise_per_sensitivity(self, mechanism: str) -> float:
         """Scale / sensitivity of ``mechanism`` (1/ε for Laplace, σ/Δ for Gaussians)."""
@@ -185,25 +186,23 @@ class Plan:
             "delta": self.delta,
             "accountant": self.accountant,
             "events": [e.to_dict() for e in self.events],
-            "threshold_delta": self.threshold_delta,
-            "threshold_epsilon": self.threshold_epsilon,
         }
 
 
-def threshold_costs(config: GenerationConfig) -> tuple[float, float]:
-    """(δ, ε) of the vocabulary threshold: 0 unless the run thresholds its vocabulary.
-
-    ε = ln(1/(1 − δ_thr)), rounded up: on the side where the added unit's phrases must
-    stay below the threshold, its probability (≥ 1 − δ_thr) divides the likelihood.
-    """
+def threshold_delta(config: GenerationConfig) -> float:
+    """δ_thr of the vocabulary threshold: 0 unless the run thresholds its vocabulary."""
     if config.vocabulary_selection != "threshold":
-        return 0.0, 0.0
-    delta = THRESHOLD_DELTA_SHARE * config.delta
-    return delta, math.nextafter(-math.log1p(-delta), math.inf)
+        return 0.0
+    return THRESHOLD_DELTA_SHARE * config.delta
 
 
 def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: int) -> Plan:
-    """Every release of a run of ``config``, from public inputs only (no private read)."""
+    """Every release of a run of ``config``, from public inputs only (no private read).
+
+    The events carry every δ they spend outright (a thresholded vocabulary's), so they
+    compose to the plan's (ε, δ) by themselves: ``compose(plan.events).epsilon(delta)``
+    is ``plan.epsilon``.
+    """
     config.validate()
     if not label_set:
         raise ConfigError("the label set is empty", field="labels")
@@ -211,34 +210,25 @@ def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: in
     if config.epsilon is None:  # per-mechanism ε: their sum, each share its own ε
         total = math.fsum(m.share for m in mechanisms)
         split = split_budget(epsilon=total, delta=0.0, mechanisms=mechanisms)
-        return Plan(
-            events=split.events,
-            epsilon=split.epsilon,
-            delta=split.delta,
-            accountant=compose(split.events).name,
-        )
-    threshold_delta, threshold_epsilon = threshold_costs(config)
-    epsilon = config.epsilon
-    if threshold_delta:
-        target = Decimal(repr(config.epsilon)) - Decimal(threshold_epsilon)
-        epsilon = math.nextafter(float(target), 0.0)  # rounded down: the sum stays ≤ ε
-    split = split_budget(
-        epsilon=epsilon, delta=config.delta - threshold_delta, mechanisms=mechanisms
-    )
-    composed = split.epsilon + Decimal(threshold_epsilon)
-    assert composed <= Decimal(repr(config.epsilon)), (composed, config.epsilon)
+    else:
+        split = split_budget(epsilon=config.epsilon, delta=config.delta, mechanisms=mechanisms)
     return Plan(
         events=split.events,
-        epsilon=composed,
-        delta=config.delta,
+        epsilon=split.epsilon,
+        delta=split.delta,
         accountant=compose(split.events).name,
-        threshold_delta=threshold_delta,
-        threshold_epsilon=threshold_epsilon,
     )
 
 
 def _signature(event: PrivacyEvent) -> tuple[Any, ...]:
-    return (event.mechanism, event.noise, event.norm, event.dimension, event.partition)
+    return (
+        event.mechanism,
+        event.noise,
+        event.norm,
+        event.dimension,
+        event.partition,
+        event.delta,
+    )
 
 
 def _cost(event: PrivacyEvent) -> float:
@@ -261,7 +251,8 @@ def _collapsed(events: Iterable[PrivacyEvent]) -> dict[tuple[Any, ...], list[tup
 
 
 def matches(planned: Iterable[PrivacyEvent], realised: Iterable[PrivacyEvent]) -> bool:
-    """Whether a run made exactly the planned releases (same cost, to 1e-9 relative)."""
+    """Whether a run made exactly the planned releases (same cost, to 1e-9 relative, and
+    the same δ spent outright)."""
     left, right = _collapsed(planned), _collapsed(realised)
     if left.keys() != right.keys():
         return False

@@ -26,11 +26,19 @@ post-processing. Two histograms, by the planned noise (:mod:`workers.methods.dpk
   Gaussian mechanism with L2 Δ = √S, then a threshold (post-processing), composed by the
   accountant like the histogram; (b) a phrase that only u holds has count exactly 1 in D'
   and never appears on D; u holds at most S of them, so the chance that any crosses T is
-  at most ``S·Φ̄((T − 1)/σ) = δ_thr`` when ``T = 1 + σ·Φ̄⁻¹(δ_thr/S)``. Outside that event
-  the two runs coincide; so P[M(D') ∈ E] ≤ P[G(D') ∈ E] + δ_thr, and P[M(D') ∈ E] ≥
-  (1 − δ_thr)·P[G(D') ∈ E] on the events M(D) can produce, with G the release restricted
-  to D's phrases. Whole run: (ε_G + ln(1/(1 − δ_thr)), δ_G + δ_thr), the split made in
-  :func:`workers.methods.dpkps.plan.plan` (``threshold_delta``, ``threshold_epsilon``).
+  at most ``S·Φ̄((T − 1)/σ) = δ_thr`` when ``T = 1 + σ·Φ̄⁻¹(δ_thr/S)``. Let Z be the event
+  that none crosses (p = P[Z] ≥ 1 − δ_thr; it depends on those phrases' noise alone).
+  Outputs with one of u's own phrases occur on D' only, off Z; on every other output x
+  of the whole run (this release and all that follow it), M(D') has density p·g'(x),
+  with g' the density of the same run where u's own phrases are never noised — the
+  Gaussian mechanism G on D's phrases and the later releases, which the accountant
+  composes. So, for g the density on D (= that of G's run on D):
+  D' against D: δ(ε) ≤ P[not Z] + p·δ_G(ε); D against D': ∫ (g − e^ε·p·g')₊ ≤
+  ∫ (g − e^ε·g')₊ + (1 − p)·∫ g (pointwise, on either side of g = e^ε·g'). Either way
+  δ(ε) ≤ δ_G(ε) + δ_thr: the whole run is (ε_G(δ − δ_thr), δ)-DP, which is how the
+  accountant composes the event's ``delta`` = δ_thr (:mod:`workers.privacy.events`),
+  with no ε of its own for the threshold. :func:`workers.methods.dpkps.plan.plan` puts
+  δ_thr on the planned event; the release here carries it to the realised one.
 
 A unit is one document, or the pooled documents of one patient when the dataset has a
 unit column (``units``): its matches are concatenated in document order before the
@@ -153,12 +161,15 @@ def select_thresholded_vocabulary(
 
     Each unit contributes its first ``max_per_document`` distinct phrases once (L2 Δ =
     √S). Ṽ may hold fewer than ``size`` phrases, or none: its size is part of the DP
-    release. The event is the Gaussian part; the threshold's δ is the plan's.
+    release. The event is the Gaussian part with the threshold's δ as its ``delta``
+    (the planned event's, which a plan sets to ``threshold_delta``).
     """
     if size < 1:
         raise ConfigError("must be ≥ 1", field="vocabulary_size")
     if planned.noise != "gaussian":
         raise ConfigError("the thresholded vocabulary takes Gaussian noise", field="noise")
+    if planned.delta is not None and float(planned.delta) != threshold_delta:
+        raise ConfigError("the threshold's δ differs from the planned release's", field="delta")
     counts = phrase_histogram(
         doc_matches,
         vocabulary_size=vocabulary_size,

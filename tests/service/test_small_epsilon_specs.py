@@ -1,0 +1,140 @@
+"""The small-ε options of DP-KPS in a job spec (issue 16): ``kde_method`` centroid and
+moments, ``vocabulary_method``, ``kde_weighting`` and ``public_vocabulary_size``. A bad
+value or a combination the engine refuses is a 422 problem naming the field; a good one
+is planned as asked, and a dry run shows it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.service import factories
+
+GAUSSIAN = {"epsilon_vocab": None, "epsilon_kde": None, "epsilon": 1.0, "delta": 1e-6}
+
+
+def _spec(**overrides: Any) -> dict[str, Any]:
+    values = factories.spec(**overrides)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _post(
+    client: TestClient, world: factories.World, dataset_id: str, spec: dict[str, Any], **query: str
+) -> Any:
+    path = f"/v1/datasets/{dataset_id}/jobs"
+    if query:
+        path += "?" + "&".join(f"{k}={v}" for k, v in query.items())
+    return client.post(path, headers=world.owner.headers, json=spec)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"kde_method": "kernel"}, "kde_method"),
+        ({"vocabulary_method": "top"}, "vocabulary_method"),
+        ({"kde_weighting": "l3"}, "kde_weighting"),
+        ({"public_vocabulary_size": 0}, "public_vocabulary_size"),
+        ({"public_vocabulary_size": 10**6}, "public_vocabulary_size"),
+        ({"public_vocabulary_size": True}, "public_vocabulary_size"),
+        # Gaussian-only mechanisms with a pure-ε (Laplace) budget
+        ({"kde_method": "centroid"}, "kde_method"),
+        ({"kde_method": "moments"}, "kde_method"),
+        ({"vocabulary_method": "threshold"}, "vocabulary_method"),
+        ({"kde_weighting": "l2"}, "kde_weighting"),
+        # and other combinations that do not fit together
+        ({**GAUSSIAN, "kde_method": "centroid", "mode": "iterative"}, "kde_method"),
+        ({**GAUSSIAN, "kde_weighting": "l2"}, "kde_weighting"),  # centroids have no weights
+        (
+            {
+                **GAUSSIAN,
+                "kde_method": "exact",
+                "vocabulary_method": "public",
+                "public_vocabulary_size": 50_000,
+            },
+            "public_vocabulary_size",
+        ),
+        ({**GAUSSIAN, "noise": "laplace", "vocabulary_method": "threshold"}, "delta"),
+    ],
+)
+def test_bad_small_epsilon_options_are_422_naming_the_field(
+    client: TestClient, world: factories.World, overrides: dict[str, Any], field: str
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    for query in ({}, {"dry_run": "true"}):
+        response = _post(client, world, dataset_id, _spec(**overrides), **query)
+        assert response.status_code == 422, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["field"] == field, response.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "mechanisms", "described"),
+    [
+        ({"kde_method": "centroid"}, {"kde"}, "class centroids"),
+        ({"kde_method": "moments"}, {"kde"}, "first two moments"),
+        (
+            {"kde_method": "centroid", "vocabulary_method": "public", "public_vocabulary_size": 40},
+            {"kde"},
+            "first 40 phrases of the public vocabulary",
+        ),
+        (
+            {"kde_method": "exact", "vocabulary_method": "histogram", "kde_weighting": "l1"},
+            {"vocabulary", "kde"},
+            "exact Gaussian kernel density",
+        ),
+        (
+            {"kde_method": "exact", "vocabulary_method": "threshold", "kde_weighting": "l2"},
+            {"vocabulary", "kde"},
+            "thresholded Gaussian histogram",
+        ),
+    ],
+)
+def test_each_small_epsilon_option_is_planned_as_asked_and_shown_by_a_dry_run(
+    client: TestClient,
+    world: factories.World,
+    overrides: dict[str, Any],
+    mechanisms: set[str],
+    described: str,
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    response = _post(client, world, dataset_id, _spec(**GAUSSIAN, **overrides), dry_run="true")
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert described in plan["method"]
+    assert {e["mechanism"] for e in plan["events"]} == mechanisms
+    assert plan["epsilon"] <= 1.0 and plan["delta"] == 1e-6
+    for name, value in overrides.items():
+        assert plan["parameters"][name] == value, name
+    kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
+    dimensions = {"centroid": 384, "moments": 384 + 384 * 385 // 2}
+    if overrides["kde_method"] in dimensions:
+        assert {e["dimension"] for e in kde} == {dimensions[overrides["kde_method"]]}
+    if overrides.get("kde_weighting") == "l2":
+        assert "L2 norm 1" in plan["method"]
+    vocabulary = [e for e in plan["events"] if e["mechanism"] == "vocabulary"]
+    spent = [e["delta"] for e in plan["events"] if "delta" in e]
+    if overrides.get("vocabulary_method") == "threshold":
+        # δ_thr is spent by the vocabulary release, once, inside the job's δ
+        assert spent == ["5E-7"] and vocabulary[0]["delta"] == "5E-7"
+    else:
+        assert spent == []
+
+
+def test_a_thresholded_job_is_reserved_with_its_delta_in_the_events(
+    client: TestClient, world: factories.World
+) -> None:
+    spec = _spec(**GAUSSIAN, kde_method="exact", vocabulary_method="threshold")
+    small_cap = factories.dataset(client, world.owner, cap=50, delta_cap="4e-7")
+    refused = _post(client, world, small_cap, spec)  # δ_thr = 5e-7 alone exceeds the cap's δ
+    assert refused.status_code == 409, refused.text
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-6")
+    response = _post(client, world, dataset_id, spec)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["spec"]["vocabulary_method"] == "threshold"
+    # at the cap's δ, which is the job's, the ledger charges exactly the job's (ε, δ)
+    assert job["epsilon"]["charged"]["delta"] == 1e-6
+    assert job["epsilon"]["charged"]["epsilon"] == pytest.approx(job["epsilon"]["requested"])
+    assert job["epsilon"]["charged"]["epsilon"] <= 1.0
