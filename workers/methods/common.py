@@ -4,8 +4,8 @@
   total (ε, δ), the client's concurrency, the public seed), validated strictly;
 * :class:`MethodResult`: what a run releases (records, the events of its releases, a
   public manifest, its LLM costs);
-* :func:`check_label_set`, :func:`check_units`: the input checks made before any
-  private read (errors name rows, never ids or text);
+* :func:`check_label_set`, :func:`check_units`, :func:`check_inputs`: the input checks
+  made before any private read (errors name rows, never ids or text);
 * :func:`checkpoint_json`, :func:`claim_checkpoints`, :func:`save_costs`,
   :func:`load_costs`: how a run writes its checkpoints and refuses another run's;
 * :func:`complete_texts`: one completion per public request through the shared client.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -26,6 +26,7 @@ from workers.llm.client import LLMCosts, LLMEndpoint, Messages, complete, run_sy
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
+from workers.text.corpus import check_corpus
 
 DOCUMENT_TYPE_CHARS = 200
 
@@ -85,6 +86,36 @@ def check_units(units: Sequence[str], documents: int) -> None:
     if bad:
         rows = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
         raise InputDataError(f"empty or non-string unit (rows {rows})", field="units")
+
+
+class Sampling(Protocol):
+    """A method's completion settings (its parameters carry them)."""
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def temperature(self) -> float: ...
+
+
+def check_inputs(
+    documents: Sequence[str],
+    labels: Sequence[str],
+    label_set: Sequence[str],
+    units: Sequence[str] | None,
+    llm: LLMEndpoint,
+    sampling: Sampling,
+) -> tuple[tuple[str, ...], LLMEndpoint]:
+    """What an LLM method checks before its first private read: the declared labels,
+    the corpus against them, the units, and the endpoint with the method's sampling
+    settings. Returns the declared labels and that endpoint."""
+    declared = check_label_set(label_set)
+    check_corpus(documents, labels, list(declared))
+    if units is not None:
+        check_units(units, len(documents))
+    endpoint = replace(llm, max_tokens=sampling.max_tokens, temperature=sampling.temperature)
+    endpoint.validate()
+    return declared, endpoint
 
 
 def checkpoint_json(data: Any) -> bytes:

@@ -180,3 +180,23 @@ def read_labelled(
     return LabelledCorpus(
         texts=texts, labels=labels, skipped_empty=skipped, units=units if unit_column else None
     )
+
+
+def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Sequence[str]) -> None:
+    """Shape checks that name rows (1-based), never their text."""
+    if len(documents) != len(labels):
+        raise InputDataError("documents and labels differ in length", field="labels")
+    if not documents:
+        raise InputDataError("the corpus holds no document", field="documents")
+    if not label_set:
+        raise InputDataError("the label set is empty", field="labels")
+    if len(set(label_set)) != len(label_set):
+        raise InputDataError("the label set repeats a label", field="labels")
+    declared = set(label_set)
+    bad = [i + 1 for i, label in enumerate(labels) if label not in declared]
+    if bad:
+        raise InputDataError(
+            f"{len(bad)} document(s) carry a label outside the declared set "
+            f"(rows {_rows_named(bad)})",
+            field="labels",
+        )

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -69,8 +69,7 @@ from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.common import (
     MethodResult,
-    check_label_set,
-    check_units,
+    check_inputs,
     checkpoint_json,
     claim_checkpoints,
     complete_texts,
@@ -78,7 +77,6 @@ from workers.methods.common import (
     no_progress,
     save_costs,
 )
-from workers.methods.dpkps.pipeline import check_corpus
 from workers.methods.dpkps.proportions import allocate
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
@@ -165,13 +163,8 @@ def run_aug_pe(
     (:class:`~workers.errors.LLMError`), and a re-run with the same
     ``checkpoints`` resumes it without spending again.
     """
-    declared = check_label_set(label_set)
-    check_corpus(documents, labels, list(declared))
-    if units is not None:
-        check_units(units, len(documents))
+    declared, endpoint = check_inputs(documents, labels, label_set, units, llm, params)
     plan = noise_plan(params, declared)
-    endpoint = replace(llm, max_tokens=params.max_tokens, temperature=params.temperature)
-    endpoint.validate()
     run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
     run.claim(unit_level=units is not None)
     return run.execute(documents, labels, units)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,8 +39,7 @@ from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.common import (
     MethodResult,
-    check_label_set,
-    check_units,
+    check_inputs,
     checkpoint_json,
     claim_checkpoints,
     complete_texts,
@@ -53,7 +52,6 @@ from workers.methods.dp_eda.accounting import Plan, noise_plan, selection_event
 from workers.methods.dp_eda.evolution import normalise, offspring
 from workers.methods.dp_eda.limited_domain import select_parents, unit_means
 from workers.methods.dp_eda.params import DPEDAParams
-from workers.methods.dpkps.pipeline import check_corpus
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import group_units
@@ -112,13 +110,8 @@ def run_dp_eda(
     ``public_pool`` is the retrieval decoder's pool (default: the initial population).
     Bad input raises before anything private is read.
     """
-    declared = check_label_set(label_set)
-    check_corpus(documents, labels, list(declared))
-    if units is not None:
-        check_units(units, len(documents))
+    declared, endpoint = check_inputs(documents, labels, label_set, units, llm, params)
     plan = noise_plan(params, declared)
-    endpoint = replace(llm, max_tokens=params.max_tokens, temperature=params.temperature)
-    endpoint.validate()
     needs_vocabulary = params.decoder == "llm_reconstruction" or (
         params.population_source == "vocabulary"
     )

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.errors import ConfigError, InputDataError
+from workers.errors import ConfigError
 from workers.methods.dpkps.accounting import PrivacyReport
 from workers.methods.dpkps.config import (
     EMBEDDING_DIMENSION,
@@ -64,6 +64,7 @@ from workers.methods.dpkps.sampling import (
 )
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
+from workers.text.corpus import check_corpus
 from workers.text.embeddings import Embedder, EmbeddingCache, select_device
 from workers.text.extraction import KeyphraseExtractor
 from workers.text.vocabulary import Vocabulary
@@ -111,26 +112,6 @@ class GenerationResult:
             "privacy": {**self.report.to_dict(), "unit": self.unit},
             "sequences": len(self.sequences),
         }
-
-
-def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Sequence[str]) -> None:
-    """Shape checks that name rows (1-based), never their text."""
-    if len(documents) != len(labels):
-        raise InputDataError("documents and labels differ in length", field="labels")
-    if not documents:
-        raise InputDataError("the corpus holds no document", field="documents")
-    if not label_set:
-        raise InputDataError("the label set is empty", field="labels")
-    if len(set(label_set)) != len(label_set):
-        raise InputDataError("the label set repeats a label", field="labels")
-    declared = set(label_set)
-    bad = [i + 1 for i, label in enumerate(labels) if label not in declared]
-    if bad:
-        rows = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
-        raise InputDataError(
-            f"{len(bad)} document(s) carry a label outside the declared set (rows {rows})",
-            field="labels",
-        )
 
 
 def padded(private: PrivateVocabulary, config: GenerationConfig, size: int) -> PrivateVocabulary:
