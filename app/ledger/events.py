@@ -68,8 +68,8 @@ def reconcile(planned: Sequence[PrivacyEvent], realised: Sequence[PrivacyEvent])
             problems.append(
                 f"{mechanism} ({partition}): {count_planned} releases planned, {count_made} made"
             )
-        elif not matches(left, right):
-            problems.append(f"{mechanism} ({partition}): the noise or ε differs from the plan")
         elif sum(e.total_delta for e in left) != sum(e.total_delta for e in right):
             problems.append(f"{mechanism} ({partition}): the δ spent differs from the plan")
+        elif not matches(left, right):
+            problems.append(f"{mechanism} ({partition}): the noise or ε differs from the plan")
     return problems

@@ -3,12 +3,14 @@
 What is shown: a lane runs on every CPU while nothing else works, on one when another
 process keeps a core busy, and back on every CPU when it leaves; readings are taken once
 an interval and smoothed over two; nothing readable leaves the count alone; a lane's
-share follows ``most``; a one-thread lane never switches. And the meter, on this machine,
-reads a busy-looping child process as about one CPU and its own process's work as none.
+share follows ``most``; a one-thread lane never switches. And the meter leaves out its own
+process's work and niced work (on a written /proc/stat), and on this machine reads a
+busy-looping child process as about one CPU.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -79,21 +81,44 @@ def test_a_single_thread_lane_never_switches() -> None:
         ThreadGovernor(0, meter=FakeMeter([]))
 
 
-@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
-def test_the_meter_reads_another_process_and_not_its_own() -> None:
-    meter = CpuMeter()
+def test_the_meter_leaves_out_this_process_and_niced_work(tmp_path: Path) -> None:
+    """A /proc/stat whose busy time grows by exactly this process's own CPU time, plus
+    0.2 s of niced work, reads as nobody else; 0.1 s more of user time over 0.2 s, as
+    half a CPU."""
+    stat = tmp_path / "stat"
+    meter = CpuMeter(stat)
+    ticks = meter.ticks
+
+    def write(busy_ticks: int, nice_ticks: int) -> None:
+        stat.write_text(f"cpu  {busy_ticks} {nice_ticks} 0 5000 0 0 0 0 0 0\ncpu0 0\n")
+
+    own = sum(os.times()[:2])
+    write(1000, 0)
     meter.others()
-    deadline = time.monotonic() + 0.5
-    while time.monotonic() < deadline:  # this process works: not counted
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:  # this process works
         pass
-    assert meter.others() < 0.5
+    spent = sum(os.times()[:2]) - own
+    write(1000 + round(spent * ticks), round(0.2 * ticks))
+    reading = meter.others()
+    assert reading is not None and reading < 0.05
+    time.sleep(0.2)  # another process works 0.1 s meanwhile
+    write(1000 + round(spent * ticks) + round(0.1 * ticks), round(0.2 * ticks))
+    reading = meter.others()
+    assert reading is not None and 0.2 <= reading <= 0.5  # 0.1 s over 0.2 s and a bit
+    assert CpuMeter(tmp_path / "absent").others() is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
+def test_the_meter_reads_a_busy_process() -> None:
+    meter = CpuMeter()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
         meter.others()
         time.sleep(0.6)
-        assert meter.others() > 0.6
+        reading = meter.others()
+        assert reading is not None and reading > 0.6
     finally:
         spinner.kill()
         spinner.wait()
-    assert CpuMeter(Path("/nonexistent")).others() is None
