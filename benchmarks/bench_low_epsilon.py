@@ -218,7 +218,7 @@ def svg_plot(
     no plotting library needed."""
     import math
 
-    width, height, left, right, top, bottom = 680, 400, 60, 210, 40, 50
+    width, height, left, right, top, bottom = 700, 400, 60, 230, 40, 50
     xs = [0.25, 0.5, 1, 2, 4, 6]
     lo, hi = math.log(0.2), math.log(8)
 
