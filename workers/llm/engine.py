@@ -60,7 +60,7 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,7 +254,7 @@ class ThreadGovernor:
         cpus: int | None = None,
         meter: CpuMeter | None = None,
         interval: float = 0.25,
-        clock: Any = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if most < 1:
             raise ValueError("most must be at least 1")

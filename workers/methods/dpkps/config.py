@@ -8,6 +8,7 @@ neither torch nor OpenDP. Errors name the offending field.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -167,6 +168,12 @@ LIMITS = {
 }
 
 
+def _check_choice(value: object, choices: Sequence[str], field: str) -> None:
+    """``value`` is one of ``choices``, or the error names ``field`` and lists them."""
+    if value not in choices:
+        raise ConfigError(f"must be one of {', '.join(choices)}", field=field)
+
+
 def _check_int(value: object, *, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError("must be an integer", field=name)
@@ -285,16 +292,14 @@ class GenerationConfig:
             low=1,
             high=LIMITS["vocabulary_size"],
         )
-        if self.mode not in MODES:
-            raise ConfigError(f"must be one of {', '.join(MODES)}", field="mode")
-        if self.ensemble not in ENSEMBLES:
-            raise ConfigError(f"must be one of {', '.join(ENSEMBLES)}", field="ensemble")
+        _check_choice(self.mode, MODES, "mode")
+        _check_choice(self.ensemble, ENSEMBLES, "ensemble")
         if not (isinstance(self.bandwidth, (int, float)) and math.isfinite(self.bandwidth)):
             raise ConfigError("must be a finite number", field="bandwidth")
         if self.bandwidth <= 0:
             raise ConfigError("must be > 0", field="bandwidth")
-        if self.kde_method is not None and self.kde_method not in KDE_METHODS:
-            raise ConfigError(f"must be one of {', '.join(KDE_METHODS)}", field="kde_method")
+        if self.kde_method is not None:
+            _check_choice(self.kde_method, KDE_METHODS, "kde_method")
         if self.kde_method in ("centroid", "moments") and (
             self.mode != "independent" or self.noise != "gaussian"
         ):
@@ -337,37 +342,33 @@ class GenerationConfig:
         """``vocabulary_method`` and ``kde_weighting``: known values, and the Gaussian-only
         ones with a Gaussian budget, the L2 weights with the exact kernel."""
         if self.vocabulary_method is not None:
-            if self.vocabulary_method not in VOCABULARY_METHODS:
-                raise ConfigError(
-                    f"must be one of {', '.join(VOCABULARY_METHODS)}", field="vocabulary_method"
-                )
-            if self.vocabulary_method == "threshold" and self.noise != "gaussian":
-                raise ConfigError(
-                    "the thresholded vocabulary is a Gaussian (ε, δ) release: give a total "
-                    "epsilon, delta > 0 and noise gaussian",
-                    field="vocabulary_method",
-                )
+            _check_choice(self.vocabulary_method, VOCABULARY_METHODS, "vocabulary_method")
         if self.kde_weighting is not None:
-            if self.kde_weighting not in KDE_WEIGHTINGS:
+            _check_choice(self.kde_weighting, KDE_WEIGHTINGS, "kde_weighting")
+        gaussian_only = {
+            "vocabulary_method": (
+                self.vocabulary_method == "threshold",
+                "the thresholded vocabulary is a Gaussian (ε, δ) release",
+            ),
+            "kde_weighting": (
+                self.kde_weighting == "l2",
+                "L2 document weights are bounded for Gaussian noise",
+            ),
+        }
+        for name, (chosen, why) in gaussian_only.items():
+            if chosen and self.noise != "gaussian":
                 raise ConfigError(
-                    f"must be one of {', '.join(KDE_WEIGHTINGS)}", field="kde_weighting"
+                    f"{why}: give a total epsilon, delta > 0 and noise gaussian", field=name
                 )
-            if self.kde_weighting == "l2" and self.noise != "gaussian":
-                raise ConfigError(
-                    "L2 document weights are bounded for Gaussian noise: give a total "
-                    "epsilon, delta > 0 and noise gaussian",
-                    field="kde_weighting",
-                )
-            if self.kde_weighting == "l2" and self.density_method != "exact":
-                raise ConfigError(
-                    "document weights apply to the exact kernel: give kde_method exact",
-                    field="kde_weighting",
-                )
+        if self.kde_weighting == "l2" and self.density_method != "exact":
+            raise ConfigError(
+                "document weights apply to the exact kernel: give kde_method exact",
+                field="kde_weighting",
+            )
 
     def _check_budget(self) -> None:
         """One total budget (``epsilon``, ``delta``, ``noise``, shares) or per-mechanism ε."""
-        if self.noise not in NOISES:
-            raise ConfigError(f"must be one of {', '.join(NOISES)}", field="noise")
+        _check_choice(self.noise, NOISES, "noise")
         if self.epsilon is None:
             if self.epsilon_vocab is None or self.epsilon_kde is None:
                 raise ConfigError(
