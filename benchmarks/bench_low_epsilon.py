@@ -149,11 +149,33 @@ def yelp_category_split() -> tuple[list[str], list[str], list[str], list[str]]:
     )
 
 
+def yelp_tune_split(
+    private_size: int, label: Any
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Yelp tuning: the 3,000 reviews of ``yelp_test.csv`` outside the 2,000 reported test
+    reviews (seeded shuffle; ``private_size`` private, 1,000 test). Nothing of
+    ``yelp_dev.csv`` and none of the reported test reviews."""
+    with open(DATA / "yelp_test.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    reported = {id(r) for r in random.Random(SEED).sample(rows, YELP_TEST)}
+    rest = [r for r in rows if id(r) not in reported]
+    random.Random(SEED + 1).shuffle(rest)
+    private, test = rest[:private_size], rest[-1000:]
+    return (
+        [" ".join(r["text"].split()) for r in private],
+        [label(r) for r in private],
+        [" ".join(r["text"].split()) for r in test],
+        [label(r) for r in test],
+    )
+
+
 SPLITS = {
     "ag-tune": lambda: ag_split(0, 3800),
     "ag-report": lambda: ag_split(3800, 7600),
     "yelp-small": yelp_split,
     "yelp-category": yelp_category_split,
+    "yelp-tune": lambda: yelp_tune_split(2000, _yelp_category),
+    "yelp-small-tune": lambda: yelp_tune_split(1000, _yelp_label),
 }
 
 
@@ -162,7 +184,7 @@ class Bench:
         self.split = split
         self.texts, self.labels, self.test_texts, self.test_labels = SPLITS[split]()
         # the declared label set: AG News's four topics; Yelp's categories (× five stars)
-        if split == "yelp-small":
+        if split in ("yelp-small", "yelp-small-tune"):
             categories = sorted({label.split(" / ")[0] for label in self.labels + self.test_labels})
             self.label_set = [f"{c} / {s}.0" for c in categories for s in range(1, 6)]
         else:
