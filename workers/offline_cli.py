@@ -235,7 +235,7 @@ def register(sub: Any) -> None:
         "--public-vocabulary-size",
         type=int,
         default=d["public_vocabulary_size"],
-        help=f"|Ṽ| of a public Ṽ (default {d['public_vocabulary_size']:,})",
+        help="|Ṽ| of a public Ṽ (default 30,000 with centroid or moments, else 5,000)",
     )
     eng.add_argument(
         "--temperature",

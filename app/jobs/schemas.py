@@ -152,8 +152,11 @@ class JobSpec(BaseModel):
         description="a document's weights in the exact kernel density: l1 (default) or l2 "
         "(Gaussian noise, kde_method exact)",
     )
-    public_vocabulary_size: int = Field(
-        default=_ENGINE["public_vocabulary_size"], ge=1, le=LIMITS["vocabulary_size"]
+    public_vocabulary_size: int | None = Field(
+        default=_ENGINE["public_vocabulary_size"],
+        ge=1,
+        le=LIMITS["vocabulary_size"],
+        description="|Ṽ| of a public Ṽ; default 30,000 with centroid or moments, else 5,000",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

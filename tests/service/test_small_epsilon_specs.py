@@ -138,3 +138,24 @@ def test_a_thresholded_job_is_reserved_with_its_delta_in_the_events(
     assert job["epsilon"]["charged"]["delta"] == 1e-6
     assert job["epsilon"]["charged"]["epsilon"] == pytest.approx(job["epsilon"]["requested"])
     assert job["epsilon"]["charged"]["epsilon"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "size"),
+    [
+        ({"kde_method": "centroid"}, 30_000),  # noise on 384 coordinates whatever |Ṽ| is
+        ({"kde_method": "moments"}, 30_000),
+        ({"kde_method": "exact", "vocabulary_method": "public"}, 5_000),  # noise per phrase
+        ({"kde_method": "centroid", "public_vocabulary_size": 7_000}, 7_000),
+    ],
+)
+def test_the_public_vocabulary_size_defaults_by_density_method(
+    client: TestClient, world: factories.World, overrides: dict[str, Any], size: int
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    response = _post(client, world, dataset_id, _spec(**GAUSSIAN, **overrides), dry_run="true")
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert plan["parameters"]["public_vocabulary_size"] == size
+    assert plan["parameters"]["vocabulary_method"] == "public"
+    assert f"first {size:,} phrases of the public vocabulary" in plan["method"]
