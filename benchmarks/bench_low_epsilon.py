@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,63 +110,63 @@ def ag_split(first: int, last: int) -> tuple[list[str], list[str], list[str], li
     )
 
 
-def _yelp_label(row: dict[str, str]) -> str:
+Row = dict[str, str]
+Split = tuple[list[str], list[str], list[str], list[str]]
+YELP_TUNE_TEST = 1000  # test reviews of the Yelp tuning splits
+
+
+def _yelp_label(row: Row) -> str:
     category = row["label1"].removeprefix("Business Category: ")
     stars = row["label2"].removeprefix("Review Stars: ")
     return f"{category} / {stars}"
 
 
-def yelp_split() -> tuple[list[str], list[str], list[str], list[str]]:
-    def sample(name: str, n: int) -> list[dict[str, str]]:
-        with open(DATA / name, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-        return random.Random(SEED).sample(rows, n)
-
-    private, test = sample("yelp_dev.csv", YELP_PRIVATE), sample("yelp_test.csv", YELP_TEST)
-    return (
-        [" ".join(r["text"].split()) for r in private],
-        [_yelp_label(r) for r in private],
-        [" ".join(r["text"].split()) for r in test],
-        [_yelp_label(r) for r in test],
-    )
-
-
-def _yelp_category(row: dict[str, str]) -> str:
+def _yelp_category(row: Row) -> str:
     return row["label1"].removeprefix("Business Category: ")
 
 
-def yelp_category_split() -> tuple[list[str], list[str], list[str], list[str]]:
-    """All of ``yelp_dev.csv`` private, labelled by business category; 2,000 test reviews."""
-    with open(DATA / "yelp_dev.csv", newline="", encoding="utf-8") as handle:
-        private = list(csv.DictReader(handle))
-    with open(DATA / "yelp_test.csv", newline="", encoding="utf-8") as handle:
-        test = random.Random(SEED).sample(list(csv.DictReader(handle)), YELP_TEST)
+def _yelp_rows(name: str) -> list[Row]:
+    with open(DATA / name, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _reported_test(rows: list[Row]) -> list[Row]:
+    """The 2,000 reviews of ``yelp_test.csv`` every reported Yelp split is tested on."""
+    return random.Random(SEED).sample(rows, YELP_TEST)
+
+
+def _yelp(private: list[Row], test: list[Row], label: Callable[[Row], str]) -> Split:
+    def text(row: Row) -> str:
+        return " ".join(row["text"].split())
+
     return (
-        [" ".join(r["text"].split()) for r in private],
-        [_yelp_category(r) for r in private],
-        [" ".join(r["text"].split()) for r in test],
-        [_yelp_category(r) for r in test],
+        [text(r) for r in private],
+        [label(r) for r in private],
+        [text(r) for r in test],
+        [label(r) for r in test],
     )
 
 
-def yelp_tune_split(
-    private_size: int, label: Any
-) -> tuple[list[str], list[str], list[str], list[str]]:
+def yelp_split() -> Split:
+    private = random.Random(SEED).sample(_yelp_rows("yelp_dev.csv"), YELP_PRIVATE)
+    return _yelp(private, _reported_test(_yelp_rows("yelp_test.csv")), _yelp_label)
+
+
+def yelp_category_split() -> Split:
+    """All of ``yelp_dev.csv`` private, labelled by business category; 2,000 test reviews."""
+    test = _reported_test(_yelp_rows("yelp_test.csv"))
+    return _yelp(_yelp_rows("yelp_dev.csv"), test, _yelp_category)
+
+
+def yelp_tune_split(private_size: int, label: Callable[[Row], str]) -> Split:
     """Yelp tuning: the 3,000 reviews of ``yelp_test.csv`` outside the 2,000 reported test
     reviews (seeded shuffle; ``private_size`` private, 1,000 test). Nothing of
     ``yelp_dev.csv`` and none of the reported test reviews."""
-    with open(DATA / "yelp_test.csv", newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    reported = {id(r) for r in random.Random(SEED).sample(rows, YELP_TEST)}
+    rows = _yelp_rows("yelp_test.csv")
+    reported = {id(r) for r in _reported_test(rows)}
     rest = [r for r in rows if id(r) not in reported]
     random.Random(SEED + 1).shuffle(rest)
-    private, test = rest[:private_size], rest[-1000:]
-    return (
-        [" ".join(r["text"].split()) for r in private],
-        [label(r) for r in private],
-        [" ".join(r["text"].split()) for r in test],
-        [label(r) for r in test],
-    )
+    return _yelp(rest[:private_size], rest[-YELP_TUNE_TEST:], label)
 
 
 SPLITS = {

@@ -53,6 +53,7 @@ from workers.methods.dpkps.config import (
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
     KDE_WEIGHTINGS,
+    PUBLIC_VOCABULARY_DEFAULTS,
     VOCABULARY_METHODS,
 )
 
@@ -235,7 +236,7 @@ def register(sub: Any) -> None:
         "--public-vocabulary-size",
         type=int,
         default=d["public_vocabulary_size"],
-        help="|Ṽ| of a public Ṽ (default 30,000 with centroid or moments, else 5,000)",
+        help=f"|Ṽ| of a public Ṽ (default {PUBLIC_VOCABULARY_DEFAULTS})",
     )
     eng.add_argument(
         "--temperature",

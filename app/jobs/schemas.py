@@ -38,6 +38,7 @@ from workers.methods.dpkps.config import (
     EPSILON_CEILING,
     EPSILON_FLOOR,
     LIMITS,
+    PUBLIC_VOCABULARY_DEFAULTS,
     GenerationConfig,
 )
 from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
@@ -156,7 +157,7 @@ class JobSpec(BaseModel):
         default=_ENGINE["public_vocabulary_size"],
         ge=1,
         le=LIMITS["vocabulary_size"],
-        description="|Ṽ| of a public Ṽ; default 30,000 with centroid or moments, else 5,000",
+        description=f"|Ṽ| of a public Ṽ; default {PUBLIC_VOCABULARY_DEFAULTS}",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

@@ -46,6 +46,10 @@ VOCABULARY_METHODS = ("histogram", "threshold", "public")
 # runs each); the exact kernel puts noise on every phrase, and more phrases was worse.
 PUBLIC_VOCABULARY_SIZE = {"centroid": 30_000, "moments": 30_000}
 PUBLIC_VOCABULARY_FALLBACK = 5000  # the exact kernel and random features
+PUBLIC_VOCABULARY_DEFAULTS = (  # the defaults in words, for the CLI's help and the job spec
+    ", ".join(f"{size:,} with {method}" for method, size in PUBLIC_VOCABULARY_SIZE.items())
+    + f", else {PUBLIC_VOCABULARY_FALLBACK:,}"
+)
 DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
 # A document's weights in the exact-kernel density (workers/methods/dpkps/kde.py): "l1",
 # they sum to 1; "l2", L2 norm 1 (Gaussian noise only; sensitivity λ_max of the kernel).
@@ -202,8 +206,8 @@ class GenerationConfig:
     class whatever Ṽ is, with L2 Δ = 1. τ: 0.5 / 1 / 2 / 4 gave 0.74 / 0.78 / 0.84 / 0.83
     at ε = 1. A public Ṽ of 30,000 phrases instead of 5,000 then gave 0.795 / 0.845 / 0.857
     (5 runs each), and no worse on two Yelp tuning splits. BENCHMARKS.md, "DP-KPS at small
-    ε", has every measurement. The older
-    Gaussian path stays selectable (``kde_method="exact"``: the noisy histogram then);
+    ε", has every measurement. The older Gaussian path stays selectable
+    (``kde_method="exact"``: the noisy histogram then);
     ``vocabulary_method`` selects the thresholded or public Ṽ and ``kde_weighting`` the
     L2 weights explicitly. Laplace runs keep the defaults below.
 
