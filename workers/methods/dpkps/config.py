@@ -42,13 +42,16 @@ NOISES = ("laplace", "gaussian")
 VOCABULARY_METHODS = ("histogram", "threshold", "public")
 # |Ṽ| of a public Ṽ (the most frequent phrases) by density method: class centroids and
 # moments put their noise on the embedding's coordinates, whatever |Ṽ| is, and gained from
-# 30,000 phrases on AG tune (0.857 against 0.838 at ε = 6, 0.845 against 0.831 at ε = 1, 5
-# runs each); the exact kernel puts noise on every phrase, and more phrases was worse.
-PUBLIC_VOCABULARY_SIZE = {"centroid": 30_000, "moments": 30_000}
-PUBLIC_VOCABULARY_FALLBACK = 5000  # the exact kernel and random features
-PUBLIC_VOCABULARY_DEFAULTS = (  # the defaults in words, for the CLI's help and the job spec
-    ", ".join(f"{size:,} with {method}" for method, size in PUBLIC_VOCABULARY_SIZE.items())
-    + f", else {PUBLIC_VOCABULARY_FALLBACK:,}"
+# 30,000 phrases (GenerationConfig's docstring); the exact kernel puts noise on every
+# phrase, and more phrases was worse.
+PUBLIC_VOCABULARY_SIZE = {
+    "exact": 5000,
+    "random_features": 5000,
+    "centroid": 30_000,
+    "moments": 30_000,
+}
+PUBLIC_VOCABULARY_DEFAULTS = ", ".join(  # in words, for the CLI's help and the job spec
+    f"{size:,} with {method}" for method, size in PUBLIC_VOCABULARY_SIZE.items()
 )
 DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
 # A document's weights in the exact-kernel density (workers/methods/dpkps/kde.py): "l1",
@@ -447,7 +450,7 @@ class GenerationConfig:
         :attr:`density_method`."""
         if self.public_vocabulary_size is not None:
             return self.public_vocabulary_size
-        return PUBLIC_VOCABULARY_SIZE.get(self.density_method, PUBLIC_VOCABULARY_FALLBACK)
+        return PUBLIC_VOCABULARY_SIZE[self.density_method]
 
     @property
     def vocabulary_selection(self) -> str:
