@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from benchmarks import bench_low_epsilon as bench
@@ -36,3 +38,15 @@ def test_yelp_tuning_labels_are_the_reported_label_kinds(splits) -> None:
 
 def test_ag_tune_and_report_are_disjoint(splits) -> None:
     assert not _texts(splits["ag-tune"]) & _texts(splits["ag-report"])
+
+
+def test_yelp_hospital_has_the_held_out_corpus_shape_and_reported_test_reviews(splits) -> None:
+    private, labels, test, test_labels = splits["yelp-hospital"]
+    counts = Counter(labels)
+    assert len(counts) == 24 and max(counts.values()) == 40 and min(counts.values()) >= 30
+    assert 900 <= len(private) <= 1000
+    assert set(test_labels) <= set(counts) and max(Counter(test_labels).values()) <= 40
+    assert set(test) <= set(splits["yelp-small"][2])  # the reported 2,000, never tuned on
+    assert not set(private) & set(test)
+    for name in ("yelp-tune", "yelp-small-tune"):
+        assert not _texts(splits["yelp-hospital"]) & _texts(splits[name]), name
