@@ -39,7 +39,7 @@ import random
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -173,23 +173,21 @@ def _capped(rows: list[Row], labels: list[str], cap: int, seed: int) -> list[Row
     return out
 
 
+def _hospital_labels(rows: list[Row]) -> list[str]:
+    """The ``HOSPITAL_LABELS`` most frequent category × stars labels of ``rows``."""
+    frequency = Counter(_yelp_label(row) for row in rows)
+    return sorted(frequency, key=lambda k: (-frequency[k], k))[:HOSPITAL_LABELS]
+
+
 def yelp_hospital_split() -> Split:
     """The small hospital in the shape of issue 16's held-out corpus (24 classes, about 900
     documents, a few dozen each): the 24 most frequent category × stars labels of
     ``yelp_dev.csv``, at most 40 private reviews each; tested on the reported 2,000
     reviews of ``yelp_test.csv`` of those labels, at most 40 each (never tuned on)."""
     private = _yelp_rows("yelp_dev.csv")
-    labels = hospital_labels(private)
+    labels = _hospital_labels(private)
     test = _capped(_reported_test(_yelp_rows("yelp_test.csv")), labels, HOSPITAL_CAP, SEED + 2)
     return _yelp(_capped(private, labels, HOSPITAL_CAP, SEED), test, _yelp_label)
-
-
-def hospital_labels(rows: list[Row]) -> list[str]:
-    """The ``HOSPITAL_LABELS`` most frequent category × stars labels of ``rows``."""
-    frequency: dict[str, int] = defaultdict(int)
-    for row in rows:
-        frequency[_yelp_label(row)] += 1
-    return sorted(frequency, key=lambda k: (-frequency[k], k))[:HOSPITAL_LABELS]
 
 
 def yelp_category_split() -> Split:
@@ -224,10 +222,9 @@ class Bench:
     def __init__(self, split: str) -> None:
         self.split = split
         self.texts, self.labels, self.test_texts, self.test_labels = SPLITS[split]()
-        # the declared label set: AG News's four topics; Yelp's categories (× five stars)
-        if split == "yelp-hospital":
-            self.label_set = sorted(set(self.labels))
-        elif split in ("yelp-small", "yelp-small-tune"):
+        # the declared label set: AG News's four topics; Yelp's categories (× five stars);
+        # Yelp hospital's 24 labels
+        if split in ("yelp-small", "yelp-small-tune"):
             categories = sorted({label.split(" / ")[0] for label in self.labels + self.test_labels})
             self.label_set = [f"{c} / {s}.0" for c in categories for s in range(1, 6)]
         else:
