@@ -50,6 +50,8 @@ from typing import Any
 from workers.errors import ConfigError, KeyseedError
 from workers.llm.client import LLMCosts
 from workers.methods.dpkps.config import (
+    CELLS_FROM_EPSILON,
+    DEFAULT_CELLS,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
     KDE_WEIGHTINGS,
@@ -237,6 +239,14 @@ def register(sub: Any) -> None:
         type=int,
         default=d["public_vocabulary_size"],
         help=f"|Ṽ| of a public Ṽ (default {PUBLIC_VOCABULARY_DEFAULTS})",
+    )
+    eng.add_argument(
+        "--centroid-cells",
+        type=int,
+        default=d["centroid_cells"],
+        help="cells per class with class centroids: the class sum places up to this many, "
+        f"a second release gives their sums (1: none; default {DEFAULT_CELLS} from "
+        f"--epsilon {CELLS_FROM_EPSILON:g} on, else 1)",
     )
     eng.add_argument(
         "--temperature",
@@ -508,6 +518,7 @@ def _config(args: argparse.Namespace) -> Any:
         vocabulary_method=args.vocabulary_method,
         kde_weighting=args.kde_weighting,
         public_vocabulary_size=args.public_vocabulary_size,
+        centroid_cells=args.centroid_cells,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,

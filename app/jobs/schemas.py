@@ -34,10 +34,13 @@ from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.common import MethodParams
 from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dpkps.config import (
+    CELLS_FROM_EPSILON,
+    DEFAULT_CELLS,
     DELTA_CEILING,
     EPSILON_CEILING,
     EPSILON_FLOOR,
     LIMITS,
+    MAX_CELLS,
     PUBLIC_VOCABULARY_DEFAULTS,
     GenerationConfig,
 )
@@ -158,6 +161,27 @@ class JobSpec(BaseModel):
         ge=1,
         le=LIMITS["vocabulary_size"],
         description=f"|Ṽ| of a public Ṽ; default {PUBLIC_VOCABULARY_DEFAULTS}",
+    )
+    centroid_cells: int | None = Field(
+        default=_ENGINE["centroid_cells"],
+        ge=1,
+        le=MAX_CELLS,
+        description="cells per class with kde_method centroid: the class sum places up to "
+        "this many, whose sums a second release gives (1: the class sum alone); default "
+        f"{DEFAULT_CELLS} from epsilon {CELLS_FROM_EPSILON:g} on, else 1",
+    )
+    cell_share: float = Field(
+        default=_ENGINE["cell_share"],
+        gt=0,
+        lt=1,
+        description="with cells: the class sum's share of the density's budget",
+    )
+    cell_kappa: float = Field(
+        default=_ENGINE["cell_kappa"],
+        gt=0,
+        le=1000,
+        description="with cells: a class gets as many as keep each cell's sum this many "
+        "noise norms above its noise",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

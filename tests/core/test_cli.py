@@ -488,8 +488,9 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
         (["--kde-method", "moments"], {"kde_method": "moments", "vocabulary_method": "public"}),
         (
             ["--kde-method", "centroid", "--vocabulary-method", "histogram"],
-            {"kde_method": "centroid", "vocabulary_method": "histogram"},
+            {"kde_method": "centroid", "vocabulary_method": "histogram", "centroid_cells": 1},
         ),
+        (["--centroid-cells", "3"], {"kde_method": "centroid", "centroid_cells": 3}),
     ],
 )
 def test_a_dry_run_shows_the_small_epsilon_options(
@@ -512,6 +513,11 @@ def test_a_dry_run_shows_the_small_epsilon_options(
         assert f"first {plan['parameters']['public_vocabulary_size']:,} phrases" in plan["method"]
     if plan["parameters"]["kde_weighting"] == "l2":
         assert "L2 norm 1" in plan["method"]
+    cells = [e for e in plan["events"] if e["mechanism"] == "kde_cells"]
+    if plan["parameters"]["centroid_cells"] > 1:  # a second release per class, in parallel
+        assert cells and all(e["dimension"] == 3 * 384 for e in cells)
+    else:
+        assert not cells
     assert float(plan["epsilon"]) <= 1.0
 
 

@@ -159,3 +159,41 @@ def test_the_public_vocabulary_size_defaults_by_density_method(
     assert plan["parameters"]["public_vocabulary_size"] == size
     assert plan["parameters"]["vocabulary_method"] == "public"
     assert f"first {size:,} phrases of the public vocabulary" in plan["method"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cells"),
+    [
+        ({"epsilon": 1.0}, 1),  # below ε = 4: the class sum alone, one release
+        ({"epsilon": 6.0}, 8),  # from ε = 4 on: up to 8 cells, a second release
+        ({"epsilon": 6.0, "centroid_cells": 1}, 1),
+        ({"epsilon": 1.0, "centroid_cells": 3}, 3),
+    ],
+)
+def test_a_dry_run_shows_the_cells_and_their_release(
+    client: TestClient, world: factories.World, overrides: dict[str, Any], cells: int
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    spec = _spec(**{**GAUSSIAN, **overrides})
+    response = _post(client, world, dataset_id, spec, dry_run="true")
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert plan["parameters"]["centroid_cells"] == cells
+    released = [e for e in plan["events"] if e["mechanism"] == "kde_cells"]
+    assert len(released) == (len(plan["events"]) // 2 if cells > 1 else 0)
+    assert all(e["dimension"] == cells * 384 for e in released)
+    assert float(plan["epsilon"]) <= overrides["epsilon"]
+    # the noise report names the second release beside the first
+    assert {r["mechanism"] for r in plan["noise"]} >= (
+        {"kde", "kde_cells"} if cells > 1 else {"kde"}
+    )
+
+
+def test_cells_with_another_density_are_422_naming_the_field(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    spec = _spec(**GAUSSIAN, kde_method="moments", centroid_cells=4)
+    response = _post(client, world, dataset_id, spec, dry_run="true")
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "centroid_cells"

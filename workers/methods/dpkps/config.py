@@ -27,6 +27,15 @@ EMBEDDING_DIMENSION = 384  # the packaged sentence model (all-MiniLM-L6-v2)
 # GenerationConfig docstring and BENCHMARKS.md).
 DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3, "centroid": 2.0, "moments": 2.0}
 EXACT_KERNEL_LIMIT = 20_000  # |Ṽ| for the exact kernel, computed in blocks of rows
+# Cells (class centroids only; workers/methods/dpkps/kde.py, build_cell_structures): a
+# class sum places up to K_max cells, whose sums a second release gives; chosen on the
+# tuning splits of BENCHMARKS.md ("Cells"). Below CELLS_FROM_EPSILON the default is one
+# cell (the class sum alone, one release): there, splitting a class cost accuracy.
+DEFAULT_CELLS = 8
+CELLS_FROM_EPSILON = 4.0
+MAX_CELLS = 64
+DEFAULT_CELL_SHARE = 0.3  # of the KDE's share of μ², to the first release (the class sum)
+DEFAULT_CELL_KAPPA = 1.0  # a cell's expected sum ≥ κ noise norms
 
 
 EPSILON_FLOOR = 1e-3  # per mechanism: below it a release is all noise, and a probe of one fact
@@ -98,6 +107,8 @@ def method_description(config: GenerationConfig) -> str:
             kde += " (document weights of L2 norm 1)"
     elif config.density_method == "centroid":
         kde = "the class centroids of the document embeddings (linear kernel)"
+        if config.cells > 1:
+            kde += f", each class split into up to {config.cells} cells by a second release"
     elif config.density_method == "moments":
         kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
@@ -214,6 +225,14 @@ class GenerationConfig:
     ``vocabulary_method`` selects the thresholded or public Ṽ and ``kde_weighting`` the
     L2 weights explicitly. Laplace runs keep the defaults below.
 
+    Cells (``centroid_cells``, :func:`workers.methods.dpkps.kde.build_cell_structures`):
+    from ε = 4 on, each class sum takes 0.3 of the density's μ² and places up to 8 cells
+    among its phrases; a second release gives the cells' sums, and each sequence is drawn
+    around one cell. On the tuning splits, as prototypes with fresh noise per run, they
+    gained +0.010 on AG News rows 0–3,799 at ε = 6 (8 runs each) and +0.023 / +0.018 on
+    the Yelp tuning split at ε = 4 / 6, but lost 0.02 on Yelp at ε = 1 and were neutral
+    on AG at ε = 2: hence one cell (the class sum alone) below ε = 4.
+
     The defaults were chosen by measurement on AG News (6,000 private documents, 4
     classes, ε = 1 + 5, keyphrase sequences only, classifier on sentence embeddings);
     BENCHMARKS.md has the ablation that justifies each one. In short:
@@ -273,6 +292,9 @@ class GenerationConfig:
     # None: public for centroid or moments, else histogram
     kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: "l1"
     public_vocabulary_size: int | None = None  # |Ṽ| of a public Ṽ; None: per kde_method
+    centroid_cells: int | None = None  # K_max cells per class (centroid); None: by epsilon
+    cell_share: float = DEFAULT_CELL_SHARE  # with cells: the class sum's share of the KDE's
+    cell_kappa: float = DEFAULT_CELL_KAPPA  # with cells: a cell's sum ≥ κ·σ√d (K_c's rule)
     num_features: int = 1024  # I: random Fourier features
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
     temperature: float | None = None  # τ: p ∝ clip(score)^(1/τ); None: per kde_method
@@ -323,6 +345,7 @@ class GenerationConfig:
                 field="kde_method",
             )
         self._check_vocabulary_and_weighting()
+        self._check_cells()
         if self.mode == "iterative" and self.kde_method == "exact":
             raise ConfigError(
                 "the iterative mode scores prefixes in a continuous space: random_features",
@@ -380,6 +403,24 @@ class GenerationConfig:
                 "document weights apply to the exact kernel: give kde_method exact",
                 field="kde_weighting",
             )
+
+    def _check_cells(self) -> None:
+        """``centroid_cells`` (an integer ≥ 1; more than one only with class centroids and a
+        total Gaussian budget), ``cell_share`` in (0, 1) and ``cell_kappa`` > 0."""
+        if self.centroid_cells is not None:
+            _check_int(self.centroid_cells, name="centroid_cells", low=1, high=MAX_CELLS)
+            if self.centroid_cells > 1 and (
+                self.density_method != "centroid" or self.epsilon is None
+            ):
+                raise ConfigError(
+                    "cells split class centroids: give kde_method centroid and a total "
+                    "Gaussian budget, or centroid_cells 1",
+                    field="centroid_cells",
+                )
+        _check_between(self.cell_share, field="cell_share", high=1, low_open=True)
+        if self.cell_share >= 1:
+            raise ConfigError("must be below 1 (the cells need a share)", field="cell_share")
+        _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
 
     def _check_budget(self) -> None:
         """One total budget (``epsilon``, ``delta``, ``noise``, shares) or per-mechanism ε."""
@@ -478,6 +519,16 @@ class GenerationConfig:
         return DEFAULT_TEMPERATURE[self.density_method]
 
     @property
+    def cells(self) -> int:
+        """K_max: ``centroid_cells``, or by default (class centroids, a total budget) 8
+        from ε = 4 on and 1 below it, where one cell did better (BENCHMARKS.md)."""
+        if self.centroid_cells is not None:
+            return self.centroid_cells
+        if self.density_method != "centroid" or self.epsilon is None:
+            return 1
+        return DEFAULT_CELLS if self.epsilon >= CELLS_FROM_EPSILON else 1
+
+    @property
     def uses_class_counts(self) -> bool:
         """Whether the run releases noisy class counts (a total split by them)."""
         return self.total is not None
@@ -489,6 +540,7 @@ class GenerationConfig:
         out["vocabulary_method"] = self.vocabulary_selection
         out["kde_weighting"] = self.density_weighting
         out["public_vocabulary_size"] = self.public_size
+        out["centroid_cells"] = self.cells
         return out
 
 

@@ -37,8 +37,10 @@ from workers.methods.dpkps.config import (
 from workers.methods.dpkps.features import RandomFourierFeatures
 from workers.methods.dpkps.kde import (
     CENTROID_SCALE,
+    CellMixture,
     CentroidKDE,
     ExactKernel,
+    build_cell_structures,
     build_centroid_structures,
     build_class_ensemble,
     build_exact_structures,
@@ -47,7 +49,7 @@ from workers.methods.dpkps.kde import (
     moment_scores,
     unit_vectors,
 )
-from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
+from workers.methods.dpkps.plan import CELLS, CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
 from workers.methods.dpkps.private_vocab import (
     PrivateVocabulary,
     public_vocabulary,
@@ -57,6 +59,7 @@ from workers.methods.dpkps.private_vocab import (
 from workers.methods.dpkps.proportions import allocate, noisy_class_counts
 from workers.methods.dpkps.sampling import (
     class_contrast,
+    class_shares,
     floored_bag_scores,
     floored_density,
     sample_from_scores,
@@ -264,6 +267,7 @@ def generate_sequences(
     kernel: ExactKernel | None = None
     rff: RandomFourierFeatures | None = None
     centroids: list[CentroidKDE] = []
+    mixtures: list[CellMixture] = []
     if config.density_method == "exact":
         kernel = ExactKernel(embeddings, config.bandwidth)
     elif config.density_method in ("centroid", "moments"):
@@ -276,14 +280,22 @@ def generate_sequences(
             if config.density_method == "centroid"
             else build_moment_structures
         )
-        centroids = build(
-            [
-                (label, unit_rows[[i for i, u in enumerate(unit_labels) if u == label]])
-                for label in label_set
-            ],
-            planned=planned_event(KDE),
-        )
-        del unit_rows
+        class_rows = [
+            (label, unit_rows[[i for i, u in enumerate(unit_labels) if u == label]])
+            for label in label_set
+        ]
+        centroids = build(class_rows, planned=planned_event(KDE))
+        if config.cells > 1:  # a second release: each class's units in its cells
+            mixtures = build_cell_structures(
+                class_rows,
+                centroids,
+                embeddings.to(torch.float64).cpu().numpy(),
+                planned=planned_event(CELLS),
+                max_cells=config.cells,
+                kappa=config.cell_kappa,
+                seed=config.seed,
+            )
+        del unit_rows, class_rows
     else:
         rff = RandomFourierFeatures(
             dim=embeddings.shape[1],
@@ -304,6 +316,29 @@ def generate_sequences(
             SyntheticSequence(label, tuple(phrases[i] for i in row)) for row in drawn.tolist()
         )
 
+    def emit_cells(label: str, mixture: CellMixture, share: torch.Tensor) -> None:
+        """Sequences of one class from its cells: how many from each by the cells' weights,
+        then each cell's scores weighted by the class's share of every phrase."""
+        weights = torch.as_tensor(mixture.weights, dtype=torch.float64)
+        picks = torch.multinomial(weights, wanted[label], replacement=True, generator=generator)
+        per_cell = torch.bincount(picks, minlength=len(weights)).tolist()
+        for k, count in enumerate(per_cell):
+            if not count:
+                continue
+            cell = CentroidKDE(label, mixture.directions[k], mixture.event)
+            scores = centroid_scores(cell, embeddings, scale=CENTROID_SCALE)
+            emit(
+                label,
+                sample_from_scores(
+                    scores * share.to(scores.dtype),
+                    count=count,
+                    length=config.sequence_length,
+                    temperature=config.sampling_temperature,
+                    generator=generator,
+                    distinct=config.distinct,
+                ),
+            )
+
     bag_scores: list[torch.Tensor] = []
     exact_structures = (
         build_exact_structures(
@@ -320,7 +355,11 @@ def generate_sequences(
         if centroids:
             events.append(centroids[n].event)
             score = centroid_scores if config.density_method == "centroid" else moment_scores
-            bag_scores.append(score(centroids[n], embeddings, scale=CENTROID_SCALE))
+            released = centroids[n]
+            if mixtures:  # the class sum, both releases combined
+                events.append(mixtures[n].event)
+                released = CentroidKDE(label, mixtures[n].total, released.event)
+            bag_scores.append(score(released, embeddings, scale=CENTROID_SCALE))
             report_progress("dp_kde", (n + 1) / len(label_set))
             continue
         if kernel is not None:
@@ -369,9 +408,14 @@ def generate_sequences(
     if bag_scores:
         # Independent mode: every class's released scores are known, so each class can
         # favour the phrases it owns over those all classes share (post-processing).
-        weighted = class_contrast(torch.stack(bag_scores), config.class_contrast)
+        stacked = torch.stack(bag_scores)
+        weighted = class_contrast(stacked, config.class_contrast)
+        shares = class_shares(stacked, config.class_contrast) if mixtures else None
         for n, label in enumerate(label_set):
-            if wanted[label]:
+            if mixtures and wanted[label]:
+                assert shares is not None
+                emit_cells(label, mixtures[n], shares[n])
+            elif wanted[label]:
                 emit(
                     label,
                     sample_from_scores(

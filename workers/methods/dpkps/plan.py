@@ -17,12 +17,16 @@ mechanism           Laplace (pure ε)      Gaussian (ε, δ)      dimension, par
 ``vocabulary``      discrete, L1 Δ = S    L2 Δ = √S            |V|, whole corpus
 ``class_counts``    discrete, L1 Δ = 1    L2 Δ = 1             #labels, whole corpus
 ``kde``             L1 (see below)        L2 (see below)       per class, in parallel
+``kde_cells``       –                     L2 Δ = 1             K_max·384, per class
 ==================  ====================  ===================  =====================
 
 A public Ṽ (``vocabulary_method = "public"``) makes no ``vocabulary`` release. Class
 centroids (``kde_method = "centroid"``, Gaussian only) release per class the sum of the
 units' document embeddings, L2 Δ = 1 in 384 coordinates; ``"moments"`` adds the upper
 triangle of the sum of their outer products, L2 Δ = √2 (:mod:`workers.methods.dpkps.kde`).
+With cells (``centroid_cells`` > 1, by default from ε = 4 on) the class sum takes
+``cell_share`` of the KDE's share and a second release, ``kde_cells``, the rest: each
+unit's vector in the one cell of its class that the first release placed nearest it.
 
 The KDE's sensitivity is c·I (L1) or c·√I (L2) for random features, known here; for the
 exact kernel it is the largest column sum (L1) or column norm (L2) of the kernel on Ṽ,
@@ -67,6 +71,7 @@ from workers.privacy.calibration import PlannedMechanism, split_budget
 from workers.privacy.events import PrivacyEvent
 
 VOCABULARY, CLASS_COUNTS, KDE = "vocabulary", "class_counts", "kde"
+CELLS = "kde_cells"  # the second release of class centroids with cells
 RELATIVE_TOLERANCE = 1e-9  # planned against realised noise per unit of sensitivity
 # Share of the run's δ spent on the vocabulary threshold (a phrase of the added unit alone
 # crossing it); the Gaussians get the rest. T grows like √(2 ln(S/δ_thr)): halving δ_thr
@@ -126,6 +131,21 @@ def _mechanisms(
             )
         )
     exact = config.density_method == "exact"
+    kde_share = float(config.epsilon_kde if per else config.share_kde)  # type: ignore[arg-type]
+    cells = config.cells
+    if cells > 1:  # the class sum takes cell_share of the KDE's share, the cells the rest
+        out.append(
+            PlannedMechanism(
+                mechanism=CELLS,
+                noise="gaussian",
+                sensitivity=1.0,  # a unit is in one cell of one class
+                norm="l2",
+                dimension=cells * EMBEDDING_DIMENSION,
+                share=kde_share * (1.0 - config.cell_share),
+                partitions=tuple(label_set),
+            )
+        )
+        kde_share *= config.cell_share
     out.append(
         PlannedMechanism(
             mechanism=KDE,
@@ -141,7 +161,7 @@ def _mechanisms(
                 if config.density_method == "moments"
                 else config.num_features
             ),
-            share=float(config.epsilon_kde if per else config.share_kde),  # type: ignore[arg-type]
+            share=kde_share,
             count=kde_structures(config),
             partitions=tuple(label_set),
         )

@@ -232,6 +232,22 @@ def floored_density(kde: ExactKDE, *, noise_floor: float) -> torch.Tensor:
     return (torch.as_tensor(kde.noisy_density, dtype=torch.float64) - floor).clamp_min(0.0)
 
 
+def class_shares(scores: torch.Tensor, power: float) -> torch.Tensor:
+    """``π_c(v)^power`` of :func:`class_contrast`: the factor it puts on each score, for
+    scores that refine a class's (its cells' directions). Post-processing.
+
+    >>> s = torch.tensor([[4.0, 4.0, 0.0], [4.0, 0.0, 4.0]])
+    >>> class_shares(s, 1.0).tolist()
+    [[0.5, 1.0, 0.0], [0.5, 0.0, 1.0]]
+    """
+    power = check_class_contrast(power)
+    s = scores.clamp_min(0.0).to(torch.float64)
+    tiny = torch.finfo(s.dtype).tiny
+    rel = s / s.sum(dim=1, keepdim=True).clamp_min(tiny)
+    share = rel / rel.sum(dim=0, keepdim=True).clamp_min(tiny)
+    return share.pow(power) if power else torch.ones_like(share)
+
+
 def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
     """Weight each class's clipped scores by how much of a phrase's mass is that class's.
 
@@ -246,16 +262,12 @@ def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
     >>> class_contrast(s, 1.0).tolist()
     [[2.0, 4.0, 0.0], [2.0, 0.0, 4.0]]
     """
-    power = check_class_contrast(power)
-    if power == 0:
+    if check_class_contrast(power) == 0:
         return scores
-    s = scores.clamp_min(0.0).to(torch.float64)
     # Entries are ≥ 0, so a zero row or column sum has only zeros above it: dividing by
-    # a tiny positive number instead leaves them 0.
-    tiny = torch.finfo(s.dtype).tiny
-    rel = s / s.sum(dim=1, keepdim=True).clamp_min(tiny)
-    share = rel / rel.sum(dim=0, keepdim=True).clamp_min(tiny)
-    return (s * share.pow(power)).to(scores.dtype)
+    # a tiny positive number instead (in class_shares) leaves them 0.
+    s = scores.clamp_min(0.0).to(torch.float64)
+    return (s * class_shares(scores, power)).to(scores.dtype)
 
 
 def sample_from_scores(
