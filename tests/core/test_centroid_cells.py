@@ -33,6 +33,7 @@ from workers.methods.dpkps.kde import (
 )
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.privacy.accountant import compose
+from workers.privacy.events import PrivacyEvent
 
 LABELS = ["a", "b", "c"]
 
@@ -111,12 +112,22 @@ def two_topics(rng: np.random.Generator, per: int) -> tuple[np.ndarray, np.ndarr
     return rows, phrases
 
 
+def releases(
+    rows: np.ndarray, multiplier: float, cells: int
+) -> tuple[list[CentroidKDE], PrivacyEvent]:
+    """The first release of ``rows`` (one class "a"), and the planned cells' release."""
+    first_event = planned("gaussian", 1.0, multiplier=multiplier, dimension=8, mechanism=KDE)
+    first = build_centroid_structures([("a", rows)], planned=first_event)
+    dimension = cells * 8
+    return first, planned(
+        "gaussian", 1.0, multiplier=multiplier, dimension=dimension, mechanism=CELLS
+    )
+
+
 def test_cells_find_the_directions_a_class_takes_and_keep_its_sum() -> None:
     rng = np.random.default_rng(0)
     rows, phrases = two_topics(rng, per=30)
-    tiny = planned("gaussian", 1.0, multiplier=1e-6, dimension=8, mechanism=KDE)
-    first = build_centroid_structures([("a", rows)], planned=tiny)
-    cells_event = planned("gaussian", 1.0, multiplier=1e-6, dimension=2 * 8, mechanism=CELLS)
+    first, cells_event = releases(rows, 1e-6, cells=2)
     (mixture,) = build_cell_structures(
         [("a", rows)], first, phrases, planned=cells_event, max_cells=2, kappa=1.0, seed=0
     )
@@ -154,9 +165,7 @@ def test_one_cell_combines_both_releases_into_the_class_sum() -> None:
 def test_a_unit_moves_the_cells_release_by_at_most_one() -> None:
     rng = np.random.default_rng(2)
     rows, phrases = two_topics(rng, per=20)
-    tiny = planned("gaussian", 1.0, multiplier=1e-9, dimension=8, mechanism=KDE)
-    first = build_centroid_structures([("a", rows)], planned=tiny)
-    cells_event = planned("gaussian", 1.0, multiplier=1e-9, dimension=3 * 8, mechanism=CELLS)
+    first, cells_event = releases(rows, 1e-9, cells=3)
 
     def release(data: np.ndarray) -> np.ndarray:
         (m,) = build_cell_structures(
