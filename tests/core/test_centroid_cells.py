@@ -195,21 +195,12 @@ def test_cells_need_gaussian_noise_and_the_first_release_of_the_same_class() -> 
 
 
 def test_a_run_with_cells_makes_the_planned_releases_within_its_budget() -> None:
-    from tests.core.test_pipeline import TOPICS, corpus
-    from workers.methods.dpkps.pipeline import generate_sequences
-    from workers.text.embeddings import SentenceEmbedder
-    from workers.text.vocabulary import Vocabulary
+    from tests.core.test_pipeline import TOPICS, run_on_topics
 
     cfg = config(
         public_vocabulary_size=16, sequence_length=3, per_class=12, centroid_cells=3, cell_kappa=0.1
     )
-    phrases = [w for words in TOPICS.values() for w in words] + ["zz unrelated"]
-    vocabulary = Vocabulary.from_phrases("t", phrases)
-    texts, labels = corpus(per_class=30)
-    result = generate_sequences(
-        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg,
-        embedder=SentenceEmbedder(),
-    )  # fmt: skip
+    result, _ = run_on_topics(cfg, per_class=30)
     assert result.report.as_planned and float(result.report.epsilon) <= 6.0
     assert [e.mechanism for e in result.report.events].count(CELLS) == len(TOPICS)
     assert len(result.sequences) == 12 * len(TOPICS)

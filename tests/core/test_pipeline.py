@@ -44,6 +44,19 @@ def corpus(per_class: int = 40, seed: int = 0) -> tuple[list[str], list[str]]:
     return texts, labels
 
 
+def run_on_topics(cfg: GenerationConfig, *, per_class: int) -> tuple[Any, Vocabulary]:
+    """A run on :func:`corpus` over a vocabulary of the topics' phrases and one unrelated
+    phrase; the result and that vocabulary."""
+    phrases = [w for words in TOPICS.values() for w in words] + ["zz unrelated"]
+    vocabulary = Vocabulary.from_phrases("t", phrases)
+    texts, labels = corpus(per_class=per_class)
+    result = generate_sequences(
+        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg,
+        embedder=SentenceEmbedder(),
+    )  # fmt: skip
+    return result, vocabulary
+
+
 @pytest.fixture(scope="module")
 def vocabulary() -> Vocabulary:
     phrases = [p for words in TOPICS.values() for p in words] + FILLER

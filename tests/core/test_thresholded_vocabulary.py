@@ -351,10 +351,7 @@ def test_all_classes_in_one_pass_release_each_class_density() -> None:
 
 
 def test_a_public_vocabulary_is_no_release() -> None:
-    from tests.core.test_pipeline import TOPICS, corpus
-    from workers.methods.dpkps.pipeline import generate_sequences
-    from workers.text.embeddings import SentenceEmbedder
-    from workers.text.vocabulary import Vocabulary
+    from tests.core.test_pipeline import TOPICS, run_on_topics
 
     cfg = gaussian_config(
         vocabulary_method="public",
@@ -368,13 +365,7 @@ def test_a_public_vocabulary_is_no_release() -> None:
     p = plan(cfg, list(TOPICS), 1000)
     assert {e.mechanism for e in p.events} == {"kde"}
     assert p.threshold_delta == 0 and p.epsilon <= Decimal(1)
-    phrases = [w for words in TOPICS.values() for w in words] + ["zz unrelated"] * 1
-    vocabulary = Vocabulary.from_phrases("t", phrases)
-    texts, labels = corpus(per_class=20)
-    result = generate_sequences(
-        texts, labels, label_set=list(TOPICS), vocabulary=vocabulary, config=cfg,
-        embedder=SentenceEmbedder(),
-    )  # fmt: skip
+    result, vocabulary = run_on_topics(cfg, per_class=20)
     assert result.report.as_planned and float(result.report.epsilon) <= 1.0
     assert {e.mechanism for e in result.report.events} == {"kde"}
     assert result.private_vocabulary == list(vocabulary.phrases[:15])

@@ -667,10 +667,10 @@ def cell_centres(
     """``count`` unit centres: spherical k-means of the ``candidates`` phrases whose public
     embeddings are nearest ``direction`` (a released class sum), seeded (public)."""
     unit = direction / max(float(np.linalg.norm(direction)), 1e-300)
-    cos = phrase_embeddings @ unit
-    near = phrase_embeddings[np.argsort(-cos, kind="stable")[: max(candidates, count)]]
     if count == 1:
         return unit[None, :]
+    cos = phrase_embeddings @ unit
+    near = phrase_embeddings[np.argsort(-cos, kind="stable")[: max(candidates, count)]]
     rng = np.random.default_rng(seed)
     centres = near[rng.choice(len(near), count, replace=False)]
     for _ in range(CELL_ITERATIONS):
@@ -699,6 +699,7 @@ def build_cell_structures(
     release ``first`` (same order as ``classes``), plus Gaussian noise (L2 Δ = 1)."""
     if planned.norm != "l2":
         raise ConfigError("cells take Gaussian noise", field="centroid_cells")
+    sigma_cells = planned.scale / planned.sensitivity  # the cells' noise at Δ = 1
     out = []
     for n, ((label, given), released) in enumerate(zip(classes, first, strict=True)):
         if released.label != label:
@@ -706,15 +707,12 @@ def build_cell_structures(
         rows = _within_unit_ball(given)
         d = released.noisy_sum.size
         sigma_first = released.event.scale
-        sigma_cells = planned.scale / planned.sensitivity  # its noise at Δ = 1
         count = cell_count(
             released.noisy_sum, sigma_first, sigma_cells, max_cells=max_cells, kappa=kappa
         )
         centres = cell_centres(released.noisy_sum, phrase_embeddings, count, seed=seed + n)
-        raw = np.zeros((max_cells, d))
-        if len(rows):
-            nearest = (rows @ centres.T).argmax(axis=1)
-            np.add.at(raw, nearest, rows)
+        raw = np.zeros((max_cells, d))  # an empty class adds nothing: no branch on its size
+        np.add.at(raw, (rows @ centres.T).argmax(axis=1), rows)
         noisy, event = _release(raw.ravel(), 1.0, planned, label, "cells")
         del raw, rows
         cells = noisy.reshape(max_cells, d)[:count]
