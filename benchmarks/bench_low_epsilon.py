@@ -18,6 +18,10 @@ Splits (tuning kept disjoint from what is reported):
   labels of ``yelp_dev.csv``, at most 40 private reviews each (957 in all), tested on the
   reviews of those labels among ``yelp-small``'s 2,000 test reviews, at most 40 each (704).
   Reported, never tuned on.
+* ``yelp-hospital-tune``: a tuning split in the small hospital's shape from the 3,000
+  Yelp tuning reviews (``yelp_test.csv`` outside the reported 2,000): the 20 most frequent
+  category × stars labels there, 20 private reviews each, the rest (at most 40 a label)
+  as test. The label-name prior was chosen here.
 * ``yelp-category``: issue 16's "Yelp business categories": all 5,000 reviews of
   ``yelp_dev.csv`` private, labelled by business category (``label1``, 10 classes), tested
   on 2,000 reviews of ``yelp_test.csv`` (the same seeded sample as ``yelp-small``); noisy
@@ -207,6 +211,33 @@ def yelp_tune_split(private_size: int, label: Callable[[Row], str]) -> Split:
     return _yelp(rest[:private_size], rest[-YELP_TUNE_TEST:], label)
 
 
+TUNE_HOSPITAL_LABELS, TUNE_HOSPITAL_PRIVATE = 20, 20
+
+
+def yelp_hospital_tune_split() -> Split:
+    """A tuning split in the small hospital's shape (balanced classes of a few dozen, 20
+    labels) from the 3,000 Yelp tuning reviews only: the 20 most frequent category × stars
+    labels there (each has at least 31 reviews), ``TUNE_HOSPITAL_PRIVATE`` private reviews
+    each (seeded), the rest of each label, at most ``HOSPITAL_CAP``, as test. Its classes
+    are half the reported ones' size, so its noise at a given ε is that of a 40-review
+    class at half the ε."""
+    rows = _yelp_rows("yelp_test.csv")
+    reported = {id(r) for r in _reported_test(rows)}
+    rest = [r for r in rows if id(r) not in reported]
+    labels = _hospital_labels(rest)[:TUNE_HOSPITAL_LABELS]
+    rng = random.Random(SEED + 3)
+    private: list[Row] = []
+    test: list[Row] = []
+    for label in labels:
+        mine = [r for r in rest if _yelp_label(r) == label]
+        rng.shuffle(mine)
+        private += mine[:TUNE_HOSPITAL_PRIVATE]
+        test += mine[TUNE_HOSPITAL_PRIVATE : TUNE_HOSPITAL_PRIVATE + HOSPITAL_CAP]
+    rng.shuffle(private)
+    rng.shuffle(test)
+    return _yelp(private, test, _yelp_label)
+
+
 SPLITS = {
     "ag-tune": lambda: ag_split(0, 3800),
     "ag-report": lambda: ag_split(3800, 7600),
@@ -215,6 +246,7 @@ SPLITS = {
     "yelp-hospital": yelp_hospital_split,
     "yelp-tune": lambda: yelp_tune_split(2000, _yelp_category),
     "yelp-small-tune": lambda: yelp_tune_split(1000, _yelp_label),
+    "yelp-hospital-tune": yelp_hospital_tune_split,
 }
 
 

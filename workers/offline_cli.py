@@ -52,6 +52,7 @@ from workers.llm.client import LLMCosts
 from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
+    DEFAULT_LABEL_PRIOR,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
     KDE_WEIGHTINGS,
@@ -247,6 +248,14 @@ def register(sub: Any) -> None:
         help="cells per class with class centroids: the class sum places up to this many, "
         f"a second release gives their sums (1: none; default {DEFAULT_CELLS} from "
         f"--epsilon {CELLS_FROM_EPSILON:g} on, else 1)",
+    )
+    eng.add_argument(
+        "--label-prior",
+        type=float,
+        default=d["label_prior"],
+        help="with class centroids: how far the declared label names pull each class's "
+        f"released direction when the released sums agree with them (0: off; default "
+        f"{DEFAULT_LABEL_PRIOR:g})",
     )
     eng.add_argument(
         "--temperature",
@@ -519,6 +528,7 @@ def _config(args: argparse.Namespace) -> Any:
         kde_weighting=args.kde_weighting,
         public_vocabulary_size=args.public_vocabulary_size,
         centroid_cells=args.centroid_cells,
+        label_prior=args.label_prior,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,

@@ -41,6 +41,7 @@ from workers.methods.dpkps.config import (
     EPSILON_FLOOR,
     LIMITS,
     MAX_CELLS,
+    MAX_LABEL_PRIOR,
     PUBLIC_VOCABULARY_DEFAULTS,
     GenerationConfig,
 )
@@ -182,6 +183,14 @@ class JobSpec(BaseModel):
         le=1000,
         description="with cells: a class gets as many as keep each cell's sum this many "
         "noise norms above its noise",
+    )
+    label_prior: float = Field(
+        default=_ENGINE["label_prior"],
+        ge=0,
+        le=MAX_LABEL_PRIOR,
+        description="with kde_method centroid: how far the declared label names' embeddings "
+        "pull each class's released direction, in noise-matched units, when the released "
+        "sums agree with them (0: off)",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

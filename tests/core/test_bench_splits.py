@@ -50,3 +50,19 @@ def test_yelp_hospital_has_the_held_out_corpus_shape_and_reported_test_reviews(s
     assert not set(private) & set(test)
     for name in ("yelp-tune", "yelp-small-tune"):
         assert not _texts(splits["yelp-hospital"]) & _texts(splits[name]), name
+
+
+def test_the_hospital_tuning_split_is_small_balanced_and_apart_from_what_is_reported(
+    splits,
+) -> None:
+    private, labels, test, test_labels = splits["yelp-hospital-tune"]
+    counts = Counter(labels)
+    assert len(counts) == 20 and set(counts.values()) == {20}
+    assert set(test_labels) <= set(counts) and max(Counter(test_labels).values()) <= 40
+    assert not set(private) & set(test)
+    reported = (
+        _texts(splits["yelp-small"])
+        | _texts(splits["yelp-category"])
+        | _texts(splits["yelp-hospital"])
+    )
+    assert not _texts(splits["yelp-hospital-tune"]) & reported

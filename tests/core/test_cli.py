@@ -491,6 +491,8 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
             {"kde_method": "centroid", "vocabulary_method": "histogram", "centroid_cells": 1},
         ),
         (["--centroid-cells", "3"], {"kde_method": "centroid", "centroid_cells": 3}),
+        ([], {"label_prior": 0.5}),
+        (["--label-prior", "0"], {"kde_method": "centroid", "label_prior": 0.0}),
     ],
 )
 def test_a_dry_run_shows_the_small_epsilon_options(

@@ -197,3 +197,18 @@ def test_cells_with_another_density_are_422_naming_the_field(
     response = _post(client, world, dataset_id, spec, dry_run="true")
     assert response.status_code == 422, response.text
     assert response.json()["field"] == "centroid_cells"
+
+
+@pytest.mark.parametrize("value, status", [(0.0, 200), (2.0, 200), (-1.0, 422), (101.0, 422)])
+def test_the_label_prior_is_a_job_option_and_a_bad_one_names_its_field(
+    client: TestClient, world: factories.World, value: float, status: int
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    response = _post(
+        client, world, dataset_id, _spec(**GAUSSIAN, label_prior=value), dry_run="true"
+    )
+    assert response.status_code == status, response.text
+    if status == 200:
+        assert response.json()["parameters"]["label_prior"] == value
+    else:
+        assert response.json()["field"] == "label_prior"
