@@ -200,13 +200,17 @@ def yelp_category_split() -> Split:
     return _yelp(_yelp_rows("yelp_dev.csv"), test, _yelp_category)
 
 
-def yelp_tune_split(private_size: int, label: Callable[[Row], str]) -> Split:
-    """Yelp tuning: the 3,000 reviews of ``yelp_test.csv`` outside the 2,000 reported test
-    reviews (seeded shuffle; ``private_size`` private, 1,000 test). Nothing of
-    ``yelp_dev.csv`` and none of the reported test reviews."""
+def _tuning_rows() -> list[Row]:
+    """The 3,000 reviews of ``yelp_test.csv`` outside the 2,000 reported test reviews."""
     rows = _yelp_rows("yelp_test.csv")
     reported = {id(r) for r in _reported_test(rows)}
-    rest = [r for r in rows if id(r) not in reported]
+    return [r for r in rows if id(r) not in reported]
+
+
+def yelp_tune_split(private_size: int, label: Callable[[Row], str]) -> Split:
+    """Yelp tuning: the 3,000 tuning reviews (seeded shuffle; ``private_size`` private,
+    1,000 test). Nothing of ``yelp_dev.csv`` and none of the reported test reviews."""
+    rest = _tuning_rows()
     random.Random(SEED + 1).shuffle(rest)
     return _yelp(rest[:private_size], rest[-YELP_TUNE_TEST:], label)
 
@@ -221,9 +225,7 @@ def yelp_hospital_tune_split() -> Split:
     each (seeded), the rest of each label, at most ``HOSPITAL_CAP``, as test. Its classes
     are half the reported ones' size, so its noise at a given ε is that of a 40-review
     class at half the ε."""
-    rows = _yelp_rows("yelp_test.csv")
-    reported = {id(r) for r in _reported_test(rows)}
-    rest = [r for r in rows if id(r) not in reported]
+    rest = _tuning_rows()
     labels = _hospital_labels(rest)[:TUNE_HOSPITAL_LABELS]
     rng = random.Random(SEED + 3)
     private: list[Row] = []

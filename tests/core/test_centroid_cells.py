@@ -160,6 +160,8 @@ def test_one_cell_combines_both_releases_into_the_class_sum() -> None:
         errors_total.append(np.sum((mixture.total - rows.sum(axis=0)) ** 2))
     # two equal-noise measurements averaged: half the squared error of one
     assert np.mean(errors_total) / np.mean(errors_first) == pytest.approx(0.5, abs=0.08)
+    # and the mixture carries that combined noise: σ² / 2 per coordinate
+    assert mixture.total_scale == pytest.approx(sigma / np.sqrt(2.0))
 
 
 def test_a_unit_moves_the_cells_release_by_at_most_one() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import DEFAULT_LABEL_PRIOR, GenerationConfig
 from workers.methods.dpkps.kde import (
@@ -25,6 +26,7 @@ from workers.methods.dpkps.kde import (
     prior_strength,
     with_label_prior,
 )
+from workers.methods.dpkps.plan import CELLS
 
 D = 384
 
@@ -87,23 +89,15 @@ def test_cells_take_the_prior_by_their_own_noise() -> None:
     name = unit_rows(rng, 1)[0]
     total = rng.normal(0.0, 1.0, D) + 100 * name
     cells = rng.normal(0.0, 2.0, (3, D)) + 30 * name
-    mixture = CellMixture("a", cells, np.full(3, 1 / 3), total, event=_event(2.0))
-    out = cells_with_label_prior(mixture, name, 3.0, 0.5)
-    sigma_total = (3.0**-2 + 1 / (3 * 2.0**2)) ** -0.5
+    event = planned("gaussian", 1.0, multiplier=2.0, dimension=3 * D, mechanism=CELLS)
+    sigma_total = (3.0**-2 + 1 / (3 * 2.0**2)) ** -0.5  # σ₁ = 3 and three cells of σ₂ = 2
+    mixture = CellMixture("a", cells, np.full(3, 1 / 3), total, event, sigma_total)
+    out = cells_with_label_prior(mixture, name, 0.5)
     assert np.allclose(out.total, with_label_prior(total, name, sigma_total, 0.5))
     assert np.allclose(out.directions[1], with_label_prior(cells[1], name, 2.0, 0.5))
-    one = CellMixture("a", total[None, :], np.ones(1), total, event=_event(2.0))
-    single = cells_with_label_prior(one, name, 3.0, 0.5)
+    one = CellMixture("a", total[None, :], np.ones(1), total, event, sigma_total)
+    single = cells_with_label_prior(one, name, 0.5)
     assert np.array_equal(single.directions[0], single.total)
-
-
-def _event(scale: float) -> Any:
-    class Event:  # only the scale is read
-        pass
-
-    event = Event()
-    event.scale = scale  # type: ignore[attr-defined]
-    return event
 
 
 @pytest.mark.parametrize("value", [-0.1, 101.0, float("nan"), "a"])

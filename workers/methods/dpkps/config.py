@@ -38,7 +38,7 @@ DEFAULT_CELL_SHARE = 0.3  # of the KDE's share of μ², to the first release (th
 DEFAULT_CELL_KAPPA = 1.0  # a cell's expected sum ≥ κ noise norms
 # The declared label names as a prior for each class's direction (class centroids only;
 # kde.py, with_label_prior): κ of w = κ·g·σ²·d/ŝ, chosen on a tuning split in the small
-# hospital's shape (BENCHMARKS.md, "Label names as a prior"); 0 turns it off.
+# hospital's shape (BENCHMARKS.md, "The declared label names as a prior"); 0 turns it off.
 DEFAULT_LABEL_PRIOR = 0.5
 MAX_LABEL_PRIOR = 100.0
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -627,6 +627,7 @@ class CellMixture:
     weights: NDArray[np.float64]  # K_c, summing to 1
     total: NDArray[np.float64]  # the class sum, both releases combined
     event: PrivacyEvent
+    total_scale: float  # the combined class sum's noise σ per coordinate
 
 
 def signal_norm(noisy: NDArray[np.float64], sigma: float) -> float:
@@ -719,13 +720,14 @@ def build_cell_structures(
         # both releases measure the class sum: inverse-variance weights
         w_first, w_cells = sigma_first**-2, 1.0 / (count * event.scale**2)
         total = (released.noisy_sum * w_first + cells.sum(axis=0) * w_cells) / (w_first + w_cells)
+        total_scale = (w_first + w_cells) ** -0.5
         if count == 1:
             directions, weights = total[None, :], np.ones(1)
         else:
             norms = np.array([signal_norm(c, event.scale) for c in cells])
             weights = norms / norms.sum() if norms.sum() > 0 else np.full(count, 1.0 / count)
             directions = cells
-        out.append(CellMixture(label, directions, weights, total, event))
+        out.append(CellMixture(label, directions, weights, total, event, total_scale))
     return out
 
 
@@ -803,22 +805,40 @@ def with_label_prior(
 
 
 def cells_with_label_prior(
-    mixture: CellMixture,
-    name: NDArray[np.float64],
-    sigma_first: float,
-    strength: float,
+    mixture: CellMixture, name: NDArray[np.float64], strength: float
 ) -> CellMixture:
     """A class's cells and combined sum, each pulled towards its name by its own noise:
-    the cells by the second release's σ₂, the class sum by both releases' combined
-    σ = (σ₁⁻² + 1/(K·σ₂²))^(−½)."""
-    sigma_cells = mixture.event.scale
-    count = len(mixture.directions)
-    sigma_total = (sigma_first**-2 + 1.0 / (count * sigma_cells**2)) ** -0.5
-    total = with_label_prior(mixture.total, name, sigma_total, strength)
-    if count == 1:  # the one cell is the class sum
+    the cells by the second release's σ₂, the class sum by both releases' combined σ."""
+    total = with_label_prior(mixture.total, name, mixture.total_scale, strength)
+    if len(mixture.directions) == 1:  # the one cell is the class sum
         directions = total[None, :]
     else:
         directions = np.stack(
-            [with_label_prior(c, name, sigma_cells, strength) for c in mixture.directions]
+            [with_label_prior(c, name, mixture.event.scale, strength) for c in mixture.directions]
         )
-    return CellMixture(mixture.label, directions, mixture.weights, total, mixture.event)
+    return replace(mixture, directions=directions, total=total)
+
+
+def apply_label_prior(
+    centroids: Sequence[CentroidKDE],
+    mixtures: Sequence[CellMixture],
+    names: NDArray[np.float64],
+    *,
+    kappa: float,
+) -> tuple[list[CentroidKDE], list[CellMixture]]:
+    """Every class's released direction (its cells and combined sum when there are cells)
+    pulled towards its name's unit embedding (``names``, one row per class, same order), by
+    a strength gated on how far the first releases agree with the names: post-processing."""
+    sigma_first = centroids[0].event.scale
+    strength = prior_strength(
+        kappa, name_agreement(np.stack([c.noisy_sum for c in centroids]), names, sigma_first)
+    )
+    if mixtures:
+        return list(centroids), [
+            cells_with_label_prior(m, names[n], strength) for n, m in enumerate(mixtures)
+        ]
+    pulled = [
+        replace(c, noisy_sum=with_label_prior(c.noisy_sum, names[n], sigma_first, strength))
+        for n, c in enumerate(centroids)
+    ]
+    return pulled, []

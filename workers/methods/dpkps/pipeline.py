@@ -40,19 +40,16 @@ from workers.methods.dpkps.kde import (
     CellMixture,
     CentroidKDE,
     ExactKernel,
+    apply_label_prior,
     build_cell_structures,
     build_centroid_structures,
     build_class_ensemble,
     build_exact_structures,
     build_moment_structures,
-    cells_with_label_prior,
     centroid_scores,
     moment_scores,
-    name_agreement,
     name_directions,
-    prior_strength,
     unit_vectors,
-    with_label_prior,
 )
 from workers.methods.dpkps.plan import CELLS, CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
 from workers.methods.dpkps.private_vocab import (
@@ -302,28 +299,11 @@ def generate_sequences(
             )
         del unit_rows, class_rows
         if config.density_method == "centroid" and config.label_prior > 0:
-            # the declared label names as a prior (public schema, public model), weighted
-            # by how far the released sums agree with them: post-processing
+            # the declared label names as a prior (public schema, public model)
             names = name_directions(embedder.encode(label_set))
-            sigma_first = centroids[0].event.scale
-            strength = prior_strength(
-                config.label_prior,
-                name_agreement(np.stack([c.noisy_sum for c in centroids]), names, sigma_first),
+            centroids, mixtures = apply_label_prior(
+                centroids, mixtures, names, kappa=config.label_prior
             )
-            if mixtures:
-                mixtures = [
-                    cells_with_label_prior(m, names[n], sigma_first, strength)
-                    for n, m in enumerate(mixtures)
-                ]
-            else:
-                centroids = [
-                    CentroidKDE(
-                        c.label,
-                        with_label_prior(c.noisy_sum, names[n], sigma_first, strength),
-                        c.event,
-                    )
-                    for n, c in enumerate(centroids)
-                ]
     else:
         rff = RandomFourierFeatures(
             dim=embeddings.shape[1],
