@@ -71,9 +71,37 @@ def test_costs_are_recorded_when_on_result_stops_the_run(llm: FakeLLM) -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
+        run_prompts(
+            [["a"], ["b"]],
+            endpoint=llm.endpoint(),
+            spec=SPEC,
+            costs=costs,
+            on_result=stop,
+            concurrency=1,  # one worker: "b" is never started, so the count is exact
+        )
+    assert costs.calls == len(llm.chat_requests) == 1
+    assert costs.prompt_tokens == words(build_messages(["a"], SPEC))
+    assert costs.completion_tokens > 0
+
+
+def test_a_call_cut_off_by_the_stop_is_counted_though_it_may_not_have_arrived(
+    llm: FakeLLM,
+) -> None:
+    """Concurrent workers: "b" may be cancelled before or after its bytes reach the server.
+
+    ``calls`` counts every call started (the client cannot know whether a cancelled one was
+    received), so it is an upper bound on what the server saw; tokens only from completions.
+    """
+    costs = LLMCosts()
+
+    def stop(outcome: object) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
         run_prompts([["a"], ["b"]], endpoint=llm.endpoint(), spec=SPEC, costs=costs, on_result=stop)
-    assert costs.calls == len(llm.chat_requests) >= 1
-    assert costs.prompt_tokens > 0
+    assert 1 <= len(llm.chat_requests) <= costs.calls <= 2
+    answered = {words(build_messages([x], SPEC)) for x in ("a", "b")}
+    assert costs.prompt_tokens in answered | {sum(words(build_messages([x], SPEC)) for x in "ab")}
 
 
 def test_the_manifest_form_of_costs() -> None:
