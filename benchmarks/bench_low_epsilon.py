@@ -164,12 +164,18 @@ def yelp_split() -> Split:
 HOSPITAL_LABELS, HOSPITAL_CAP = 24, 40  # the shape of issue 16's held-out corpus
 
 
-def _capped(rows: list[Row], labels: list[str], cap: int, seed: int) -> list[Row]:
-    """Up to ``cap`` rows of each of ``labels`` (seeded), in a seeded order."""
-    rng = random.Random(seed)
+def _by_label(rows: list[Row]) -> dict[str, list[Row]]:
+    """``rows`` grouped by their category × stars label, each group in ``rows``' order."""
     by_label: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         by_label[_yelp_label(row)].append(row)
+    return by_label
+
+
+def _capped(rows: list[Row], labels: list[str], cap: int, seed: int) -> list[Row]:
+    """Up to ``cap`` rows of each of ``labels`` (seeded), in a seeded order."""
+    rng = random.Random(seed)
+    by_label = _by_label(rows)
     out = [
         r for label in labels for r in rng.sample(by_label[label], min(cap, len(by_label[label])))
     ]
@@ -227,11 +233,12 @@ def yelp_hospital_tune_split() -> Split:
     class at half the ε."""
     rest = _tuning_rows()
     labels = _hospital_labels(rest)[:TUNE_HOSPITAL_LABELS]
+    by_label = _by_label(rest)
     rng = random.Random(SEED + 3)
     private: list[Row] = []
     test: list[Row] = []
     for label in labels:
-        mine = [r for r in rest if _yelp_label(r) == label]
+        mine = by_label[label]
         rng.shuffle(mine)
         private += mine[:TUNE_HOSPITAL_PRIVATE]
         test += mine[TUNE_HOSPITAL_PRIVATE : TUNE_HOSPITAL_PRIVATE + HOSPITAL_CAP]

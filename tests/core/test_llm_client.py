@@ -100,8 +100,8 @@ def test_a_call_cut_off_by_the_stop_is_counted_though_it_may_not_have_arrived(
     with pytest.raises(OSError, match="disk full"):
         run_prompts([["a"], ["b"]], endpoint=llm.endpoint(), spec=SPEC, costs=costs, on_result=stop)
     assert 1 <= len(llm.chat_requests) <= costs.calls <= 2
-    answered = {words(build_messages([x], SPEC)) for x in ("a", "b")}
-    assert costs.prompt_tokens in answered | {sum(words(build_messages([x], SPEC)) for x in "ab")}
+    one = words(build_messages(["a"], SPEC))  # "b"'s prompt has as many words
+    assert costs.prompt_tokens in (one, 2 * one)  # one or both answered
 
 
 def test_the_manifest_form_of_costs() -> None:
