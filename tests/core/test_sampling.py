@@ -329,3 +329,37 @@ def test_contrast_moves_draws_towards_owned_phrases() -> None:
     assert abs(float((plain == 0).double().mean()) - 0.5) < 0.03
     assert abs(float((sharp == 0).double().mean()) - 1 / 3) < 0.03
     assert not (sharp == 2).any()
+
+
+def test_distinct_draws_are_successive_draws_without_replacement() -> None:
+    """The Gumbel top-k draws of sample_from_scores against the exact law of drawing one
+    phrase after another without replacement, p ∝ s^(1/τ): ordered pairs, then the
+    uniform order of the phrases with no positive score once the others are used up."""
+    scores = torch.tensor([4.0, 2.0, 1.0, 0.5, 0.0, -1.0], dtype=torch.float64)
+    tau, count = 0.7, 60_000
+    g = torch.Generator().manual_seed(11)
+    drawn = sample_from_scores(scores, count=count, length=6, temperature=tau, generator=g)
+    assert all(sorted(r) == list(range(6)) for r in drawn[:500].tolist())  # distinct
+    w = scores.clamp_min(0.0).pow(1.0 / tau)
+    p = (w / w.sum()).tolist()
+    chi2, cells = 0.0, 0
+    for a in range(4):
+        for b in range(4):
+            if a == b:
+                continue
+            expected = count * p[a] * p[b] / (1.0 - p[a])
+            seen = int(((drawn[:, 0] == a) & (drawn[:, 1] == b)).sum())
+            chi2 += (seen - expected) ** 2 / expected
+            cells += 1
+    # 11 degrees of freedom: P(χ² > 35) < 0.001; a law off by a few % per cell fails
+    assert chi2 < 35, chi2
+    # phrases 4 and 5 (no positive score) come last, each first of the two half the time
+    assert set(drawn[:, 4:].flatten().tolist()) == {4, 5}
+    assert abs(float((drawn[:, 4] == 4).double().mean()) - 0.5) < 0.01
+    # the old step-by-step sampler gives the same first-draw law
+    g = torch.Generator().manual_seed(12)
+    first = sample_from_scores(scores, count=count, length=1, temperature=tau, generator=g)
+    step = draw(scores.expand(count, -1), temperature=tau, generator=g)
+    for v in range(4):
+        assert abs(float((first == v).double().mean()) - p[v]) < 0.01
+        assert abs(float((step == v).double().mean()) - p[v]) < 0.01
