@@ -53,6 +53,7 @@ from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
     DEFAULT_LABEL_PRIOR,
+    DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
     KDE_WEIGHTINGS,
@@ -256,6 +257,14 @@ def register(sub: Any) -> None:
         help="with class centroids: how far the declared label names pull each class's "
         f"released direction when the released sums agree with them (0: off; default "
         f"{DEFAULT_LABEL_PRIOR:g})",
+    )
+    eng.add_argument(
+        "--sequence-selection",
+        type=int,
+        default=d["sequence_selection"],
+        help="with class centroids: draw this many times the sequences and keep those whose "
+        "phrases lie nearest their class's (or cell's) released direction (1: keep every "
+        f"draw; default {DEFAULT_SELECTION} with cells, else 1)",
     )
     eng.add_argument(
         "--temperature",
@@ -529,6 +538,7 @@ def _config(args: argparse.Namespace) -> Any:
         public_vocabulary_size=args.public_vocabulary_size,
         centroid_cells=args.centroid_cells,
         label_prior=args.label_prior,
+        sequence_selection=args.sequence_selection,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,

@@ -36,12 +36,14 @@ from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
+    DEFAULT_SELECTION,
     DELTA_CEILING,
     EPSILON_CEILING,
     EPSILON_FLOOR,
     LIMITS,
     MAX_CELLS,
     MAX_LABEL_PRIOR,
+    MAX_SELECTION,
     PUBLIC_VOCABULARY_DEFAULTS,
     GenerationConfig,
 )
@@ -191,6 +193,15 @@ class JobSpec(BaseModel):
         description="with kde_method centroid: how far the declared label names' embeddings "
         "pull each class's released direction, in noise-matched units, when the released "
         "sums agree with them (0: off)",
+    )
+    sequence_selection: int | None = Field(
+        default=_ENGINE["sequence_selection"],
+        ge=1,
+        le=MAX_SELECTION,
+        description="with kde_method centroid or moments: draw this many times the sequences "
+        "and keep those whose phrases lie nearest their class's (or cell's) released "
+        "direction (1: keep every draw); post-processing, no budget; default "
+        f"{DEFAULT_SELECTION} with cells, else 1",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

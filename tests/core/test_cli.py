@@ -493,6 +493,7 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
         (["--centroid-cells", "3"], {"kde_method": "centroid", "centroid_cells": 3}),
         ([], {"label_prior": 0.5}),
         (["--label-prior", "0"], {"kde_method": "centroid", "label_prior": 0.0}),
+        (["--sequence-selection", "3"], {"kde_method": "centroid", "sequence_selection": 3}),
     ],
 )
 def test_a_dry_run_shows_the_small_epsilon_options(

@@ -66,6 +66,7 @@ from workers.methods.dpkps.sampling import (
     floored_density,
     sample_from_scores,
     sample_iterative,
+    sample_near_direction,
 )
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
@@ -337,9 +338,12 @@ def generate_sequences(
             scores = centroid_scores(cell, embeddings, scale=CENTROID_SCALE)
             emit(
                 label,
-                sample_from_scores(
+                sample_near_direction(
                     scores * share.to(scores.dtype),
+                    embeddings,
+                    torch.as_tensor(mixture.directions[k]),
                     count=count,
+                    factor=config.selection_factor,
                     length=config.sequence_length,
                     temperature=config.sampling_temperature,
                     generator=generator,
@@ -348,6 +352,7 @@ def generate_sequences(
             )
 
     bag_scores: list[torch.Tensor] = []
+    directions: list[torch.Tensor] = []  # class centroids: each class's released direction
     exact_structures = (
         build_exact_structures(
             [(label, by_class[label]) for label in label_set],
@@ -368,6 +373,7 @@ def generate_sequences(
                 events.append(mixtures[n].event)
                 released = CentroidKDE(label, mixtures[n].total, released.event)
             bag_scores.append(score(released, embeddings, scale=CENTROID_SCALE))
+            directions.append(torch.as_tensor(released.noisy_sum[: embeddings.shape[1]]))
             report_progress("dp_kde", (n + 1) / len(label_set))
             continue
         if kernel is not None:
@@ -423,6 +429,21 @@ def generate_sequences(
             if mixtures and wanted[label]:
                 assert shares is not None
                 emit_cells(label, mixtures[n], shares[n])
+            elif wanted[label] and directions:
+                emit(
+                    label,
+                    sample_near_direction(
+                        weighted[n],
+                        embeddings,
+                        directions[n],
+                        count=wanted[label],
+                        factor=config.selection_factor,
+                        length=config.sequence_length,
+                        temperature=config.sampling_temperature,
+                        generator=generator,
+                        distinct=config.distinct,
+                    ),
+                )
             elif wanted[label]:
                 emit(
                     label,

@@ -304,6 +304,65 @@ def sample_from_scores(
     )
 
 
+def nearest_sequences(
+    drawn: torch.Tensor, embeddings: torch.Tensor, direction: torch.Tensor, count: int
+) -> torch.Tensor:
+    """The ``count`` rows of ``drawn`` (sequences of phrase indices) whose phrases' mean
+    public embedding has the largest cosine with ``direction``, in their drawn order.
+    Reads only drawn indices, public embeddings and a released direction: post-processing.
+
+    >>> e = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    >>> nearest_sequences(torch.tensor([[1, 2], [0, 2], [0, 1]]), e, torch.tensor([1.0, 0.0]), 2)
+    tensor([[0, 2],
+            [0, 1]])
+    """
+    if count > drawn.shape[0]:
+        raise ConfigError("cannot keep more sequences than were drawn", field="sequence_selection")
+    phrases = embeddings.to(torch.float64)
+    mean = phrases[drawn.to(phrases.device)].mean(dim=1)
+    mean = mean / mean.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    unit = direction.to(mean) / direction.to(mean).norm().clamp_min(1e-300)
+    cos = (mean @ unit).cpu()
+    keep = torch.sort(torch.argsort(-cos, stable=True)[:count]).values
+    return drawn[keep.to(drawn.device)]
+
+
+def sample_near_direction(
+    scores: torch.Tensor,
+    embeddings: torch.Tensor,
+    direction: torch.Tensor,
+    *,
+    count: int,
+    factor: int,
+    length: int,
+    temperature: float,
+    generator: torch.Generator,
+    distinct: bool = True,
+) -> torch.Tensor:
+    """``factor`` × ``count`` sequences drawn as :func:`sample_from_scores` does (in
+    ``factor`` batches of ``count``, so memory stays that of one), then the ``count`` whose
+    phrases lie nearest ``direction`` together (:func:`nearest_sequences`). Independent
+    draws scatter a sequence's phrases over everything its class scores; keeping the
+    sequences whose phrases agree on the released direction keeps them on one subject.
+    ``factor`` 1 is :func:`sample_from_scores`. Post-processing."""
+    if factor < 1:
+        raise ConfigError("must be ≥ 1", field="sequence_selection")
+    batches = [
+        sample_from_scores(
+            scores,
+            count=count,
+            length=length,
+            temperature=temperature,
+            generator=generator,
+            distinct=distinct,
+        )
+        for _ in range(factor)
+    ]
+    if factor == 1:
+        return batches[0]
+    return nearest_sequences(torch.cat(batches), embeddings, direction, count)
+
+
 GUMBEL_BATCH = 256  # sequences per Gumbel batch: memory stays batch × |Ṽ|
 _BELOW = 1e12  # keys of phrases without a positive score sit this far below the rest
 
