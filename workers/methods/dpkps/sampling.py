@@ -304,6 +304,9 @@ def sample_from_scores(
     )
 
 
+SELECTION_BATCH = 4096  # sequences whose mean embedding is computed at once
+
+
 def nearest_sequences(
     drawn: torch.Tensor, embeddings: torch.Tensor, direction: torch.Tensor, count: int
 ) -> torch.Tensor:
@@ -318,11 +321,16 @@ def nearest_sequences(
     """
     if count > drawn.shape[0]:
         raise ConfigError("cannot keep more sequences than were drawn", field="sequence_selection")
+    if count <= 0:
+        return drawn[:0]
     phrases = embeddings.to(torch.float64)
-    mean = phrases[drawn.to(phrases.device)].mean(dim=1)
-    mean = mean / mean.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    unit = direction.to(mean) / direction.to(mean).norm().clamp_min(1e-300)
-    cos = (mean @ unit).cpu()
+    unit = direction.to(phrases) / direction.to(phrases).norm().clamp_min(1e-300)
+    rows = drawn.to(phrases.device)
+    parts = []
+    for start in range(0, rows.shape[0], SELECTION_BATCH):  # memory: batch × L × d
+        mean = phrases[rows[start : start + SELECTION_BATCH]].mean(dim=1)
+        parts.append((mean @ unit / mean.norm(dim=1).clamp_min(1e-300)).cpu())
+    cos = torch.cat(parts)
     keep = torch.sort(torch.argsort(-cos, stable=True)[:count]).values
     return drawn[keep.to(drawn.device)]
 
