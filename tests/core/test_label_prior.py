@@ -109,31 +109,18 @@ def test_a_bad_label_prior_names_its_field(value: Any) -> None:
 
 
 def test_the_prior_spends_nothing_and_pulls_a_small_noisy_class_to_its_own_phrases() -> None:
-    from tests.core.test_pipeline import TOPICS, run_on_topics
+    from tests.core.test_pipeline import assert_same_releases, own_phrase_share
 
-    def own_share(label_prior: float) -> tuple[float, Any]:
-        cfg = GenerationConfig(
+    def config(label_prior: float) -> GenerationConfig:
+        return GenerationConfig(
             epsilon=1.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,
             public_vocabulary_size=16, label_prior=label_prior, seed=5,
         )  # fmt: skip
-        shares, reports = [], []
-        for _ in range(3):  # fresh DP noise each run
-            result, _ = run_on_topics(cfg, per_class=12)
-            reports.append(result.report)
-            for label, words in TOPICS.items():
-                mine = [p for s in result.sequences if s.label == label for p in s.keyphrases]
-                shares.append(sum(p in words for p in mine) / len(mine))
-        return float(np.mean(shares)), reports
 
-    without, plain = own_share(0.0)
-    with_names, named = own_share(DEFAULT_LABEL_PRIOR)
+    without, plain = own_phrase_share(config(0.0))
+    with_names, named = own_phrase_share(config(DEFAULT_LABEL_PRIOR))
     # the same releases at the same cost: the prior is post-processing
-    for a, b in zip(plain, named, strict=True):
-        assert a.as_planned and b.as_planned
-        assert [(e.mechanism, e.scale) for e in a.events] == [
-            (e.mechanism, e.scale) for e in b.events
-        ]
-        assert a.epsilon == b.epsilon
+    assert_same_releases(plain, named)
     # 12 documents a class at ε = 1: the names ("cardiology", …) carry what the noise hides
     # (8 runs each while writing this: 0.31–0.49 of a class's phrases its own without the
     # names, 0.91–0.96 with them)

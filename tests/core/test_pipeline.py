@@ -57,6 +57,30 @@ def run_on_topics(cfg: GenerationConfig, *, per_class: int) -> tuple[Any, Vocabu
     return result, vocabulary
 
 
+def own_phrase_share(cfg: GenerationConfig, *, runs: int = 3) -> tuple[float, list[Any]]:
+    """Over ``runs`` runs of :func:`run_on_topics` (12 documents a class, fresh DP noise
+    each), the mean share of a class's drawn phrases that are its own topic's; the results."""
+    shares, results = [], []
+    for _ in range(runs):
+        result, _ = run_on_topics(cfg, per_class=12)
+        results.append(result)
+        for label, words in TOPICS.items():
+            mine = [p for s in result.sequences if s.label == label for p in s.keyphrases]
+            shares.append(sum(p in words for p in mine) / len(mine))
+    return float(np.mean(shares)), results
+
+
+def assert_same_releases(plain: list[Any], changed: list[Any]) -> None:
+    """Two sets of runs made the same releases at the same cost, as planned: what they
+    differ by is post-processing."""
+    for a, b in zip((r.report for r in plain), (r.report for r in changed), strict=True):
+        assert a.as_planned and b.as_planned
+        assert [(e.mechanism, e.scale) for e in a.events] == [
+            (e.mechanism, e.scale) for e in b.events
+        ]
+        assert a.epsilon == b.epsilon
+
+
 @pytest.fixture(scope="module")
 def vocabulary() -> Vocabulary:
     phrases = [p for words in TOPICS.values() for p in words] + FILLER

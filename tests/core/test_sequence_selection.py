@@ -79,32 +79,19 @@ def test_factor_one_is_the_plain_draw_and_a_larger_factor_moves_towards_the_dire
 
 
 def test_selection_spends_nothing_and_keeps_a_class_on_its_own_phrases() -> None:
-    from tests.core.test_pipeline import TOPICS, run_on_topics
+    from tests.core.test_pipeline import TOPICS, assert_same_releases, own_phrase_share
 
-    def own_share(selection: int) -> tuple[float, Any]:
-        cfg = GenerationConfig(
+    def config(selection: int) -> GenerationConfig:
+        return GenerationConfig(
             epsilon=2.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,
             public_vocabulary_size=16, label_prior=0.0, sequence_selection=selection, seed=3,
         )  # fmt: skip
-        shares, reports = [], []
-        for _ in range(3):  # fresh DP noise each run
-            result, _ = run_on_topics(cfg, per_class=12)
-            reports.append(result.report)
-            assert len(result.sequences) == 40 * len(TOPICS)
-            for label, words in TOPICS.items():
-                mine = [p for s in result.sequences if s.label == label for p in s.keyphrases]
-                shares.append(sum(p in words for p in mine) / len(mine))
-        return sum(shares) / len(shares), reports
 
-    without, plain = own_share(1)
-    selected, chosen = own_share(4)
+    without, plain = own_phrase_share(config(1))
+    selected, chosen = own_phrase_share(config(4))
+    assert all(len(r.sequences) == 40 * len(TOPICS) for r in plain + chosen)
     # the same releases at the same cost: the selection is post-processing
-    for a, b in zip(plain, chosen, strict=True):
-        assert a.as_planned and b.as_planned
-        assert [(e.mechanism, e.scale) for e in a.events] == [
-            (e.mechanism, e.scale) for e in b.events
-        ]
-        assert a.epsilon == b.epsilon
+    assert_same_releases(plain, chosen)
     # sequences whose phrases agree on the class's direction are more of its own phrases
     assert selected > without + 0.05, (selected, without)
 

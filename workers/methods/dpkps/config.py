@@ -124,7 +124,7 @@ def method_description(config: GenerationConfig) -> str:
         kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
-    if config.density_method in ("centroid", "moments") and config.selection_factor > 1:
+    if config.selection_factor > 1:  # validated: only with a direction per class
         kde += (
             f"; of every {config.selection_factor} sequences drawn, the one whose phrases lie "
             "nearest the released direction kept"

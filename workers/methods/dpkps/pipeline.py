@@ -64,7 +64,6 @@ from workers.methods.dpkps.sampling import (
     class_shares,
     floored_bag_scores,
     floored_density,
-    sample_from_scores,
     sample_iterative,
     sample_near_direction,
 )
@@ -325,6 +324,26 @@ def generate_sequences(
             SyntheticSequence(label, tuple(phrases[i] for i in row)) for row in drawn.tolist()
         )
 
+    def emit_near(
+        label: str, scores: torch.Tensor, direction: torch.Tensor | None, count: int
+    ) -> None:
+        """``count`` sequences drawn from ``scores``, kept near the released ``direction``
+        by the configured selection (none without a direction)."""
+        emit(
+            label,
+            sample_near_direction(
+                scores,
+                embeddings,
+                direction,
+                count=count,
+                factor=config.selection_factor,
+                length=config.sequence_length,
+                temperature=config.sampling_temperature,
+                generator=generator,
+                distinct=config.distinct,
+            ),
+        )
+
     def emit_cells(label: str, mixture: CellMixture, share: torch.Tensor) -> None:
         """Sequences of one class from its cells: how many from each by the cells' weights,
         then each cell's scores weighted by the class's share of every phrase."""
@@ -336,23 +355,10 @@ def generate_sequences(
                 continue
             cell = CentroidKDE(label, mixture.directions[k], mixture.event)
             scores = centroid_scores(cell, embeddings, scale=CENTROID_SCALE)
-            emit(
-                label,
-                sample_near_direction(
-                    scores * share.to(scores.dtype),
-                    embeddings,
-                    torch.as_tensor(mixture.directions[k]),
-                    count=count,
-                    factor=config.selection_factor,
-                    length=config.sequence_length,
-                    temperature=config.sampling_temperature,
-                    generator=generator,
-                    distinct=config.distinct,
-                ),
-            )
+            direction = torch.as_tensor(mixture.directions[k])
+            emit_near(label, scores * share.to(scores.dtype), direction, count)
 
     bag_scores: list[torch.Tensor] = []
-    directions: list[torch.Tensor] = []  # class centroids: each class's released direction
     exact_structures = (
         build_exact_structures(
             [(label, by_class[label]) for label in label_set],
@@ -373,7 +379,6 @@ def generate_sequences(
                 events.append(mixtures[n].event)
                 released = CentroidKDE(label, mixtures[n].total, released.event)
             bag_scores.append(score(released, embeddings, scale=CENTROID_SCALE))
-            directions.append(torch.as_tensor(released.noisy_sum[: embeddings.shape[1]]))
             report_progress("dp_kde", (n + 1) / len(label_set))
             continue
         if kernel is not None:
@@ -429,33 +434,14 @@ def generate_sequences(
             if mixtures and wanted[label]:
                 assert shares is not None
                 emit_cells(label, mixtures[n], shares[n])
-            elif wanted[label] and directions:
-                emit(
-                    label,
-                    sample_near_direction(
-                        weighted[n],
-                        embeddings,
-                        directions[n],
-                        count=wanted[label],
-                        factor=config.selection_factor,
-                        length=config.sequence_length,
-                        temperature=config.sampling_temperature,
-                        generator=generator,
-                        distinct=config.distinct,
-                    ),
-                )
             elif wanted[label]:
-                emit(
-                    label,
-                    sample_from_scores(
-                        weighted[n],
-                        count=wanted[label],
-                        length=config.sequence_length,
-                        temperature=config.sampling_temperature,
-                        generator=generator,
-                        distinct=config.distinct,
-                    ),
+                # a class centroid's direction (moments: their first part, the sum)
+                direction = (
+                    torch.as_tensor(centroids[n].noisy_sum[: embeddings.shape[1]])
+                    if centroids
+                    else None
                 )
+                emit_near(label, weighted[n], direction, wanted[label])
             report_progress("sequences", (n + 1) / len(label_set))
 
     diagnostics = OwnerDiagnostics(

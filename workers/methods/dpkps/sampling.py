@@ -123,6 +123,17 @@ def gemm_scores(
     return _gemm(weights, acc, block_phase, 1.0 / math.sqrt(kde.blocks), beta)
 
 
+def _check_distinct_length(length: int, vocab: int) -> int:
+    """``vocab``, once sequences of ``length`` distinct phrases are known to fit in it."""
+    if length > vocab:
+        raise ConfigError(
+            f"sequences of {length} distinct phrases need at least {length} phrases in the "
+            f"private vocabulary (it has {vocab})",
+            field="sequence_length",
+        )
+    return vocab
+
+
 def _draw_sequences(
     scorer: _Scorer,
     vocab: int,
@@ -133,12 +144,8 @@ def _draw_sequences(
     generator: torch.Generator,
     distinct: bool,
 ) -> torch.Tensor:
-    if distinct and length > vocab:
-        raise ConfigError(
-            f"sequences of {length} distinct phrases need at least {length} phrases in the "
-            f"private vocabulary (it has {vocab})",
-            field="sequence_length",
-        )
+    if distinct:
+        _check_distinct_length(length, vocab)
     out = torch.zeros(count, length, dtype=torch.long)
     banned = torch.zeros(count, vocab, dtype=torch.bool) if distinct else None
     for t in range(length):
@@ -338,7 +345,7 @@ def nearest_sequences(
 def sample_near_direction(
     scores: torch.Tensor,
     embeddings: torch.Tensor,
-    direction: torch.Tensor,
+    direction: torch.Tensor | None,
     *,
     count: int,
     factor: int,
@@ -347,28 +354,29 @@ def sample_near_direction(
     generator: torch.Generator,
     distinct: bool = True,
 ) -> torch.Tensor:
-    """``factor`` × ``count`` sequences drawn as :func:`sample_from_scores` does (in
-    ``factor`` batches of ``count``, so memory stays that of one), then the ``count`` whose
-    phrases lie nearest ``direction`` together (:func:`nearest_sequences`). Independent
-    draws scatter a sequence's phrases over everything its class scores; keeping the
-    sequences whose phrases agree on the released direction keeps them on one subject.
-    ``factor`` 1 is :func:`sample_from_scores`. Post-processing."""
+    """``factor`` × ``count`` sequences drawn as :func:`sample_from_scores` does, then the
+    ``count`` whose phrases lie nearest ``direction`` together (:func:`nearest_sequences`).
+    Independent draws scatter a sequence's phrases over everything its class scores;
+    keeping the sequences whose phrases agree on the released direction keeps them on one
+    subject. ``factor`` 1 is :func:`sample_from_scores` (no direction needed).
+    Post-processing."""
     if factor < 1:
         raise ConfigError("must be ≥ 1", field="sequence_selection")
-    batches = [
-        sample_from_scores(
-            scores,
-            count=count,
-            length=length,
-            temperature=temperature,
-            generator=generator,
-            distinct=distinct,
+    if factor > 1 and direction is None:
+        raise ConfigError(
+            "selecting sequences needs a released direction", field="sequence_selection"
         )
-        for _ in range(factor)
-    ]
-    if factor == 1:
-        return batches[0]
-    return nearest_sequences(torch.cat(batches), embeddings, direction, count)
+    drawn = sample_from_scores(
+        scores,
+        count=count * factor,
+        length=length,
+        temperature=temperature,
+        generator=generator,
+        distinct=distinct,
+    )
+    if factor == 1 or direction is None:
+        return drawn
+    return nearest_sequences(drawn, embeddings, direction, count)
 
 
 GUMBEL_BATCH = 256  # sequences per Gumbel batch: memory stays batch × |Ṽ|
@@ -385,13 +393,7 @@ def _gumbel_sequences(
 ) -> torch.Tensor:
     """``count`` sequences of ``length`` distinct phrases, ``p ∝ clip(scores, 0)^(1/τ)``
     drawn without replacement (see :func:`sample_from_scores`)."""
-    vocab = scores.shape[0]
-    if length > vocab:
-        raise ConfigError(
-            f"sequences of {length} distinct phrases need at least {length} phrases in the "
-            f"private vocabulary (it has {vocab})",
-            field="sequence_length",
-        )
+    vocab = _check_distinct_length(length, scores.shape[0])
     s = scores.to(torch.float64).cpu().clamp_min(0.0)
     positive = s > 0
     logs = torch.where(positive, s.clamp_min(1e-300).log() / temperature, torch.zeros_like(s))
