@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import random
 import statistics
@@ -54,6 +55,7 @@ from numpy.typing import NDArray
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import LowEpsilonConfig
 from workers.methods.dpkps.pipeline import generate_sequences
+from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
 from workers.text.vocabulary import load_vocabulary
@@ -289,14 +291,37 @@ class Bench:
     def real(self) -> float:
         return self.score(self.texts, self.labels)
 
-    def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
+    def config(self, epsilon: float, seed: int, settings: dict[str, Any]) -> LowEpsilonConfig:
         base: dict[str, Any] = dict(epsilon=epsilon, delta=DELTA, noise="gaussian", seed=seed)
         if self.split.startswith("yelp"):
             base.update(per_class=None, total=2000)
         else:
             base.update(per_class=500)
         base.update(settings)
-        config = LowEpsilonConfig(**base).validate()
+        return LowEpsilonConfig(**base).validate()
+
+    def limits(self, epsilons: Sequence[float]) -> dict[str, Any]:
+        """Each document's margin against the noise at each ε (:func:`score_margins`,
+        :func:`class_sum_noise`): a diagnostic that reads the private split (nothing like it
+        is released), the median over the documents of margin / (σ·√2 / n_c)."""
+        x = np.asarray(self.embedder.encode(self.texts), dtype=np.float64)
+        margin, size = score_margins(x, self.labels)
+        noise = []
+        for epsilon in epsilons:
+            config = self.config(epsilon, 0, {})
+            sigma = class_sum_noise(config, self.label_set, len(self.vocabulary))
+            ratio = float(np.median(margin * size / (sigma * math.sqrt(2))))
+            noise.append({"epsilon": epsilon, "sigma": sigma, "ratio": ratio})
+        return {
+            "split": self.split,
+            "classes": len(set(self.labels)),
+            "median_size": float(np.median(list(Counter(self.labels).values()))),
+            "margin": float(np.median(margin)),
+            "noise": noise,
+        }
+
+    def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
+        config = self.config(epsilon, seed, settings)
         result = generate_sequences(
             self.texts,
             self.labels,
@@ -309,6 +334,39 @@ class Bench:
         assert result.report.as_planned and float(result.report.epsilon) <= epsilon
         seqs = result.sequences
         return self.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
+
+
+def score_margins(
+    x: NDArray[np.float64], labels: Sequence[str]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Each document's margin and its class's size.
+
+    A document x (a row, unit norm) is scored against each class by ⟨x, F_c⟩ / n_c, F_c
+    the class's sum of rows: its margin is its own class's score with itself left out,
+    minus the mean of the other classes' scores. A release of F_c with N(0, σ²) on each
+    coordinate adds ⟨x, z_c⟩ / n_c to a score: standard deviation σ / n_c whatever the
+    dimension, σ·√2 / n_c on the difference of two scores.
+    """
+    names = sorted(set(labels))
+    y = np.array([names.index(label) for label in labels])
+    sums = np.stack([x[y == c].sum(axis=0) for c in range(len(names))])
+    sizes = np.bincount(y, minlength=len(names)).astype(np.float64)
+    scores = x @ (sums / sizes[:, None]).T
+    own = (x * (sums[y] - x)).sum(axis=1) / np.maximum(sizes[y] - 1, 1)
+    others = (scores.sum(axis=1) - scores[np.arange(len(x)), y]) / max(len(names) - 1, 1)
+    return own - others, sizes[y]
+
+
+def class_sum_noise(
+    config: LowEpsilonConfig, label_set: Sequence[str], vocabulary_size: int
+) -> float:
+    """σ on each coordinate of one class's released sum (Δ = 1), read from the run's plan;
+    with cells, the two releases combined by inverse variance (what a one-cell class gets)."""
+    the_plan = plan(config, label_set, vocabulary_size)
+    sigmas = [the_plan.noise_per_sensitivity(KDE)]
+    if any(e.mechanism == CELLS for e in the_plan.events):
+        sigmas.append(the_plan.noise_per_sensitivity(CELLS))
+    return float(sum(s**-2 for s in sigmas) ** -0.5)
 
 
 def svg_plot(
@@ -467,7 +525,8 @@ def run() -> dict[str, Any]:
         targets=sorted({(e, t) for (_, e), t in TARGETS.items()}),
     )
     (REPO / "benchmarks" / "low_epsilon.svg").write_text(plot, encoding="utf-8")
-    return {"curve": curve}
+    limits = [Bench(split).limits(CURVE) for split in REPORTED]
+    return {"curve": curve, "limits": limits}
 
 
 def _series(curve: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
@@ -497,4 +556,37 @@ def markdown(r: dict[str, Any]) -> str:
             f"{runs} | {mean:.3f} | "
             f"**{fraction:.2f}** | {verdict} |"
         )
-    return NOTES.read_text(encoding="utf-8").format(curve="\n".join(rows))
+    return NOTES.read_text(encoding="utf-8").format(
+        curve="\n".join(rows), limits=limits_table(r.get("limits", []), r["curve"])
+    )
+
+
+def limits_table(limits: list[dict[str, Any]], curve: list[dict[str, Any]]) -> str:
+    """Each reported split's margin against its noise (:meth:`Bench.limits`) beside the
+    curve's fraction of real-text accuracy at the same ε."""
+    fraction = {(p["split"], p["epsilon"]): statistics.mean(p["runs"]) / p["real"] for p in curve}
+    head = " | ".join(f"ε = {e:g}" for e in CURVE)
+    rows = [
+        f"| split | classes | median n | margin | {head} |",
+        "|---|---:|---:|---:|" + "---|" * len(CURVE),
+    ]
+    for item in limits:
+        cells = " | ".join(
+            f"{n['ratio']:.2f} ({fraction[(item['split'], n['epsilon'])]:.2f})"
+            if (item["split"], n["epsilon"]) in fraction
+            else f"{n['ratio']:.2f}"
+            for n in item["noise"]
+        )
+        rows.append(
+            f"| {REPORTED[item['split']]} | {item['classes']} | {item['median_size']:g} | "
+            f"{item['margin']:.3f} | {cells} |"
+        )
+    sigmas = "; ".join(
+        f"{REPORTED[item['split']]} " + " / ".join(f"{n['sigma']:.2f}" for n in item["noise"])
+        for item in limits
+    )
+    return (
+        "\n".join(rows)
+        + "\n\nσ per coordinate of a class's sum at ε = "
+        + (" / ".join(f"{e:g}" for e in CURVE) + f": {sigmas}.")
+    )
