@@ -109,7 +109,7 @@ def test_a_bad_label_prior_names_its_field(value: Any) -> None:
 
 
 def test_the_prior_spends_nothing_and_pulls_a_small_noisy_class_to_its_own_phrases() -> None:
-    from tests.core.test_pipeline import assert_same_releases, own_phrase_share
+    from tests.core.test_pipeline import assert_same_releases, own_phrase_shares
 
     def config(label_prior: float) -> GenerationConfig:
         return GenerationConfig(
@@ -117,11 +117,14 @@ def test_the_prior_spends_nothing_and_pulls_a_small_noisy_class_to_its_own_phras
             public_vocabulary_size=16, label_prior=label_prior, seed=5,
         )  # fmt: skip
 
-    without, plain = own_phrase_share(config(0.0))
-    with_names, named = own_phrase_share(config(DEFAULT_LABEL_PRIOR))
+    # medians over 5 runs each: the names' gate (their agreement with the noisy releases)
+    # leaves about one run in 40 with a weak prior (0.64 at worst of 40 runs), by design
+    shares, plain = own_phrase_shares(config(0.0), runs=5)
+    named_shares, named = own_phrase_shares(config(DEFAULT_LABEL_PRIOR), runs=5)
+    without, with_names = float(np.median(shares)), float(np.median(named_shares))
     # the same releases at the same cost: the prior is post-processing
     assert_same_releases(plain, named)
     # 12 documents a class at ε = 1: the names ("cardiology", …) carry what the noise hides
-    # (8 runs each while writing this: 0.31–0.49 of a class's phrases its own without the
-    # names, 0.91–0.96 with them)
+    # (one run at a time, 25 runs without the names: 0.39–0.64 of a class's phrases its own,
+    # median 0.48; 40 runs with them: 0.64–0.96, median 0.93)
     assert with_names > without + 0.25, (with_names, without)

@@ -57,17 +57,20 @@ def run_on_topics(cfg: GenerationConfig, *, per_class: int) -> tuple[Any, Vocabu
     return result, vocabulary
 
 
-def own_phrase_share(cfg: GenerationConfig, *, runs: int = 3) -> tuple[float, list[Any]]:
+def own_phrase_shares(cfg: GenerationConfig, *, runs: int) -> tuple[list[float], list[Any]]:
     """Over ``runs`` runs of :func:`run_on_topics` (12 documents a class, fresh DP noise
-    each), the mean share of a class's drawn phrases that are its own topic's; the results."""
+    each), each run's mean share of a class's drawn phrases that are its own topic's; the
+    results."""
     shares, results = [], []
     for _ in range(runs):
         result, _ = run_on_topics(cfg, per_class=12)
         results.append(result)
+        run = []
         for label, words in TOPICS.items():
             mine = [p for s in result.sequences if s.label == label for p in s.keyphrases]
-            shares.append(sum(p in words for p in mine) / len(mine))
-    return float(np.mean(shares)), results
+            run.append(sum(p in words for p in mine) / len(mine))
+        shares.append(float(np.mean(run)))
+    return shares, results
 
 
 def assert_same_releases(plain: list[Any], changed: list[Any]) -> None:
