@@ -54,6 +54,7 @@ from numpy.typing import NDArray
 
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import LowEpsilonConfig
+from workers.methods.dpkps.kde import combined_scale
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.settings import CoreSettings
@@ -363,10 +364,10 @@ def class_sum_noise(
     """σ on each coordinate of one class's released sum (Δ = 1), read from the run's plan;
     with cells, the two releases combined by inverse variance (what a one-cell class gets)."""
     the_plan = plan(config, label_set, vocabulary_size)
-    sigmas = [the_plan.noise_per_sensitivity(KDE)]
+    sigma = the_plan.noise_per_sensitivity(KDE)
     if any(e.mechanism == CELLS for e in the_plan.events):
-        sigmas.append(the_plan.noise_per_sensitivity(CELLS))
-    return float(sum(s**-2 for s in sigmas) ** -0.5)
+        return combined_scale(sigma, the_plan.noise_per_sensitivity(CELLS), cells=1)
+    return sigma
 
 
 def svg_plot(
@@ -507,10 +508,13 @@ NOTES = REPO / "benchmarks" / "low_epsilon.md"  # the section's text around the 
 
 def run() -> dict[str, Any]:
     """The curve of the engine's defaults on the reported splits (never tuned on):
-    ``CURVE_RUNS`` runs at each ε of ``CURVE``, and the real texts' accuracy."""
+    ``CURVE_RUNS`` runs at each ε of ``CURVE``, the real texts' accuracy, and each split's limits
+    (:meth:`Bench.limits`)."""
     curve: list[dict[str, Any]] = []
+    limits: list[dict[str, Any]] = []
     for split in REPORTED:
         bench = Bench(split)
+        limits.append(bench.limits(CURVE))  # the same split and embedder as its curve
         real = bench.real()
         for epsilon in CURVE:
             runs = [bench.run(epsilon, seed, {}) for seed in range(CURVE_RUNS)]
@@ -525,7 +529,6 @@ def run() -> dict[str, Any]:
         targets=sorted({(e, t) for (_, e), t in TARGETS.items()}),
     )
     (REPO / "benchmarks" / "low_epsilon.svg").write_text(plot, encoding="utf-8")
-    limits = [Bench(split).limits(CURVE) for split in REPORTED]
     return {"curve": curve, "limits": limits}
 
 
@@ -557,7 +560,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"**{fraction:.2f}** | {verdict} |"
         )
     return NOTES.read_text(encoding="utf-8").format(
-        curve="\n".join(rows), limits=limits_table(r.get("limits", []), r["curve"])
+        curve="\n".join(rows), limits=limits_table(r["limits"], r["curve"])
     )
 
 

@@ -686,6 +686,13 @@ def cell_centres(
     return np.asarray(centres, dtype=np.float64)
 
 
+def combined_scale(sigma_first: float, sigma_cells: float, cells: int) -> float:
+    """σ on each coordinate of a class sum measured by both releases with inverse-variance
+    weights: the first release (σ ``sigma_first``) and the sum of its ``cells`` cell sums
+    (each of σ ``sigma_cells``)."""
+    return float((sigma_first**-2 + 1.0 / (cells * sigma_cells**2)) ** -0.5)
+
+
 def build_cell_structures(
     classes: Sequence[tuple[str, NDArray[np.float64]]],
     first: Sequence[CentroidKDE],
@@ -720,7 +727,7 @@ def build_cell_structures(
         # both releases measure the class sum: inverse-variance weights
         w_first, w_cells = sigma_first**-2, 1.0 / (count * event.scale**2)
         total = (released.noisy_sum * w_first + cells.sum(axis=0) * w_cells) / (w_first + w_cells)
-        total_scale = (w_first + w_cells) ** -0.5
+        total_scale = combined_scale(sigma_first, event.scale, count)
         if count == 1:
             directions, weights = total[None, :], np.ones(1)
         else:
