@@ -686,11 +686,18 @@ def cell_centres(
     return np.asarray(centres, dtype=np.float64)
 
 
+def inverse_variance_weights(
+    sigma_first: float, sigma_cells: float, cells: int
+) -> tuple[float, float]:
+    """The weights of a class sum's two measures: the first release (σ ``sigma_first``) and
+    the sum of its ``cells`` cell sums (each of σ ``sigma_cells``)."""
+    return sigma_first**-2, 1.0 / (cells * sigma_cells**2)
+
+
 def combined_scale(sigma_first: float, sigma_cells: float, cells: int) -> float:
-    """σ on each coordinate of a class sum measured by both releases with inverse-variance
-    weights: the first release (σ ``sigma_first``) and the sum of its ``cells`` cell sums
-    (each of σ ``sigma_cells``)."""
-    return float((sigma_first**-2 + 1.0 / (cells * sigma_cells**2)) ** -0.5)
+    """σ on each coordinate of a class sum measured by both releases with
+    :func:`inverse_variance_weights`."""
+    return float(sum(inverse_variance_weights(sigma_first, sigma_cells, cells)) ** -0.5)
 
 
 def build_cell_structures(
@@ -725,7 +732,7 @@ def build_cell_structures(
         del raw, rows
         cells = noisy.reshape(max_cells, d)[:count]
         # both releases measure the class sum: inverse-variance weights
-        w_first, w_cells = sigma_first**-2, 1.0 / (count * event.scale**2)
+        w_first, w_cells = inverse_variance_weights(sigma_first, event.scale, count)
         total = (released.noisy_sum * w_first + cells.sum(axis=0) * w_cells) / (w_first + w_cells)
         total_scale = combined_scale(sigma_first, event.scale, count)
         if count == 1:
