@@ -51,6 +51,7 @@ from workers.methods.dpkps.kde import (
     name_directions,
     unit_vectors,
 )
+from workers.methods.dpkps.noise import noise_std
 from workers.methods.dpkps.plan import CELLS, CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
 from workers.methods.dpkps.private_vocab import (
     PrivateVocabulary,
@@ -58,7 +59,7 @@ from workers.methods.dpkps.private_vocab import (
     select_private_vocabulary,
     select_thresholded_vocabulary,
 )
-from workers.methods.dpkps.proportions import allocate, noisy_class_counts
+from workers.methods.dpkps.proportions import allocate, noisy_class_counts, shrunk_counts
 from workers.methods.dpkps.sampling import (
     class_contrast,
     class_shares,
@@ -259,7 +260,8 @@ def generate_sequences(
             unit_labels, label_set=label_set, planned=planned_event(CLASS_COUNTS)
         )
         events.append(count_event)
-        wanted = allocate(config.total, noisy)
+        # pulled towards their mean as far as their noise explains their spread
+        wanted = allocate(config.total, shrunk_counts(noisy, noise_std(count_event)))
     else:
         assert config.per_class is not None
         wanted = {label: config.per_class for label in label_set}

@@ -7,10 +7,18 @@ class counts. Each unit (a document, or a patient with a unit column) lies in on
 by 1 in L1 and in L2 when one unit is added or removed: discrete Laplace noise of scale
 ``1/ε_count`` (pure) or Gaussian noise (planned σ) protects it; the split itself
 is post-processing. Raw counts are never used.
+
+Before the split, the noisy counts are pulled towards their mean by the positive-part
+James–Stein rule (:func:`shrunk_counts`, post-processing): in a corpus of a few dozen
+documents a class, the counts' noise at a small ε (σ ≈ 14 at ε = 1, δ = 1e-6) is as large
+as the counts, and split as released it would give some classes nothing and others
+double; where the counts differ by far more than the noise (one large class among small
+ones), the rule leaves them almost as released.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -31,6 +39,35 @@ def noisy_class_counts(
     noisy, event = release(counts, planned, sensitivity=1, name="class_counts")
     del counts
     return {label: float(noisy[i]) for i, label in enumerate(label_set)}, event
+
+
+def shrunk_counts(noisy: Mapping[str, float], noise_std: float) -> dict[str, float]:
+    """The noisy counts pulled towards their mean by the positive-part James–Stein rule.
+
+    With ``C`` counts ``ñ_c = n_c + z_c``, ``z_c`` of standard deviation ``s``
+    (``noise_std``, public) and ``m`` their mean, each becomes ``m + b·(ñ_c − m)``, with
+    ``b = max(0, 1 − (C − 3)·s² / Σ_c (ñ_c − m)²)``: ``b`` is near 0 when the spread of the
+    counts is what the noise alone would give (balanced classes: equal shares), near 1
+    when the counts differ by far more than the noise. For ``C ≥ 4`` the rule has a
+    smaller expected squared error than the released counts whatever the true ones
+    (James & Stein 1961); below 4 counts they are returned unchanged. It reads only the
+    released counts and their public noise scale: post-processing.
+
+    >>> shrunk_counts({"a": 12.0, "b": 28.0, "c": 20.0, "d": 20.0, "e": 20.0}, 10.0)
+    {'a': 20.0, 'b': 20.0, 'c': 20.0, 'd': 20.0, 'e': 20.0}
+    >>> round(shrunk_counts({"a": 500.0, "b": 10.0, "c": 20.0, "d": 30.0}, 10.0)["a"], 1)
+    499.8
+    """
+    if not (math.isfinite(noise_std) and noise_std >= 0):
+        raise ConfigError("must be finite and ≥ 0", field="noise_std")
+    labels = list(noisy)
+    if len(labels) < 4:
+        return {k: float(noisy[k]) for k in labels}
+    v = np.array([float(noisy[k]) for k in labels])
+    mean = float(v.mean())
+    spread = float(((v - mean) ** 2).sum())
+    factor = 0.0 if spread <= 0 else max(0.0, 1.0 - (len(v) - 3) * noise_std**2 / spread)
+    return {k: mean + factor * (float(v[i]) - mean) for i, k in enumerate(labels)}
 
 
 def allocate(total: int, weights: Mapping[str, float]) -> dict[str, int]:
