@@ -11,12 +11,13 @@ export TRANSFORMERS_OFFLINE := 1
 # llama.cpp is compiled at install, as in the Dockerfiles, for the portable x86-64 set
 # (AVX2, FMA, F16C) rather than -march=native: on a VM whose CPU reports AMX but whose
 # kernel does not grant it, a native build dies with SIGILL on the first decode. It is
-# built apart and never from pip's wheel cache, which may hold a native build.
+# built apart and never from pip's wheel cache, which may hold a native build; a venv that
+# already has it keeps it (no rebuild when only pyproject.toml changed).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install --quiet --no-cache-dir --no-deps \
-		--force-reinstall llama-cpp-python
+		llama-cpp-python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

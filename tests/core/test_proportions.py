@@ -27,7 +27,7 @@ from workers.methods.dpkps.proportions import allocate, shrunk_counts
 from workers.text.embeddings import SentenceEmbedder
 from workers.text.vocabulary import Vocabulary
 
-SIGMA = 14.0  # the class counts' σ at ε = 1, δ = 1e-6 (a total Gaussian budget, 24 labels)
+SIGMA = 14.0  # the class counts' σ at ε = 1, δ = 1e-6 (a total Gaussian budget)
 
 
 def labelled(values: np.ndarray) -> dict[str, float]:

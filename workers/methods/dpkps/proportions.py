@@ -60,14 +60,13 @@ def shrunk_counts(noisy: Mapping[str, float], noise_std: float) -> dict[str, flo
     """
     if not (math.isfinite(noise_std) and noise_std >= 0):
         raise ConfigError("must be finite and ≥ 0", field="noise_std")
-    labels = list(noisy)
-    if len(labels) < 4:
-        return {k: float(noisy[k]) for k in labels}
-    v = np.array([float(noisy[k]) for k in labels])
-    mean = float(v.mean())
-    spread = float(((v - mean) ** 2).sum())
-    factor = 0.0 if spread <= 0 else max(0.0, 1.0 - (len(v) - 3) * noise_std**2 / spread)
-    return {k: mean + factor * (float(v[i]) - mean) for i, k in enumerate(labels)}
+    if len(noisy) < 4:
+        return {k: float(n) for k, n in noisy.items()}
+    mean = float(np.mean(list(noisy.values())))
+    spread = sum((float(n) - mean) ** 2 for n in noisy.values())
+    # equal counts (spread 0) stay at their mean whatever the factor
+    factor = max(0.0, 1.0 - (len(noisy) - 3) * noise_std**2 / spread) if spread > 0 else 0.0
+    return {k: mean + factor * (float(n) - mean) for k, n in noisy.items()}
 
 
 def allocate(total: int, weights: Mapping[str, float]) -> dict[str, int]:
