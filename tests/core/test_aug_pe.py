@@ -40,6 +40,7 @@ from workers.methods.aug_pe.mechanism import (
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.aug_pe.prompts import blank, tokens, variation_messages
 from workers.methods.checkpoints import Checkpoints, DirectoryCheckpoints, MemoryCheckpoints
+from workers.methods.proportions import allocate, split_by_counts
 from workers.privacy.accountant import compose
 from workers.privacy.units import group_units
 from workers.text.embeddings import SentenceEmbedder
@@ -627,6 +628,39 @@ def test_every_option_runs_as_planned_and_one_class_needs_no_counts(
         + p.lookahead_degree * (p.candidates(1) + p.candidates(2))
         + p.population * p.variation_folds
     )
+
+
+def test_seeds_and_releases_are_split_by_the_noisy_counts_shrunk_at_their_sigma(
+    llm: FakeLLM, embedder: SentenceEmbedder
+) -> None:
+    """Five declared labels whose released counts spread no more than their noise (σ = 3.4
+    here): the seeds and the released texts are split evenly, as DP-KPS splits a total
+    (workers.methods.proportions), where the counts as released would give 4, 6, 2, 5, 3."""
+    label_set = ["Sports", "Business", "Science", "Health", "Arts"]
+    p = params(**{**TINY, "population": 20, "num_released": 10})
+    plan = noise_plan(p, label_set)
+    assert plan.count_sigma is not None and plan.count_event() is not None
+    noisy = {"Sports": 5, "Business": 7, "Science": 2, "Health": 6, "Arts": 4}
+    store = MemoryCheckpoints()  # the counts as a first run saved them: no noise drawn here
+    store.save(
+        runner.COUNTS_KEY,
+        json.dumps({"noisy": noisy, "event": plan.count_event().to_dict()}).encode(),
+    )
+    result = run_aug_pe(
+        DOCUMENTS, LABELS, label_set=label_set, units=None, params=p, llm=llm.endpoint(),
+        embedder=embedder, checkpoints=store,
+    )  # fmt: skip
+    assert result.events == plan_aug_pe(p, label_set)
+    seeds = {label: 0 for label in label_set}
+    for request in llm.chat_requests:
+        if request.user_text.startswith("Write one"):
+            seeds[request.user_text.split('"')[1]] += 1
+    assert seeds == split_by_counts(20, noisy, plan.count_sigma) == dict.fromkeys(label_set, 4)
+    assert seeds != allocate(20, noisy)  # {4, 6, 2, 5, 3}: the counts as released
+    released = {label: 0 for label in label_set}
+    for label, _ in result.records:
+        released[label] += 1
+    assert released == dict.fromkeys(label_set, 2)
 
 
 def test_failed_variations_keep_their_parent_and_failed_seeds_stop_the_run_resumably(

@@ -20,10 +20,11 @@ import pytest
 
 from tests.core.test_pipeline import TOPICS, corpus
 from workers.errors import ConfigError
-from workers.methods.dpkps import pipeline, proportions
+from workers.methods import proportions
+from workers.methods.dpkps import pipeline
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.pipeline import generate_sequences
-from workers.methods.dpkps.proportions import allocate, shrunk_counts
+from workers.methods.proportions import allocate, shrunk_counts
 from workers.text.embeddings import SentenceEmbedder
 from workers.text.vocabulary import Vocabulary
 
@@ -35,7 +36,7 @@ def labelled(values: np.ndarray) -> dict[str, float]:
 
 
 def test_doctests_hold() -> None:
-    assert doctest.testmod(proportions, raise_on_error=True).attempted >= 4
+    assert doctest.testmod(proportions, raise_on_error=True).attempted >= 6
 
 
 def test_balanced_classes_under_large_noise_split_evenly_and_err_less() -> None:

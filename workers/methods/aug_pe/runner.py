@@ -4,8 +4,9 @@ Steps of one run (T = ``params.iterations``, N = ``params.population``):
 
 1. **Class counts** (with more than one class): DP counts of the privacy units per
    declared class (Gaussian, OpenDP). Every class's share of the N seeds and of
-   the released documents is allocated from them (largest remainders); raw counts are
-   never used (caveat A1). With one class there is nothing to count.
+   the released documents is allocated from them once shrunk towards their mean by their
+   own σ (:func:`workers.methods.proportions.split_by_counts`, as DP-KPS splits a total);
+   raw counts are never used (caveat A1). With one class there is nothing to count.
 2. **Initial population**, per class: its share of N texts from the RANDOM_API (document
    type and label only), then f_0 VARIATION_API variations of each.
 3. **Iterations t = 1 … T**: embed every candidate (lookahead d > 0: the mean embedding of
@@ -77,7 +78,7 @@ from workers.methods.common import (
     no_progress,
     save_costs,
 )
-from workers.methods.dpkps.proportions import allocate
+from workers.methods.proportions import split_by_counts
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import gaussian_noise
@@ -254,9 +255,13 @@ class _Run:
         )
 
     def allocation(self, total: int, counts: Mapping[str, int] | None) -> dict[str, int]:
+        """``total`` split among the classes by their noisy counts, shrunk towards their
+        mean as DP-KPS does (:func:`workers.methods.proportions.split_by_counts`)."""
         if counts is None:  # one class
             return {self.labels[0]: total}
-        return allocate(total, {label: float(counts[label]) for label in self.labels})
+        assert self.plan.count_sigma is not None  # counts are released with σ
+        noisy = {label: float(counts[label]) for label in self.labels}
+        return split_by_counts(total, noisy, self.plan.count_sigma)
 
     # ------------------------------------------------------------ private reads
 

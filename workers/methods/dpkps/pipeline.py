@@ -59,7 +59,7 @@ from workers.methods.dpkps.private_vocab import (
     select_private_vocabulary,
     select_thresholded_vocabulary,
 )
-from workers.methods.dpkps.proportions import allocate, noisy_class_counts, shrunk_counts
+from workers.methods.dpkps.proportions import noisy_class_counts
 from workers.methods.dpkps.sampling import (
     class_contrast,
     class_shares,
@@ -68,6 +68,7 @@ from workers.methods.dpkps.sampling import (
     sample_iterative,
     sample_near_direction,
 )
+from workers.methods.proportions import split_by_counts
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
 from workers.text.corpus import check_corpus
@@ -261,7 +262,7 @@ def generate_sequences(
         )
         events.append(count_event)
         # pulled towards their mean as far as their noise explains their spread
-        wanted = allocate(config.total, shrunk_counts(noisy, noise_std(count_event)))
+        wanted = split_by_counts(config.total, noisy, noise_std(count_event))
     else:
         assert config.per_class is not None
         wanted = {label: config.per_class for label in label_set}

@@ -1,29 +1,22 @@
-"""How many sequences each class gets (method.md, "Optional — class proportions").
+"""The class counts DP-KPS releases before it splits a total among the classes (method.md,
+"Optional — class proportions").
 
 Either a fixed number per class (what the paper does; costs nothing, but every class of
 the declared label set gets the same share), or a total split in proportion to noisy
-class counts. Each unit (a document, or a patient with a unit column) lies in one class
-(:func:`workers.methods.dpkps.units.pool`), so the count vector over the declared labels moves
-by 1 in L1 and in L2 when one unit is added or removed: discrete Laplace noise of scale
-``1/ε_count`` (pure) or Gaussian noise (planned σ) protects it; the split itself
-is post-processing. Raw counts are never used.
-
-Before the split, the noisy counts are pulled towards their mean by the positive-part
-James–Stein rule (:func:`shrunk_counts`, post-processing): in a corpus of a few dozen
-documents a class, the counts' noise at a small ε (σ ≈ 14 at ε = 1, δ = 1e-6) is as large
-as the counts, and split as released it would give some classes nothing and others
-double; where the counts differ by far more than the noise (one large class among small
-ones), the rule leaves them almost as released.
+class counts (:func:`workers.methods.proportions.split_by_counts`). Each unit (a
+document, or a patient with a unit column) lies in one class
+(:func:`workers.methods.dpkps.units.pool`), so the count vector over the declared labels
+moves by 1 in L1 and in L2 when one unit is added or removed: discrete Laplace noise of
+scale ``1/ε_count`` (pure) or Gaussian noise (planned σ) protects it. Raw counts are never
+used.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from workers.errors import ConfigError
 from workers.methods.dpkps.noise import release
 from workers.privacy.events import PrivacyEvent
 
@@ -39,55 +32,3 @@ def noisy_class_counts(
     noisy, event = release(counts, planned, sensitivity=1, name="class_counts")
     del counts
     return {label: float(noisy[i]) for i, label in enumerate(label_set)}, event
-
-
-def shrunk_counts(noisy: Mapping[str, float], noise_std: float) -> dict[str, float]:
-    """The noisy counts pulled towards their mean by the positive-part James–Stein rule.
-
-    With ``C`` counts ``ñ_c = n_c + z_c``, ``z_c`` of standard deviation ``s``
-    (``noise_std``, public) and ``m`` their mean, each becomes ``m + b·(ñ_c − m)``, with
-    ``b = max(0, 1 − (C − 3)·s² / Σ_c (ñ_c − m)²)``: ``b`` is near 0 when the spread of the
-    counts is what the noise alone would give (balanced classes: equal shares), near 1
-    when the counts differ by far more than the noise. For ``C ≥ 4`` the rule has a
-    smaller expected squared error than the released counts whatever the true ones
-    (James & Stein 1961); below 4 counts they are returned unchanged. It reads only the
-    released counts and their public noise scale: post-processing.
-
-    >>> shrunk_counts({"a": 12.0, "b": 28.0, "c": 20.0, "d": 20.0, "e": 20.0}, 10.0)
-    {'a': 20.0, 'b': 20.0, 'c': 20.0, 'd': 20.0, 'e': 20.0}
-    >>> round(shrunk_counts({"a": 500.0, "b": 10.0, "c": 20.0, "d": 30.0}, 10.0)["a"], 1)
-    499.8
-    """
-    if not (math.isfinite(noise_std) and noise_std >= 0):
-        raise ConfigError("must be finite and ≥ 0", field="noise_std")
-    if len(noisy) < 4:
-        return {k: float(n) for k, n in noisy.items()}
-    mean = float(np.mean(list(noisy.values())))
-    spread = sum((float(n) - mean) ** 2 for n in noisy.values())
-    # equal counts (spread 0) stay at their mean whatever the factor
-    factor = max(0.0, 1.0 - (len(noisy) - 3) * noise_std**2 / spread) if spread > 0 else 0.0
-    return {k: mean + factor * (float(n) - mean) for k, n in noisy.items()}
-
-
-def allocate(total: int, weights: Mapping[str, float]) -> dict[str, int]:
-    """Split ``total`` in proportion to ``max(weight, 0)`` by largest remainders.
-
-    >>> allocate(10, {"a": 3, "b": 1, "c": -2})
-    {'a': 8, 'b': 2, 'c': 0}
-    >>> allocate(4, {"a": 0, "b": -1})
-    {'a': 2, 'b': 2}
-    """
-    if total < 0:
-        raise ConfigError("must be ≥ 0", field="total")
-    labels = list(weights)
-    if not labels:
-        return {}
-    w = np.array([max(float(weights[k]), 0.0) for k in labels])
-    if w.sum() <= 0:  # nothing positive survived the noise: fall back to equal shares
-        w = np.ones(len(labels))
-    exact = total * w / w.sum()
-    base = np.floor(exact).astype(np.int64)
-    short = total - int(base.sum())
-    order = np.argsort(-(exact - base), kind="stable")[:short]
-    base[order] += 1
-    return {k: int(base[i]) for i, k in enumerate(labels)}

@@ -50,7 +50,6 @@ from workers.methods.common import (
     no_progress,
     save_costs,
 )
-from workers.methods.dpkps.proportions import allocate
 from workers.methods.pate_tutor.accounting import (
     ACCOUNTANT_NOTE,
     NoisePlan,
@@ -71,6 +70,7 @@ from workers.methods.pate_tutor.mechanism import (
     vote_sums,
 )
 from workers.methods.pate_tutor.params import PateTutorParams
+from workers.methods.proportions import allocate
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
