@@ -209,8 +209,10 @@ def test_kde_noise_scale_and_ensemble_split(
         assert kde.event.sensitivity == pytest.approx(math.sqrt(2) * features)
         assert kde.event.scale == pytest.approx(b, rel=1e-5)
         assert kde.event.partition == "a"
-        # an empty class: the release is the noise; mean |Laplace(b)| = b
-        assert np.abs(kde.noisy_sum).mean() == pytest.approx(b, rel=0.06)
+        # an empty class: the release is the noise; mean |Laplace(b)| = b, and the mean of
+        # 4,096 of them has a relative standard deviation of 1/64 (0.016): 0.1 is over 6 of
+        # those (0.06, under 4, failed once in a CI run), and a scale 2× too small gives 0.5
+        assert np.abs(kde.noisy_sum).mean() == pytest.approx(b, rel=0.1)
     assert sum(float(k.event.epsilon) for k in structures) == pytest.approx(3.0, rel=1e-9)
 
 
