@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from typing import Any
 
@@ -299,7 +300,10 @@ def test_owner_diagnostics_stay_out_of_the_manifest(
     assert result.owner_diagnostics.documents_without_match == 1
     flat = repr(result.manifest())
     assert "documents_without_match" not in flat and "documents_per_class" not in flat
-    assert str(len(texts)) not in flat.split("'sequences': ")[0]  # no corpus size before counts
+    # no corpus size before the counts: no number in the manifest is it (a substring test
+    # failed on a kernel bound's digits, 1.95922712030263 holds '120', a public value)
+    numbers = re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?", flat.split("'sequences': ")[0])
+    assert numbers and all(float(n) != len(texts) for n in numbers)
 
 
 @pytest.mark.parametrize(
