@@ -260,8 +260,7 @@ class _Run:
         if counts is None:  # one class
             return {self.labels[0]: total}
         assert self.plan.count_sigma is not None  # counts are released with σ
-        noisy = {label: float(counts[label]) for label in self.labels}
-        return split_by_counts(total, noisy, self.plan.count_sigma)
+        return split_by_counts(total, counts, self.plan.count_sigma)  # in self.labels' order
 
     # ------------------------------------------------------------ private reads
 
