@@ -54,6 +54,7 @@ from workers.methods.dpkps.config import (
     DEFAULT_CELLS,
     DEFAULT_LABEL_PRIOR,
     DEFAULT_SELECTION,
+    DEFAULT_SUBSPACE,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
     KDE_WEIGHTINGS,
@@ -265,6 +266,14 @@ def register(sub: Any) -> None:
         help="with class centroids: draw this many times the sequences and keep those whose "
         "phrases lie nearest their class's (or cell's) released direction (1: keep every "
         f"draw; default {DEFAULT_SELECTION} with cells, else 1)",
+    )
+    eng.add_argument(
+        "--subspace",
+        type=int,
+        default=d["subspace"],
+        help="with class centroids: release each class sum in this many top principal "
+        "directions of the public phrases' embeddings (same noise and budget; 0: the whole "
+        f"embedding space; default {DEFAULT_SUBSPACE})",
     )
     eng.add_argument(
         "--temperature",
@@ -539,6 +548,7 @@ def _config(args: argparse.Namespace) -> Any:
         centroid_cells=args.centroid_cells,
         label_prior=args.label_prior,
         sequence_selection=args.sequence_selection,
+        subspace=args.subspace,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,

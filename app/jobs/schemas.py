@@ -37,7 +37,9 @@ from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
     DEFAULT_SELECTION,
+    DEFAULT_SUBSPACE,
     DELTA_CEILING,
+    EMBEDDING_DIMENSION,
     EPSILON_CEILING,
     EPSILON_FLOOR,
     LIMITS,
@@ -202,6 +204,15 @@ class JobSpec(BaseModel):
         "and keep those whose phrases lie nearest their class's (or cell's) released "
         "direction (1: keep every draw); post-processing, no budget; default "
         f"{DEFAULT_SELECTION} with cells, else 1",
+    )
+    subspace: int | None = Field(
+        default=_ENGINE["subspace"],
+        ge=0,
+        le=EMBEDDING_DIMENSION,
+        description="with kde_method centroid: release each class sum in this many top "
+        "principal directions of the public phrases' embeddings, each unit rescaled there to "
+        "its own norm (same noise, same budget; 0: the whole embedding space; default "
+        f"{DEFAULT_SUBSPACE})",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

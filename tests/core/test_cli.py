@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from workers.methods.dpkps.config import DEFAULT_SUBSPACE
 
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 WORDS = {
@@ -445,7 +446,7 @@ def test_a_total_epsilon_delta_gives_gaussian_noise_and_a_full_privacy_block(
     assert privacy["unit"] == "row"
     # the Gaussian defaults: class centroids over a public Ṽ, so no vocabulary release
     assert {e["mechanism"] for e in privacy["events"]} == {"kde"}
-    assert {e["dimension"] for e in privacy["events"]} == {384}
+    assert {e["dimension"] for e in privacy["events"]} == {DEFAULT_SUBSPACE}  # one cell
     assert "phrases of the public vocabulary" in manifest["method"]
     assert {e["noise"] for e in privacy["events"]} == {"gaussian"}
     assert all(e["scale"] > 0 and e["sensitivity"] > 0 for e in privacy["events"])
@@ -494,6 +495,7 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
         ([], {"label_prior": 0.5}),
         (["--label-prior", "0"], {"kde_method": "centroid", "label_prior": 0.0}),
         (["--sequence-selection", "3"], {"kde_method": "centroid", "sequence_selection": 3}),
+        (["--subspace", "24"], {"kde_method": "centroid", "subspace": 24}),
     ],
 )
 def test_a_dry_run_shows_the_small_epsilon_options(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from workers.errors import ConfigError
 from workers.methods.dpkps.accounting import PrivacyReport
@@ -68,6 +69,7 @@ from workers.methods.dpkps.sampling import (
     sample_iterative,
     sample_near_direction,
 )
+from workers.methods.dpkps.subspace import project_units, public_basis
 from workers.methods.proportions import split_by_counts
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
@@ -280,6 +282,12 @@ def generate_sequences(
         document_embeddings = embedder.encode(list(documents))
         unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
         del document_embeddings
+        basis: NDArray[np.float64] | None = None
+        if config.release_dimension < EMBEDDING_DIMENSION:
+            # released in a public subspace: units rescaled there, phrases scored there
+            basis = public_basis(np.asarray(vectors), config.release_dimension)
+            unit_rows = project_units(unit_rows, basis)
+            embeddings = embeddings @ torch.as_tensor(basis, dtype=embeddings.dtype)
         build = (
             build_centroid_structures
             if config.density_method == "centroid"
@@ -303,7 +311,8 @@ def generate_sequences(
         del unit_rows, class_rows
         if config.density_method == "centroid" and config.label_prior > 0:
             # the declared label names as a prior (public schema, public model)
-            names = name_directions(embedder.encode(label_set))
+            named = np.asarray(embedder.encode(label_set), dtype=np.float64)
+            names = name_directions(named if basis is None else named @ basis)
             centroids, mixtures = apply_label_prior(
                 centroids, mixtures, names, kappa=config.label_prior
             )

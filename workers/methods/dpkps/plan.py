@@ -140,7 +140,7 @@ def _mechanisms(
                 noise="gaussian",
                 sensitivity=1.0,  # a unit is in one cell of one class
                 norm="l2",
-                dimension=cells * EMBEDDING_DIMENSION,
+                dimension=cells * config.release_dimension,
                 share=kde_share * (1.0 - config.cell_share),
                 partitions=tuple(label_set),
             )
@@ -155,7 +155,7 @@ def _mechanisms(
             dimension=(
                 config.candidate_count
                 if exact
-                else EMBEDDING_DIMENSION
+                else config.release_dimension
                 if config.density_method == "centroid"
                 else moments_dimension(EMBEDDING_DIMENSION)
                 if config.density_method == "moments"
