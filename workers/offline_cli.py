@@ -54,11 +54,11 @@ from workers.methods.dpkps.config import (
     DEFAULT_CELLS,
     DEFAULT_LABEL_PRIOR,
     DEFAULT_SELECTION,
-    DEFAULT_SUBSPACE,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
     KDE_WEIGHTINGS,
     PUBLIC_VOCABULARY_DEFAULTS,
+    SUGGESTED_SUBSPACE,
     VOCABULARY_METHODS,
 )
 
@@ -273,7 +273,7 @@ def register(sub: Any) -> None:
         default=d["subspace"],
         help="with class centroids: release each class sum in this many top principal "
         "directions of the public phrases' embeddings (same noise and budget; 0: the whole "
-        f"embedding space; default {DEFAULT_SUBSPACE})",
+        f"embedding space, the default; {SUGGESTED_SUBSPACE} for corpora of many small classes)",
     )
     eng.add_argument(
         "--temperature",

@@ -37,7 +37,6 @@ from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
     DEFAULT_SELECTION,
-    DEFAULT_SUBSPACE,
     DELTA_CEILING,
     EMBEDDING_DIMENSION,
     EPSILON_CEILING,
@@ -47,6 +46,7 @@ from workers.methods.dpkps.config import (
     MAX_LABEL_PRIOR,
     MAX_SELECTION,
     PUBLIC_VOCABULARY_DEFAULTS,
+    SUGGESTED_SUBSPACE,
     GenerationConfig,
 )
 from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
@@ -205,14 +205,14 @@ class JobSpec(BaseModel):
         "direction (1: keep every draw); post-processing, no budget; default "
         f"{DEFAULT_SELECTION} with cells, else 1",
     )
-    subspace: int | None = Field(
+    subspace: int = Field(
         default=_ENGINE["subspace"],
         ge=0,
         le=EMBEDDING_DIMENSION,
         description="with kde_method centroid: release each class sum in this many top "
         "principal directions of the public phrases' embeddings, each unit rescaled there to "
-        "its own norm (same noise, same budget; 0: the whole embedding space; default "
-        f"{DEFAULT_SUBSPACE})",
+        "its own norm (same noise, same budget; 0, the default: the whole embedding space; "
+        f"{SUGGESTED_SUBSPACE} for corpora of many small classes)",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from workers.methods.dpkps.config import DEFAULT_SUBSPACE
 
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 WORDS = {
@@ -446,7 +445,7 @@ def test_a_total_epsilon_delta_gives_gaussian_noise_and_a_full_privacy_block(
     assert privacy["unit"] == "row"
     # the Gaussian defaults: class centroids over a public Ṽ, so no vocabulary release
     assert {e["mechanism"] for e in privacy["events"]} == {"kde"}
-    assert {e["dimension"] for e in privacy["events"]} == {DEFAULT_SUBSPACE}  # one cell
+    assert {e["dimension"] for e in privacy["events"]} == {384}
     assert "phrases of the public vocabulary" in manifest["method"]
     assert {e["noise"] for e in privacy["events"]} == {"gaussian"}
     assert all(e["scale"] > 0 and e["sensitivity"] > 0 for e in privacy["events"])

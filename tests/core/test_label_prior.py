@@ -111,12 +111,10 @@ def test_a_bad_label_prior_names_its_field(value: Any) -> None:
 def test_the_prior_spends_nothing_and_pulls_a_small_noisy_class_to_its_own_phrases() -> None:
     from tests.core.test_pipeline import assert_same_releases, own_phrase_shares
 
-    # in the whole space, where the figures below were measured (test_subspace.py checks
-    # the names in the default's public subspace)
     def config(label_prior: float) -> GenerationConfig:
         return GenerationConfig(
             epsilon=1.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,
-            public_vocabulary_size=16, label_prior=label_prior, seed=5, subspace=0,
+            public_vocabulary_size=16, label_prior=label_prior, seed=5,
         )  # fmt: skip
 
     # medians over 5 runs each: the names' gate (their agreement with the noisy releases)

@@ -22,6 +22,7 @@ from workers.errors import ConfigError
 from workers.methods.dpkps.config import (
     DEFAULT_SUBSPACE,
     EMBEDDING_DIMENSION,
+    SUGGESTED_SUBSPACE,
     GenerationConfig,
     method_description,
 )
@@ -109,16 +110,11 @@ def test_the_plan_releases_k_coordinates_at_the_same_cost() -> None:
     assert "principal directions" not in method_description(config(subspace=0))
 
 
-def test_by_default_one_cell_is_released_in_the_subspace_and_cells_in_the_whole_space() -> None:
-    for epsilon in (0.25, 1.0, 2.0):
-        assert config(epsilon=epsilon).cells == 1
-        assert config(epsilon=epsilon).release_dimension == DEFAULT_SUBSPACE < EMBEDDING_DIMENSION
-    for epsilon in (4.0, 6.0):
-        assert config(epsilon=epsilon).cells > 1
+def test_by_default_the_release_takes_the_whole_space() -> None:
+    for epsilon in (0.25, 1.0, 6.0):
         assert config(epsilon=epsilon).release_dimension == EMBEDDING_DIMENSION
-    assert config(epsilon=6.0, centroid_cells=1).release_dimension == DEFAULT_SUBSPACE
+    assert DEFAULT_SUBSPACE == 0 < SUGGESTED_SUBSPACE < EMBEDDING_DIMENSION
     assert config(epsilon=6.0, subspace=64).release_dimension == 64  # asked for: with cells too
-    assert config(subspace=0).release_dimension == EMBEDDING_DIMENSION
     laplace = GenerationConfig(epsilon_vocab=1.0, epsilon_kde=2.0).validate()
     assert laplace.release_dimension == EMBEDDING_DIMENSION  # no class centroids
 
@@ -169,14 +165,14 @@ def test_a_run_in_the_subspace_is_as_planned_and_keeps_classes_on_their_phrases(
     assert float(np.mean(shares)) > 0.7, shares
 
 
-def test_the_default_at_epsilon_1_with_the_names_keeps_small_classes_on_their_phrases() -> None:
+def test_the_suggested_subspace_with_the_names_keeps_small_classes_on_their_phrases() -> None:
     from tests.core.test_pipeline import TOPICS, own_phrase_shares
 
     cfg = GenerationConfig(
         epsilon=1.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,
-        public_vocabulary_size=16, seed=5,
+        public_vocabulary_size=16, seed=5, subspace=SUGGESTED_SUBSPACE,
     ).validate()  # fmt: skip
-    assert cfg.release_dimension == DEFAULT_SUBSPACE and cfg.label_prior > 0
+    assert cfg.release_dimension == SUGGESTED_SUBSPACE and cfg.label_prior > 0
     shares, results = own_phrase_shares(cfg, runs=5)
     assert all(r.report.as_planned and float(r.report.epsilon) <= 1.0 for r in results)
     assert all(len(r.sequences) == 40 * len(TOPICS) for r in results)

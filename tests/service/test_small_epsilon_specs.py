@@ -11,7 +11,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service import factories
-from workers.methods.dpkps.config import DEFAULT_SUBSPACE
 
 GAUSSIAN = {"epsilon_vocab": None, "epsilon_kde": None, "epsilon": 1.0, "delta": 1e-6}
 
@@ -109,8 +108,7 @@ def test_each_small_epsilon_option_is_planned_as_asked_and_shown_by_a_dry_run(
     for name, value in overrides.items():
         assert plan["parameters"][name] == value, name
     kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
-    # class centroids without cells: released in the public subspace by default
-    dimensions = {"centroid": DEFAULT_SUBSPACE, "moments": 384 + 384 * 385 // 2}
+    dimensions = {"centroid": 384, "moments": 384 + 384 * 385 // 2}
     if overrides["kde_method"] in dimensions:
         assert {e["dimension"] for e in kde} == {dimensions[overrides["kde_method"]]}
     if overrides.get("kde_weighting") == "l2":
