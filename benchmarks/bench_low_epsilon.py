@@ -53,11 +53,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
-from workers.methods.dpkps.config import EMBEDDING_DIMENSION, LowEpsilonConfig
+from workers.methods.dpkps.config import LowEpsilonConfig
 from workers.methods.dpkps.kde import combined_scale
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.plan import CELLS, KDE, plan
-from workers.methods.dpkps.subspace import project_units, public_basis
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
 from workers.text.vocabulary import load_vocabulary
@@ -308,35 +307,19 @@ class Bench:
         is released), the median over the documents of margin / (σ·√2 / n_c)."""
         x = np.asarray(self.embedder.encode(self.texts), dtype=np.float64)
         margin, size = score_margins(x, self.labels)
-        released: dict[int, NDArray[np.float64]] = {EMBEDDING_DIMENSION: margin}
         noise = []
         for epsilon in epsilons:
             config = self.config(epsilon, 0, {})
-            k = config.release_dimension
-            if k not in released:  # the units as the release sees them (subspace.py)
-                released[k] = score_margins(project_units(x, self.basis(config)), self.labels)[0]
             sigma = class_sum_noise(config, self.label_set, len(self.vocabulary))
-            ratio = float(np.median(released[k] * size / (sigma * math.sqrt(2))))
-            noise.append({"epsilon": epsilon, "sigma": sigma, "ratio": ratio, "dimension": k})
+            ratio = float(np.median(margin * size / (sigma * math.sqrt(2))))
+            noise.append({"epsilon": epsilon, "sigma": sigma, "ratio": ratio})
         return {
             "split": self.split,
             "classes": len(set(self.labels)),
             "median_size": float(np.median(list(Counter(self.labels).values()))),
             "margin": float(np.median(margin)),
-            "margins": {str(k): float(np.median(m)) for k, m in sorted(released.items())},
             "noise": noise,
         }
-
-    def basis(self, config: LowEpsilonConfig) -> NDArray[np.float64]:
-        """The public release subspace a run of ``config`` uses (Ṽ the public vocabulary's
-        first phrases; public inputs only)."""
-        phrases = self.cache.lookup(
-            phrases=self.vocabulary.phrases,
-            fingerprint=self.vocabulary.fingerprint,
-            indices=np.arange(config.candidate_count),
-            embedder=self.embedder.inner,
-        )
-        return public_basis(phrases, config.release_dimension)
 
     def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
         config = self.config(epsilon, seed, settings)
@@ -591,11 +574,6 @@ def limits_table(limits: list[dict[str, Any]], curve: list[dict[str, Any]]) -> s
         "|---|---:|---:|---:|" + "---|" * len(CURVE),
     ]
     for item in limits:
-        margin = f"{item['margin']:.3f}" + "".join(
-            f" / {value:.3f} (k = {k})"
-            for k, value in item.get("margins", {}).items()
-            if int(k) != EMBEDDING_DIMENSION
-        )
         cells = " | ".join(
             f"{n['ratio']:.2f} ({fraction[(item['split'], n['epsilon'])]:.2f})"
             if (item["split"], n["epsilon"]) in fraction
@@ -604,7 +582,7 @@ def limits_table(limits: list[dict[str, Any]], curve: list[dict[str, Any]]) -> s
         )
         rows.append(
             f"| {REPORTED[item['split']]} | {item['classes']} | {item['median_size']:g} | "
-            f"{margin} | {cells} |"
+            f"{item['margin']:.3f} | {cells} |"
         )
     sigmas = "; ".join(
         f"{REPORTED[item['split']]} " + " / ".join(f"{n['sigma']:.2f}" for n in item["noise"])

@@ -53,13 +53,3 @@ def test_class_sum_noise_is_the_plans_sigma_both_releases_combined(epsilon: floa
         )
         < sigma
     )
-
-
-def test_the_limits_table_gives_the_margin_in_the_release_subspace_beside_the_whole() -> None:
-    noise = [{"epsilon": e, "sigma": 2.0, "ratio": 0.5, "dimension": 128} for e in bench.CURVE]
-    item = {"split": "yelp-hospital", "classes": 24, "median_size": 40.0, "margin": 0.087,
-            "margins": {"128": 0.121, "384": 0.087}, "noise": noise}  # fmt: skip
-    table = bench.limits_table([item], [])
-    assert "| 0.087 / 0.121 (k = 128) |" in table
-    del item["margins"]  # a record from before the subspace: the whole space's only
-    assert "| 0.087 | 0.50 |" in bench.limits_table([item], [])
