@@ -58,6 +58,7 @@ from workers.methods.dpkps.config import (
     KDE_METHODS,
     KDE_WEIGHTINGS,
     PUBLIC_VOCABULARY_DEFAULTS,
+    SUBSPACE_FROM_CLASSES,
     SUGGESTED_SUBSPACE,
     VOCABULARY_METHODS,
 )
@@ -273,7 +274,8 @@ def register(sub: Any) -> None:
         default=d["subspace"],
         help="with class centroids: release each class sum in this many top principal "
         "directions of the public phrases' embeddings (same noise and budget; 0: the whole "
-        f"embedding space, the default; {SUGGESTED_SUBSPACE} for corpora of many small classes)",
+        f"embedding space; default {SUGGESTED_SUBSPACE} with {SUBSPACE_FROM_CLASSES} or more "
+        "declared labels and one cell per class, else the whole space)",
     )
     eng.add_argument(
         "--temperature",
@@ -700,6 +702,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         raise ConfigError("a labelled corpus needs at least two labels", field="declared_labels")
     vocabulary = load_vocabulary(args.vocabulary)
     config.check_vocabulary(vocabulary.name, len(vocabulary))
+    config = config.for_classes(len(label_set))  # the default subspace: by the label set
     planned = plan(config, label_set, len(vocabulary))
     if args.dry_run:  # public inputs only: --input is not opened
         summary = {

@@ -46,6 +46,7 @@ from workers.methods.dpkps.config import (
     MAX_LABEL_PRIOR,
     MAX_SELECTION,
     PUBLIC_VOCABULARY_DEFAULTS,
+    SUBSPACE_FROM_CLASSES,
     SUGGESTED_SUBSPACE,
     GenerationConfig,
 )
@@ -205,14 +206,15 @@ class JobSpec(BaseModel):
         "direction (1: keep every draw); post-processing, no budget; default "
         f"{DEFAULT_SELECTION} with cells, else 1",
     )
-    subspace: int = Field(
+    subspace: int | None = Field(
         default=_ENGINE["subspace"],
         ge=0,
         le=EMBEDDING_DIMENSION,
         description="with kde_method centroid: release each class sum in this many top "
         "principal directions of the public phrases' embeddings, each unit rescaled there to "
-        "its own norm (same noise, same budget; 0, the default: the whole embedding space; "
-        f"{SUGGESTED_SUBSPACE} for corpora of many small classes)",
+        "its own norm (same noise, same budget; 0: the whole embedding space; null, the "
+        f"default: {SUGGESTED_SUBSPACE} with {SUBSPACE_FROM_CLASSES} or more declared labels "
+        "and one cell per class, else the whole space)",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

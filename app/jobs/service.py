@@ -178,11 +178,11 @@ def _prepare(
     return dataset, vocabulary, planned(config, list(dataset.labels), vocabulary.size)
 
 
-def description(spec: AnySpec) -> str:
-    """What the method of ``spec`` runs, in words (dry runs, release manifests)."""
+def description(spec: AnySpec, classes: int) -> str:
+    """What the method of ``spec`` runs on a label set of ``classes`` classes, in words."""
     if isinstance(spec, LLMMethodJob):
         return LLM_METHODS[spec.method].description
-    return method_description(spec.generation_config())
+    return method_description(spec.generation_config().for_classes(classes))
 
 
 def dry_run(
@@ -200,24 +200,25 @@ def dry_run(
     return {
         "dry_run": True,
         "dataset_id": str(dataset.id),
-        "method": description(spec),
+        "method": description(spec, len(dataset.labels)),
         "epsilon": float(the_plan.epsilon),
         "delta": the_plan.delta,
         "accountant": the_plan.accountant,
         "by_mechanism": epsilon_by_mechanism(the_plan.events, the_plan.delta),
         "events": [e.to_dict() for e in the_plan.events],
-        "parameters": _resolved_parameters(spec),
+        "parameters": _resolved_parameters(spec, len(dataset.labels)),
         "noise": noise_report(
             the_plan.events, dataset.documents if owner else None, len(dataset.labels)
         ),
     }
 
 
-def _resolved_parameters(spec: AnySpec) -> dict[str, Any] | None:
-    """A DP-KPS spec's engine parameters, defaults resolved (None for the LLM methods)."""
+def _resolved_parameters(spec: AnySpec, classes: int) -> dict[str, Any] | None:
+    """A DP-KPS spec's engine parameters, defaults resolved for a label set of ``classes``
+    classes (None for the LLM methods)."""
     if isinstance(spec, LLMMethodJob):
         return None
-    parameters = spec.generation_config().to_dict()
+    parameters = spec.generation_config().for_classes(classes).to_dict()
     del parameters["device"]  # the worker's business, not the spec's
     return parameters
 

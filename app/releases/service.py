@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.datasets import repository as datasets_repo
 from app.errors import Conflict, Forbidden, NotFound, Unprocessable
 from app.identity import policy
 from app.identity import repository as identity_repo
@@ -93,12 +94,14 @@ def llm_costs_of(job: Job) -> dict[str, Any]:
     return {"method": jobs.method_of(job.spec), **JobLLMCosts(**(job.llm_costs or {})).model_dump()}
 
 
-def manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
+def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict[str, Any]:
+    """The public manifest of a release of ``job`` (its dataset declares ``classes``
+    labels)."""
     if jobs.method_of(job.spec) in LLM_METHODS:
         return _llm_method_manifest(job, settings, documents)
     spec = job.spec
     engine = job.manifest or {}
-    config = _config(spec)
+    config = _config(spec).for_classes(classes)  # the default subspace: by the label set
     resolved = config.to_dict()  # the defaults that depend on the mode, resolved
     llm = spec.get("llm", "none")
     endpoint = settings.llm_endpoints.get(llm)
@@ -176,6 +179,9 @@ def create_release(
         raise Unprocessable(
             "not client organisations: " + ", ".join(bad), field="client_organisations"
         )
+    dataset = datasets_repo.get(session, job.dataset_id)
+    if dataset is None:  # a job's dataset row outlives it (deletion only marks it)
+        raise NotFound("no such dataset")
     documents = jobs_repo.count_sequences(session, job.id, with_text_only=_texts_only(job))
     release = repository.add(
         session,
@@ -185,7 +191,7 @@ def create_release(
             organisation_id=job.organisation_id,
             name=body.name or f"job {job.id}",
             documents=documents,
-            manifest=manifest(job, settings, documents),
+            manifest=manifest(job, settings, documents, len(dataset.labels)),
             created_by=principal.actor.ref,
         ),
         wanted,

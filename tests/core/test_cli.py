@@ -525,6 +525,22 @@ def test_a_dry_run_shows_the_small_epsilon_options(
     assert float(plan["epsilon"]) <= 1.0
 
 
+@pytest.mark.parametrize(("declared", "dimension"), [(len(LABELS), 384), (20, 128)])
+def test_a_dry_run_shows_the_subspace_the_declared_labels_choose(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], declared: int, dimension: int
+) -> None:
+    # by default, 20 or more declared labels with one cell a class (ε < 4): the top 128
+    # principal directions of the public phrases; the declared labels are public
+    labels = [*LABELS, *(f"extra {i}" for i in range(declared - len(LABELS)))]
+    args = _without(generate_args(small), "--epsilon-vocab", "--epsilon-kde")
+    args[args.index("--labels") + 1] = ",".join(labels)
+    assert main([*args, "--epsilon", "1", "--delta", "1e-6", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["parameters"]["subspace"] == dimension
+    assert {e["dimension"] for e in plan["events"] if e["mechanism"] == "kde"} == {dimension}
+    assert ("top 128 principal directions" in plan["method"]) == (dimension == 128)
+
+
 def test_an_unknown_small_epsilon_option_value_names_the_option(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,14 +22,18 @@ from workers.errors import ConfigError
 from workers.methods.dpkps.config import (
     DEFAULT_SUBSPACE,
     EMBEDDING_DIMENSION,
+    SUBSPACE_FROM_CLASSES,
     SUGGESTED_SUBSPACE,
     GenerationConfig,
     method_description,
 )
 from workers.methods.dpkps.kde import build_centroid_structures
+from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.methods.dpkps.subspace import project_units, public_basis
 from workers.privacy.accountant import compose
+from workers.text.embeddings import SentenceEmbedder
+from workers.text.vocabulary import Vocabulary
 
 LABELS = ["a", "b", "c"]
 
@@ -110,13 +114,50 @@ def test_the_plan_releases_k_coordinates_at_the_same_cost() -> None:
     assert "principal directions" not in method_description(config(subspace=0))
 
 
-def test_by_default_the_release_takes_the_whole_space() -> None:
-    for epsilon in (0.25, 1.0, 6.0):
-        assert config(epsilon=epsilon).release_dimension == EMBEDDING_DIMENSION
-    assert DEFAULT_SUBSPACE == 0 < SUGGESTED_SUBSPACE < EMBEDDING_DIMENSION
-    assert config(epsilon=6.0, subspace=64).release_dimension == 64  # asked for: with cells too
-    laplace = GenerationConfig(epsilon_vocab=1.0, epsilon_kde=2.0).validate()
-    assert laplace.release_dimension == EMBEDDING_DIMENSION  # no class centroids
+MANY = [f"label {i}" for i in range(SUBSPACE_FROM_CLASSES)]  # the small-hospital regime
+
+
+def test_by_default_the_subspace_is_chosen_by_the_declared_label_set() -> None:
+    assert DEFAULT_SUBSPACE is None and config().subspace is None
+    assert 0 < SUGGESTED_SUBSPACE < EMBEDDING_DIMENSION
+    few, many = len(MANY) - 1, len(MANY)
+    for epsilon in (0.25, 1.0, 2.0):  # one cell a class: the subspace with many classes
+        assert config(epsilon=epsilon).for_classes(many).release_dimension == SUGGESTED_SUBSPACE
+        assert config(epsilon=epsilon).for_classes(few).release_dimension == EMBEDDING_DIMENSION
+    # with cells (ε ≥ 4) the whole space, however many classes
+    assert config(epsilon=6.0).for_classes(many).release_dimension == EMBEDDING_DIMENSION
+    # what is asked for is kept, with cells too, and 0 keeps the whole space
+    assert config(epsilon=6.0, subspace=64).for_classes(many).release_dimension == 64
+    assert config(subspace=0).for_classes(many).release_dimension == EMBEDDING_DIMENSION
+    for other in (  # no class centroids with a total Gaussian budget: the whole space
+        GenerationConfig(epsilon_vocab=1.0, epsilon_kde=2.0).validate(),
+        config(kde_method="moments"),
+        config(kde_method="exact"),
+    ):
+        assert other.for_classes(many).release_dimension == EMBEDDING_DIMENSION
+    # unresolved, the dimension is not guessed; the description and the parameters say so
+    with pytest.raises(ValueError, match="for_classes"):
+        _ = config().release_dimension
+    assert config().to_dict()["subspace"] is None
+    assert "with 20 or more classes" in method_description(config())
+    assert "principal directions" not in method_description(config(epsilon=6.0))
+    assert config().for_classes(many).to_dict()["subspace"] == SUGGESTED_SUBSPACE
+    assert config().for_classes(few).to_dict()["subspace"] == EMBEDDING_DIMENSION
+
+
+def test_the_plan_and_the_run_resolve_the_default_by_the_label_set() -> None:
+    # the plan (public inputs only) knows the dimension: the declared labels are public
+    many = plan(config(), MANY, 1000)
+    few = plan(config(), MANY[:-1], 1000)
+    whole = plan(config(subspace=0), MANY, 1000)
+    assert {e.dimension for e in many.events if e.mechanism == KDE} == {SUGGESTED_SUBSPACE}
+    assert {e.dimension for e in few.events if e.mechanism == KDE} == {EMBEDDING_DIMENSION}
+    assert {e.dimension for e in whole.events if e.mechanism == KDE} == {EMBEDDING_DIMENSION}
+    # the same noise and cost as the whole space for the same label set
+    assert many.epsilon == whole.epsilon <= Decimal("1")
+    assert [(e.mechanism, e.scale) for e in many.events] == [
+        (e.mechanism, e.scale) for e in whole.events
+    ]
 
 
 @pytest.mark.parametrize(
@@ -141,12 +182,35 @@ def test_the_job_spec_takes_the_subspace() -> None:
             "delta": 1e-6, "noise": "gaussian"}  # fmt: skip
     spec = JobSpec.model_validate({**base, "subspace": 48})
     assert spec.generation_config().release_dimension == 48
+    default = JobSpec.model_validate(base).generation_config()
+    assert default.subspace is None  # resolved by the dataset's declared labels
+    assert default.for_classes(len(MANY)).release_dimension == SUGGESTED_SUBSPACE
     with pytest.raises(ValueError, match="subspace"):
         JobSpec.model_validate({**base, "subspace": EMBEDDING_DIMENSION + 1})
     with pytest.raises(ConfigError) as info:  # the engine names it too
         moments = {**base, "subspace": 16, "kde_method": "moments"}
         JobSpec.model_validate(moments).generation_config()
     assert info.value.field == "subspace"
+
+
+def test_a_default_run_takes_the_subspace_its_declared_labels_choose() -> None:
+    from tests.core.test_pipeline import TOPICS, corpus
+
+    texts, labels = corpus(per_class=12)
+    vocabulary = Vocabulary.from_phrases("t", [w for words in TOPICS.values() for w in words])
+    cfg = GenerationConfig(
+        epsilon=1.0, delta=1e-6, noise="gaussian", per_class=4, public_vocabulary_size=15,
+    ).validate()  # fmt: skip
+    declared = [*TOPICS, *(f"unused {i}" for i in range(SUBSPACE_FROM_CLASSES - len(TOPICS)))]
+    for label_set, dimension in ((declared, SUGGESTED_SUBSPACE), (list(TOPICS), 384)):
+        result = generate_sequences(
+            texts, labels, label_set=label_set, vocabulary=vocabulary, config=cfg,
+            embedder=SentenceEmbedder(),
+        )  # fmt: skip
+        assert result.report.as_planned
+        assert {e.dimension for e in result.report.events if e.mechanism == KDE} == {dimension}
+        assert result.manifest()["parameters"]["subspace"] == dimension
+        assert len(result.sequences) == 4 * len(label_set)
 
 
 def test_a_run_in_the_subspace_is_as_planned_and_keeps_classes_on_their_phrases() -> None:

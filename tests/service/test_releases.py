@@ -236,3 +236,24 @@ def test_large_releases_stream_in_batches(
     lines = b"".join(chunks).decode().splitlines()
     assert len(lines) == 2501 and lines[-1] == "cardio,,phrase 2499"
     assert release["documents"] == 2500
+
+
+def test_a_release_manifest_names_the_subspace_the_declared_labels_chose(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    # class centroids with a total Gaussian budget: the default subspace is resolved by
+    # the dataset's declared labels (20 or more: the top 128 public directions)
+    labels = [*factories.LABELS, *(f"extra {i}" for i in range(20))]
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5", labels=labels)
+    gaussian = {"epsilon_vocab": None, "epsilon_kde": None, "epsilon": 1.0, "delta": 1e-6}
+    job_id = factories.job(client, world.owner, dataset_id, **gaussian)
+    factories.run_job(db, job_id)
+    response = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)]},
+    )
+    assert response.status_code == 201, response.text
+    manifest = response.json()["manifest"]
+    assert manifest["parameters"]["subspace"] == 128
+    assert "top 128 principal directions" in manifest["method"]

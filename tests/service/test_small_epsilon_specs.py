@@ -212,3 +212,19 @@ def test_the_label_prior_is_a_job_option_and_a_bad_one_names_its_field(
         assert response.json()["parameters"]["label_prior"] == value
     else:
         assert response.json()["field"] == "label_prior"
+
+
+@pytest.mark.parametrize(("extra", "dimension"), [(0, 384), (20, 128)])
+def test_a_dry_run_shows_the_subspace_the_declared_labels_choose(
+    client: TestClient, world: factories.World, extra: int, dimension: int
+) -> None:
+    # the default subspace is chosen by the declared label set (public): 20 or more
+    # classes with one cell each are released in the public phrases' top 128 directions
+    labels = [*factories.LABELS, *(f"extra {i}" for i in range(extra))]
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5", labels=labels)
+    response = _post(client, world, dataset_id, _spec(**GAUSSIAN), dry_run="true")
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert plan["parameters"]["subspace"] == dimension
+    assert {e["dimension"] for e in plan["events"] if e["mechanism"] == "kde"} == {dimension}
+    assert ("top 128 principal directions" in plan["method"]) == (dimension == 128)

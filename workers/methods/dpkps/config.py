@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from workers.errors import ConfigError
@@ -49,11 +49,15 @@ DEFAULT_SELECTION = 8
 MAX_SELECTION = 16
 # The release subspace (class centroids; subspace.py): each unit's vector projected on the
 # top k principal directions of Ṽ's public phrase embeddings and rescaled there to its own
-# norm, so the class sums are released in k coordinates with the same L2 Δ = 1. An option,
-# not a default: k = 128 gained on small classes and lost on Yelp's business categories
-# (BENCHMARKS.md, "A public subspace for the release"); 0, the default: the whole space.
-DEFAULT_SUBSPACE = 0
+# norm, so the class sums are released in k coordinates with the same L2 Δ = 1. k = 128
+# gained on small classes and lost on Yelp's ten business categories (BENCHMARKS.md, "A
+# public subspace for the release"), so by default (None) it is used where the declared
+# label set has SUBSPACE_FROM_CLASSES or more classes (issue 16's small-hospital regime,
+# "20 or more classes"; a public input, so the plan knows it) and a class has one cell;
+# 0: the whole space.
+DEFAULT_SUBSPACE: int | None = None
 SUGGESTED_SUBSPACE = 128  # the k chosen on the tuning splits, for corpora of small classes
+SUBSPACE_FROM_CLASSES = 20
 
 
 EPSILON_FLOOR = 1e-3  # per mechanism: below it a release is all noise, and a probe of one fact
@@ -125,7 +129,13 @@ def method_description(config: GenerationConfig) -> str:
             kde += " (document weights of L2 norm 1)"
     elif config.density_method == "centroid":
         kde = "the class centroids of the document embeddings (linear kernel)"
-        if config.release_dimension < EMBEDDING_DIMENSION:
+        if config.subspace is None:  # resolved by the label set at the run
+            if config.for_classes(SUBSPACE_FROM_CLASSES).release_dimension < EMBEDDING_DIMENSION:
+                kde += (
+                    f", released in the top {SUGGESTED_SUBSPACE} principal directions of the "
+                    f"public phrases' embeddings with {SUBSPACE_FROM_CLASSES} or more classes"
+                )
+        elif config.release_dimension < EMBEDDING_DIMENSION:
             kde += (
                 f", released in the top {config.release_dimension} principal directions of "
                 "the public phrases' embeddings"
@@ -277,17 +287,19 @@ class GenerationConfig:
     1.5 standard errors); at ε = 4 on AG +0.004. Around a class's one direction (no cells,
     ε = 1) it cost AG 0.008: hence none without cells.
 
-    Release subspace (``subspace`` = k, :mod:`workers.methods.dpkps.subspace`; off by
-    default): each unit's vector is projected on the top k principal directions of Ṽ's
-    public phrase embeddings and rescaled there to its own norm, so each class sum (and
-    cell) is released in k coordinates with the same σ and L2 Δ = 1; phrases are scored by
-    their cosine with the released direction as before. k = 128 (:data:`SUGGESTED_SUBSPACE`)
-    was chosen on the tuning splits (the small-hospital tuning split +0.016 / +0.012 at
-    ε = 1 / 2, AG News rows 0–3,799 +0.019 at ε = 0.25, the Yelp tuning splits −0.004 and
-    0.000 at ε = 1); on the reported splits at ε = 1 it lifted the small hospital 0.49 →
-    0.58 of real and the 50 Yelp labels 0.75 → 0.78, but cost Yelp's business categories
-    0.03 (0.94 → 0.90), so it is an owner's choice for corpora of many small classes, not
-    a default.
+    Release subspace (``subspace`` = k, :mod:`workers.methods.dpkps.subspace`): each
+    unit's vector is projected on the top k principal directions of Ṽ's public phrase
+    embeddings and rescaled there to its own norm, so each class sum (and cell) is released
+    in k coordinates with the same σ and L2 Δ = 1; phrases are scored by their cosine with
+    the released direction as before. k = 128 (:data:`SUGGESTED_SUBSPACE`) was chosen on the
+    tuning splits (the small-hospital tuning split, 20 classes, +0.016 / +0.012 at ε = 1 / 2,
+    AG News rows 0–3,799 +0.019 at ε = 0.25, the ten-class Yelp tuning split −0.004 at
+    ε = 1); on the reported splits at ε = 1 it lifted the small hospital 0.49 → 0.58 of
+    real and the 50 Yelp labels 0.75 → 0.78, but cost Yelp's ten business categories 0.03
+    (0.94 → 0.90). So by default (``subspace`` None, :meth:`GenerationConfig.for_classes`)
+    it is used where a class has one cell and the declared label set, a public input, has
+    :data:`SUBSPACE_FROM_CLASSES` or more classes (issue 16's small-hospital regime), and
+    the whole space elsewhere; the rule was set after the reported splits were seen.
 
     The defaults were chosen by measurement on AG News (6,000 private documents, 4
     classes, ε = 1 + 5, keyphrase sequences only, classifier on sentence embeddings);
@@ -354,8 +366,9 @@ class GenerationConfig:
     label_prior: float = DEFAULT_LABEL_PRIOR  # centroid: κ of the label names' prior; 0: off
     sequence_selection: int | None = None  # F: draw F× the sequences, keep the 1/F nearest
     # their class's (or cell's) released direction; 1: off; None: F = 8 with cells, else 1
-    subspace: int = DEFAULT_SUBSPACE  # centroid: release in the top-k principal directions
-    # of Ṽ's public embeddings (each unit rescaled there to its own norm); 0: the whole space
+    subspace: int | None = DEFAULT_SUBSPACE  # centroid: release in the top-k principal
+    # directions of Ṽ's public embeddings (each unit rescaled there to its own norm); 0: the
+    # whole space; None: by the number of declared classes (for_classes)
     num_features: int = 1024  # I: random Fourier features
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
     temperature: float | None = None  # τ: p ∝ clip(score)^(1/τ); None: per kde_method
@@ -483,8 +496,12 @@ class GenerationConfig:
             raise ConfigError("must be below 1 (the cells need a share)", field="cell_share")
         _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
         _check_between(self.label_prior, field="label_prior", high=MAX_LABEL_PRIOR)
-        _check_int(self.subspace, name="subspace", low=0, high=EMBEDDING_DIMENSION)
-        if self.subspace not in (0, EMBEDDING_DIMENSION) and self.density_method != "centroid":
+        if self.subspace is not None:
+            _check_int(self.subspace, name="subspace", low=0, high=EMBEDDING_DIMENSION)
+        if (
+            self.subspace not in (None, 0, EMBEDDING_DIMENSION)
+            and self.density_method != "centroid"
+        ):
             raise ConfigError(
                 "a release subspace is for class centroids: give kde_method centroid, "
                 "or subspace 0",
@@ -616,13 +633,32 @@ class GenerationConfig:
             return self.sequence_selection
         return DEFAULT_SELECTION if self.cells > 1 else 1
 
+    def for_classes(self, classes: int) -> GenerationConfig:
+        """This configuration with ``subspace`` resolved for a label set of ``classes``
+        declared classes (public): by default :data:`SUGGESTED_SUBSPACE` with class
+        centroids, a total Gaussian budget, one cell per class and at least
+        :data:`SUBSPACE_FROM_CLASSES` classes; else 0, the whole space."""
+        if self.subspace is not None:
+            return self
+        small = (
+            self.density_method == "centroid"
+            and self.noise == "gaussian"
+            and self.epsilon is not None
+            and self.cells == 1
+            and classes >= SUBSPACE_FROM_CLASSES
+        )
+        return replace(self, subspace=SUGGESTED_SUBSPACE if small else 0)
+
     @property
     def release_dimension(self) -> int:
         """k: the coordinates of each class sum's (and cell's) release with class
-        centroids: ``subspace``; the whole embedding space when 0 (the default)."""
+        centroids: ``subspace``; the whole embedding space when 0. Needs ``subspace``
+        resolved (:meth:`for_classes`): the default depends on the label set."""
         if self.density_method != "centroid":
             return EMBEDDING_DIMENSION
         k = self.subspace
+        if k is None:
+            raise ValueError("subspace is resolved by the label set: call for_classes first")
         return EMBEDDING_DIMENSION if k in (0, EMBEDDING_DIMENSION) else k
 
     @property
@@ -639,7 +675,12 @@ class GenerationConfig:
         out["public_vocabulary_size"] = self.public_size
         out["centroid_cells"] = self.cells
         out["sequence_selection"] = self.selection_factor
-        out["subspace"] = self.release_dimension
+        # None until resolved by the label set (for_classes): the plan's events say which
+        out["subspace"] = (
+            None
+            if self.subspace is None and self.density_method == "centroid"
+            else self.release_dimension
+        )
         return out
 
 

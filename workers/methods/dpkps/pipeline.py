@@ -166,6 +166,7 @@ def generate_sequences(
     config.validate()
     report_progress = progress or _noop
     label_set = list(label_set)
+    config = config.for_classes(len(label_set))  # the default subspace: by the label set
     check_corpus(documents, labels, label_set)
     config.check_vocabulary(vocabulary.name, len(vocabulary))
     device = select_device(config.device)

@@ -226,6 +226,7 @@ def plan(config: GenerationConfig, label_set: Sequence[str], vocabulary_size: in
     config.validate()
     if not label_set:
         raise ConfigError("the label set is empty", field="labels")
+    config = config.for_classes(len(label_set))  # the default subspace: by the label set
     mechanisms = _mechanisms(config, label_set, vocabulary_size)
     if config.epsilon is None:  # per-mechanism ε: their sum, each share its own ε
         total = math.fsum(m.share for m in mechanisms)
