@@ -39,7 +39,9 @@ FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
 
 def _config(spec: dict[str, Any]) -> GenerationConfig:
     """The job's engine configuration, from its stored spec (validated at submission)."""
-    return GenerationConfig(**{name: spec[name] for name in ENGINE_FIELDS if name in spec})
+    values = {name: spec[name] for name in ENGINE_FIELDS if name in spec}
+    values.setdefault("subspace", 0)  # a job from before the option ran in the whole space
+    return GenerationConfig(**values)
 
 
 def density(config: GenerationConfig) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.db import Database
-from app.models import Download
+from app.models import Download, Job
 from app.releases.export import escape_cell
 from tests.service import factories
 
@@ -257,3 +257,17 @@ def test_a_release_manifest_names_the_subspace_the_declared_labels_chose(
     manifest = response.json()["manifest"]
     assert manifest["parameters"]["subspace"] == 128
     assert "top 128 principal directions" in manifest["method"]
+    # a job stored before the option existed (no subspace in its spec) ran in the whole space
+    old = factories.job(client, world.owner, dataset_id, **gaussian)
+    with db.transaction() as session:
+        job = session.get(Job, uuid.UUID(old))
+        assert job is not None
+        job.spec = {k: v for k, v in job.spec.items() if k != "subspace"}
+    factories.run_job(db, old)
+    response = client.post(
+        f"/v1/jobs/{old}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)]},
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["manifest"]["parameters"]["subspace"] == 384
