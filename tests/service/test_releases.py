@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import uuid
+from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
@@ -18,6 +19,18 @@ from app.releases.export import escape_cell
 from tests.service import factories
 
 
+def _release(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
+    """The owner releases a succeeded job to the client organisation: the new release."""
+    response = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)], "name": "cardio v1"},
+    )
+    assert response.status_code == 201, response.text
+    release: dict[str, Any] = response.json()
+    return release
+
+
 def _released(
     client: TestClient, world: factories.World, db: Database, **job: object
 ) -> tuple[str, str]:
@@ -25,13 +38,7 @@ def _released(
     texts = job.pop("texts", None)
     job_id = factories.job(client, world.owner, dataset_id, **job)
     factories.run_job(db, job_id, texts=texts)  # type: ignore[arg-type]
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)], "name": "cardio v1"},
-    )
-    assert response.status_code == 201, response.text
-    return job_id, str(response.json()["id"])
+    return job_id, str(_release(client, world, job_id)["id"])
 
 
 def test_only_a_succeeded_job_is_released_to_client_organisations(
@@ -248,13 +255,7 @@ def test_a_release_manifest_names_the_subspace_the_declared_labels_chose(
     gaussian = {"epsilon_vocab": None, "epsilon_kde": None, "epsilon": 1.0, "delta": 1e-6}
     job_id = factories.job(client, world.owner, dataset_id, **gaussian)
     factories.run_job(db, job_id)
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert response.status_code == 201, response.text
-    manifest = response.json()["manifest"]
+    manifest = _release(client, world, job_id)["manifest"]
     assert manifest["parameters"]["subspace"] == 128
     assert "top 128 principal directions" in manifest["method"]
     # a job stored before the option existed (no subspace in its spec) ran in the whole space
@@ -264,10 +265,4 @@ def test_a_release_manifest_names_the_subspace_the_declared_labels_chose(
         assert job is not None
         job.spec = {k: v for k, v in job.spec.items() if k != "subspace"}
     factories.run_job(db, old)
-    response = client.post(
-        f"/v1/jobs/{old}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert response.status_code == 201, response.text
-    assert response.json()["manifest"]["parameters"]["subspace"] == 384
+    assert _release(client, world, old)["manifest"]["parameters"]["subspace"] == 384

@@ -641,10 +641,9 @@ class GenerationConfig:
         :data:`SUBSPACE_FROM_CLASSES` classes; else 0, the whole space."""
         if self.subspace is not None:
             return self
+        # class centroids take a total Gaussian budget (validate), so only cells are left
         small = (
             self.density_method == "centroid"
-            and self.noise == "gaussian"
-            and self.epsilon is not None
             and self.cells == 1
             and classes >= SUBSPACE_FROM_CLASSES
         )
