@@ -269,6 +269,13 @@ def register(sub: Any) -> None:
         f"draw; default {DEFAULT_SELECTION} with cells, else 1)",
     )
     eng.add_argument(
+        "--consistency-filter",
+        action=argparse.BooleanOptionalAction,
+        default=d["consistency_filter"],
+        help="with class centroids: keep a sequence only where its own class's released "
+        "direction is the nearest to its embedding (fewer sequences than asked for; default off)",
+    )
+    eng.add_argument(
         "--subspace",
         type=int,
         default=d["subspace"],
@@ -550,6 +557,7 @@ def _config(args: argparse.Namespace) -> Any:
         centroid_cells=args.centroid_cells,
         label_prior=args.label_prior,
         sequence_selection=args.sequence_selection,
+        consistency_filter=args.consistency_filter,
         subspace=args.subspace,
         temperature=args.temperature,
         class_contrast=args.class_contrast,

@@ -61,7 +61,7 @@ Example = Annotated[
     ),
 ]
 
-_BOOLEAN_FIELDS = frozenset({"distinct"})
+_BOOLEAN_FIELDS = frozenset({"distinct", "consistency_filter"})
 
 # ε of one mechanism, within the engine's floor and ceiling (see ``check_epsilon``): a
 # job at a negligible ε could only serve to probe the data at no charge.
@@ -205,6 +205,12 @@ class JobSpec(BaseModel):
         "and keep those whose phrases lie nearest their class's (or cell's) released "
         "direction (1: keep every draw); post-processing, no budget; default "
         f"{DEFAULT_SELECTION} with cells, else 1",
+    )
+    consistency_filter: bool = Field(
+        default=_ENGINE["consistency_filter"],
+        description="with kde_method centroid: keep a sequence only where its own class's "
+        "released direction is the nearest to its embedding (post-processing, no budget; the "
+        "job returns fewer sequences than asked for, in proportions the releases decide)",
     )
     subspace: int | None = Field(
         default=_ENGINE["subspace"],

@@ -287,6 +287,16 @@ class GenerationConfig:
     1.5 standard errors); at ε = 4 on AG +0.004. Around a class's one direction (no cells,
     ε = 1) it cost AG 0.008: hence none without cells.
 
+    Consistency filter (``consistency_filter``, off by default,
+    :func:`workers.methods.dpkps.sampling.consistent_sequences`): each drawn sequence is
+    embedded by the public model and kept only if its own class's released direction (after
+    the label names' prior; with cells, the class sum) is the nearest to it, so a job
+    returns fewer sequences than it asked for, in proportions the releases decide.
+    Post-processing. On the tuning splits at ε = 1, paired on the same releases: +0.008 on
+    the 50 and 20 Yelp labels and the ten-class Yelp split, +0.004 on AG News rows
+    0–3,799; nothing at ε = 0.25. Not yet measured on the reported splits, so not a
+    default (BENCHMARKS.md, "What reaches the classifier").
+
     Release subspace (``subspace`` = k, :mod:`workers.methods.dpkps.subspace`): each
     unit's vector is projected on the top k principal directions of Ṽ's public phrase
     embeddings and rescaled there to its own norm, so each class sum (and cell) is released
@@ -367,6 +377,8 @@ class GenerationConfig:
     label_prior: float = DEFAULT_LABEL_PRIOR  # centroid: κ of the label names' prior; 0: off
     sequence_selection: int | None = None  # F: draw F× the sequences, keep the 1/F nearest
     # their class's (or cell's) released direction; 1: off; None: F = 8 with cells, else 1
+    consistency_filter: bool = False  # centroid: keep a sequence only where its own class's
+    # released direction is the nearest to its embedding (post-processing; fewer sequences)
     subspace: int | None = DEFAULT_SUBSPACE  # centroid: release in the top-k principal
     # directions of Ṽ's public embeddings (each unit rescaled there to its own norm); 0: the
     # whole space; None: by the number of declared classes (for_classes)
@@ -518,6 +530,15 @@ class GenerationConfig:
                     "centroid or moments, or sequence_selection 1",
                     field="sequence_selection",
                 )
+
+        if not isinstance(self.consistency_filter, bool):
+            raise ConfigError("must be true or false", field="consistency_filter")
+        if self.consistency_filter and self.density_method != "centroid":
+            raise ConfigError(
+                "the consistency filter reads each class's released direction: give "
+                "kde_method centroid, or consistency_filter false",
+                field="consistency_filter",
+            )
 
     def _check_budget(self) -> None:
         """One total budget (``epsilon``, ``delta``, ``noise``, shares) or per-mechanism ε."""

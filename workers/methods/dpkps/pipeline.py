@@ -64,6 +64,7 @@ from workers.methods.dpkps.proportions import noisy_class_counts
 from workers.methods.dpkps.sampling import (
     class_contrast,
     class_shares,
+    consistent_sequences,
     floored_bag_scores,
     floored_density,
     sample_iterative,
@@ -276,6 +277,7 @@ def generate_sequences(
     rff: RandomFourierFeatures | None = None
     centroids: list[CentroidKDE] = []
     mixtures: list[CellMixture] = []
+    basis: NDArray[np.float64] | None = None  # the release's public subspace, if any
     if config.density_method == "exact":
         kernel = ExactKernel(embeddings, config.bandwidth)
     elif config.density_method in ("centroid", "moments"):
@@ -283,7 +285,6 @@ def generate_sequences(
         document_embeddings = embedder.encode(list(documents))
         unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
         del document_embeddings
-        basis: NDArray[np.float64] | None = None
         if config.release_dimension < EMBEDDING_DIMENSION:
             # released in a public subspace: units rescaled there, phrases scored there
             basis = public_basis(np.asarray(vectors), config.release_dimension)
@@ -456,6 +457,24 @@ def generate_sequences(
                 )
                 emit_near(label, weighted[n], direction, wanted[label])
             report_progress("sequences", (n + 1) / len(label_set))
+
+    if config.consistency_filter and centroids and sequences:
+        # each sequence kept only where its own class's released direction is the nearest
+        # (its public embedding against the released sums: post-processing)
+        vectors_of = np.asarray(
+            embedder.encode([" ".join(s.keyphrases) for s in sequences]), dtype=np.float64
+        )
+        if basis is not None:
+            vectors_of = vectors_of @ basis
+        directions = np.stack(
+            [m.total for m in mixtures] if mixtures else [c.noisy_sum for c in centroids]
+        )
+        index = {label: n for n, label in enumerate(label_set)}
+        consistent = consistent_sequences(
+            vectors_of, [index[s.label] for s in sequences], directions
+        )
+        sequences = [s for s, kept in zip(sequences, consistent.tolist(), strict=True) if kept]
+        del vectors_of
 
     diagnostics = OwnerDiagnostics(
         documents=len(documents),

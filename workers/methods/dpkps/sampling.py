@@ -20,8 +20,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import check_class_contrast, check_noise_floor, check_temperature
@@ -340,6 +343,34 @@ def nearest_sequences(
     cos = torch.cat(parts)
     keep = torch.sort(torch.argsort(-cos, stable=True)[:count]).values
     return drawn[keep.to(drawn.device)]
+
+
+def consistent_sequences(
+    vectors: NDArray[np.floating[Any]], own: Sequence[int], directions: NDArray[np.floating[Any]]
+) -> NDArray[np.bool_]:
+    """Which sequences to keep: those whose embedding (a row of ``vectors``, in the release's
+    coordinates) has the largest cosine with its own class's released direction (row
+    ``own[i]`` of ``directions``) among all the classes'. Reads only the sequences'
+    public embeddings and the released directions: post-processing.
+
+    >>> vectors = np.array([[1.0, 0.1], [1.0, 0.1], [0.0, 1.0]])
+    >>> consistent_sequences(vectors, [0, 1, 1], np.array([[2.0, 0.0], [0.0, 0.5]])).tolist()
+    [True, False, True]
+    """
+    rows = np.asarray(vectors, dtype=np.float64)
+    sums = np.asarray(directions, dtype=np.float64)
+    labels = np.asarray(own, dtype=np.int64)
+    if rows.ndim != 2 or sums.ndim != 2 or rows.shape[1] != sums.shape[1]:
+        raise ConfigError(
+            "one row per sequence, one direction per class", field="consistency_filter"
+        )
+    if labels.shape != (rows.shape[0],) or (
+        labels.size and not 0 <= labels.min() <= labels.max() < len(sums)
+    ):
+        raise ConfigError("one class index per sequence", field="consistency_filter")
+    units = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-300)
+    keep: NDArray[np.bool_] = np.argmax(rows @ units.T, axis=1) == labels
+    return keep
 
 
 def sample_near_direction(

@@ -1,0 +1,134 @@
+"""The consistency filter for class centroids: each drawn sequence is kept only where its own
+class's released direction is the nearest to its public embedding (post-processing).
+
+What is checked here: the rule against a brute-force reading of it; a run with the filter
+makes exactly the releases of a run without it, and every sequence it returns is nearest its
+own class's released sum (read back from the OpenDP sampler's output); the filter is off by
+default, needs class centroids, and names its field in the engine, the job spec and the CLI
+(``tests/core/test_cli.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.jobs.schemas import JobSpec
+from tests.core.test_pipeline import TOPICS, assert_same_releases, corpus
+from workers.errors import ConfigError
+from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.pipeline import generate_sequences
+from workers.methods.dpkps.sampling import consistent_sequences
+from workers.privacy import noise as samplers
+from workers.text.embeddings import SentenceEmbedder
+from workers.text.vocabulary import Vocabulary
+
+
+def test_a_sequence_is_kept_where_its_own_direction_is_the_nearest() -> None:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(500, 12))
+    directions = rng.normal(size=(5, 12)) * rng.uniform(0.1, 10.0, size=(5, 1))
+    own = rng.integers(0, 5, size=500).tolist()
+    kept = consistent_sequences(vectors, own, directions)
+    for row, label, keep in zip(vectors, own, kept.tolist(), strict=True):
+        cosines = [row @ d / (np.linalg.norm(row) * np.linalg.norm(d)) for d in directions]
+        assert keep == (int(np.argmax(cosines)) == label)
+    # a direction's length does not matter, only where it points
+    assert np.array_equal(kept, consistent_sequences(vectors, own, directions * 7.0))
+    assert 0 < kept.sum() < len(own)
+
+
+@pytest.mark.parametrize(
+    ("vectors", "own", "directions"),
+    [
+        (np.ones((3, 4)), [0, 1, 0], np.ones((2, 5))),  # dimensions differ
+        (np.ones((3, 4)), [0, 1], np.ones((2, 4))),  # a label short
+        (np.ones((3, 4)), [0, 2, 0], np.ones((2, 4))),  # no such class
+        (np.ones(4), [0], np.ones((2, 4))),  # not one row per sequence
+    ],
+)
+def test_bad_inputs_name_the_field(vectors: Any, own: list[int], directions: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        consistent_sequences(vectors, own, directions)
+    assert caught.value.field == "consistency_filter"
+
+
+class SumSpy:
+    """The released class sums: every real-valued Gaussian draw's output, in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.released: list[np.ndarray] = []
+        real = samplers.gaussian_noise
+
+        def spied(values: Any, *, scale: float) -> Any:
+            out = real(values, scale=scale)
+            self.released.append(np.asarray(out, dtype=np.float64))
+            return out
+
+        monkeypatch.setattr(samplers, "gaussian_noise", spied)
+
+
+def test_the_filter_spends_nothing_and_keeps_only_consistent_sequences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    embedder = SentenceEmbedder()
+    phrases = [w for words in TOPICS.values() for w in words] + ["zz unrelated"]
+    vocabulary = Vocabulary.from_phrases("t", phrases)
+    texts, labels = corpus(per_class=6)
+    label_set = list(TOPICS)
+
+    def run(on: bool) -> tuple[Any, list[np.ndarray]]:
+        spy = SumSpy(monkeypatch)
+        cfg = GenerationConfig(
+            epsilon=0.5, delta=1e-6, noise="gaussian", per_class=60, sequence_length=2,
+            label_prior=0.0, centroid_cells=1, consistency_filter=on, seed=5,
+        )  # fmt: skip
+        result = generate_sequences(
+            texts, labels, label_set=label_set, vocabulary=vocabulary, config=cfg,
+            embedder=embedder,
+        )  # fmt: skip
+        return result, spy.released
+
+    plain, _ = run(False)
+    assert len(plain.sequences) == 60 * len(label_set)
+    dropped = 0
+    for _ in range(3):  # fresh DP noise each run: ε = 0.5 on 6 documents a class is noisy
+        filtered, released = run(True)
+        assert_same_releases([plain], [filtered])
+        assert filtered.config.consistency_filter is True
+        sums = np.stack(released)  # no class counts (per_class): the class sums alone
+        assert sums.shape == (len(label_set), 384)
+        vectors = embedder.encode([" ".join(s.keyphrases) for s in filtered.sequences])
+        for sequence, row in zip(filtered.sequences, vectors, strict=True):
+            cosines = sums @ row / np.linalg.norm(sums, axis=1)
+            assert label_set[int(np.argmax(cosines))] == sequence.label
+        dropped += 60 * len(label_set) - len(filtered.sequences)
+    assert dropped > 0  # the filter had something to do
+
+
+def test_the_filter_is_off_by_default_and_needs_class_centroids() -> None:
+    base: dict[str, Any] = dict(epsilon=1.0, delta=1e-6, noise="gaussian")
+    assert GenerationConfig(**base).validate().consistency_filter is False
+    assert GenerationConfig(**base).validate().to_dict()["consistency_filter"] is False
+    with pytest.raises(ConfigError) as caught:
+        GenerationConfig(**base, kde_method="exact", consistency_filter=True).validate()
+    assert caught.value.field == "consistency_filter"
+    with pytest.raises(ConfigError) as caught:
+        GenerationConfig(**base, consistency_filter="yes").validate()  # type: ignore[arg-type]
+    assert caught.value.field == "consistency_filter"
+
+
+def test_the_job_spec_takes_the_filter() -> None:
+    base = {"vocabulary": "english", "document_type": "clinical note", "epsilon": 1.0,
+            "delta": 1e-6, "noise": "gaussian"}  # fmt: skip
+    assert JobSpec.model_validate(base).generation_config().consistency_filter is False
+    spec = JobSpec.model_validate({**base, "consistency_filter": True})
+    assert spec.generation_config().consistency_filter is True
+    exact = JobSpec.model_validate({**base, "consistency_filter": True, "kde_method": "exact"})
+    with pytest.raises(ConfigError) as caught:
+        exact.generation_config()
+    assert caught.value.field == "consistency_filter"
+    with pytest.raises(ValueError, match="consistency_filter"):
+        JobSpec.model_validate({**base, "consistency_filter": "sometimes"})
