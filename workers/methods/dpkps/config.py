@@ -294,9 +294,9 @@ class GenerationConfig:
     returns fewer sequences than it asked for, in proportions the releases decide.
     Post-processing. On the tuning splits at ε = 1, paired on the same releases: +0.008 on
     the 50 and 20 Yelp labels and the ten-class Yelp split, +0.004 on AG News rows
-    0–3,799; nothing at ε = 0.25; on the reported splits at ε = 1 +0.005 to +0.008. Not
-    measured with cells, nor the curve with it, so not a default (BENCHMARKS.md, "What
-    reaches the classifier").
+    0–3,799; nothing at ε = 0.25; on the reported splits at ε = 1 +0.005 to +0.008; no
+    tuning split lost at ε = 0.5, 2 or 6 (cells). The curve is not measured with it, so not
+    a default (BENCHMARKS.md, "What reaches the classifier").
 
     Release subspace (``subspace`` = k, :mod:`workers.methods.dpkps.subspace`): each
     unit's vector is projected on the top k principal directions of Ṽ's public phrase
