@@ -273,7 +273,8 @@ def register(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=d["consistency_filter"],
         help="with class centroids: keep a sequence only where its own class's released "
-        "direction is the nearest to its embedding (fewer sequences than asked for; default off)",
+        "direction is the nearest to its embedding (fewer sequences than asked for; default on "
+        "with class centroids, else off)",
     )
     eng.add_argument(
         "--subspace",
@@ -779,9 +780,15 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         manifest_tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         if written == 0:
             raise KeyseedError("the language model produced no text for any sequence", field="llm")
+    drawn = manifest["sequences_drawn"]
+    filtered = (
+        f"; the consistency filter kept {len(sequences)} of {drawn} sequences drawn"
+        if drawn != len(sequences)
+        else ""
+    )
     print(
         f"wrote {written} synthetic documents to {args.output} "
-        f"(ε = {float(result.report.epsilon):.6g}, δ = {result.report.delta:g} spent; "
+        f"(ε = {float(result.report.epsilon):.6g}, δ = {result.report.delta:g} spent{filtered}; "
         f"manifest {manifest_path}; "
         f"{time.time() - started:.1f} s)",
         file=sys.stderr,

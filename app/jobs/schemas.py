@@ -206,11 +206,13 @@ class JobSpec(BaseModel):
         "direction (1: keep every draw); post-processing, no budget; default "
         f"{DEFAULT_SELECTION} with cells, else 1",
     )
-    consistency_filter: bool = Field(
+    consistency_filter: bool | None = Field(
         default=_ENGINE["consistency_filter"],
         description="with kde_method centroid: keep a sequence only where its own class's "
         "released direction is the nearest to its embedding (post-processing, no budget; the "
-        "job returns fewer sequences than asked for, in proportions the releases decide)",
+        "job returns fewer sequences than asked for, in proportions the releases decide, and "
+        "counts.sequences_drawn says how many were drawn); null, the default: on with class "
+        "centroids, else off",
     )
     subspace: int | None = Field(
         default=_ENGINE["subspace"],
@@ -356,6 +358,11 @@ class JobPlanOut(BaseModel):
 
 class JobCounts(BaseModel):
     sequences: int
+    sequences_drawn: int = Field(
+        description="keyphrase sequences drawn from the releases before the consistency "
+        "filter kept `sequences` of them (equal when nothing was filtered; both are "
+        "post-processing of the DP releases)"
+    )
     texts_done: int
     texts_failed: int
     llm_calls: int

@@ -477,6 +477,7 @@ def to_out(session: Session, job: Job) -> JobOut:
         cancel_requested=job.cancel_requested,
         counts=JobCounts(
             sequences=job.sequences_total,
+            sequences_drawn=(job.manifest or {}).get("sequences_drawn", job.sequences_total),
             texts_done=job.texts_done,
             texts_failed=job.texts_failed,
             llm_calls=job.llm_calls,

@@ -41,6 +41,7 @@ def _config(spec: dict[str, Any]) -> GenerationConfig:
     """The job's engine configuration, from its stored spec (validated at submission)."""
     values = {name: spec[name] for name in ENGINE_FIELDS if name in spec}
     values.setdefault("subspace", 0)  # a job from before the option ran in the whole space
+    values.setdefault("consistency_filter", False)  # and one from before this kept every draw
     return GenerationConfig(**values)
 
 
@@ -126,6 +127,8 @@ def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict
         "privacy": privacy_of(job, engine.get("privacy") or {}),
         "llm_costs": llm_costs_of(job),
         "documents": documents,
+        # drawn from the releases before the consistency filter kept some (post-processing)
+        "sequences_drawn": engine.get("sequences_drawn", job.sequences_total),
         "created_at": utcnow().isoformat(),
     }
 

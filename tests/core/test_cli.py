@@ -495,7 +495,8 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
         (["--label-prior", "0"], {"kde_method": "centroid", "label_prior": 0.0}),
         (["--sequence-selection", "3"], {"kde_method": "centroid", "sequence_selection": 3}),
         (["--subspace", "24"], {"kde_method": "centroid", "subspace": 24}),
-        ([], {"consistency_filter": False}),
+        ([], {"kde_method": "centroid", "consistency_filter": True}),
+        (["--no-consistency-filter"], {"kde_method": "centroid", "consistency_filter": False}),
         (["--consistency-filter"], {"kde_method": "centroid", "consistency_filter": True}),
     ],
 )

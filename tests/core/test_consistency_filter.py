@@ -3,9 +3,9 @@ class's released direction is the nearest to its public embedding (post-processi
 
 What is checked here: the rule against a brute-force reading of it; a run with the filter
 makes exactly the releases of a run without it, and every sequence it returns is nearest its
-own class's released sum (read back from the OpenDP sampler's output); the filter is off by
-default, needs class centroids, and names its field in the engine, the job spec and the CLI
-(``tests/core/test_cli.py``).
+own class's released sum (read back from the OpenDP sampler's output), and the manifest says how
+many were drawn and kept; the filter is on by default with one class centroid a class (no cells)
+only, and names its field in the engine, the job spec and the CLI (``tests/core/test_cli.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from app.jobs.schemas import JobSpec
 from tests.core.test_pipeline import TOPICS, assert_same_releases, corpus
 from workers.errors import ConfigError
-from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.sampling import consistent_sequences
 from workers.privacy import noise as samplers
@@ -93,11 +93,16 @@ def test_the_filter_spends_nothing_and_keeps_only_consistent_sequences(
 
     plain, _ = run(False)
     assert len(plain.sequences) == 60 * len(label_set)
+    assert plain.manifest()["sequences_drawn"] == plain.manifest()["sequences"] == 60 * 3
     dropped = 0
     for _ in range(3):  # fresh DP noise each run: ε = 0.5 on 6 documents a class is noisy
         filtered, released = run(True)
         assert_same_releases([plain], [filtered])
         assert filtered.config.consistency_filter is True
+        # the manifest (public) says how many were drawn and how many the filter kept
+        shown = filtered.manifest()
+        assert (shown["sequences_drawn"], shown["sequences"]) == (60 * 3, len(filtered.sequences))
+        assert "own class's released direction is the nearest" in shown["method"]
         sums = np.stack(released)  # no class counts (per_class): the class sums alone
         assert sums.shape == (len(label_set), 384)
         vectors = embedder.encode([" ".join(s.keyphrases) for s in filtered.sequences])
@@ -108,13 +113,25 @@ def test_the_filter_spends_nothing_and_keeps_only_consistent_sequences(
     assert dropped > 0  # the filter had something to do
 
 
-def test_the_filter_is_off_by_default_and_needs_class_centroids() -> None:
+def test_the_filter_is_on_by_default_with_one_centroid_per_class() -> None:
     base: dict[str, Any] = dict(epsilon=1.0, delta=1e-6, noise="gaussian")
-    assert GenerationConfig(**base).validate().consistency_filter is False
-    assert GenerationConfig(**base).validate().to_dict()["consistency_filter"] is False
-    with pytest.raises(ConfigError) as caught:
-        GenerationConfig(**base, kde_method="exact", consistency_filter=True).validate()
-    assert caught.value.field == "consistency_filter"
+    default = GenerationConfig(**base).validate()
+    assert default.density_method == "centroid" and default.consistency_filter is None
+    assert default.filters_sequences and default.to_dict()["consistency_filter"] is True
+    # with cells (from ε = 4 by default) it is off unless asked for: it cost Yelp's categories
+    cells = GenerationConfig(**{**base, "epsilon": 6.0}).validate()
+    assert cells.cells > 1 and not cells.filters_sequences
+    assert GenerationConfig(**{**base, "epsilon": 6.0}, consistency_filter=True).filters_sequences
+    off = GenerationConfig(**base, consistency_filter=False).validate()
+    assert not off.filters_sequences and off.to_dict()["consistency_filter"] is False
+    assert "nearest to its embedding" not in method_description(off)
+    # no direction per class to compare with: off by default, an error when asked for
+    for other in ("exact", "moments"):
+        config = GenerationConfig(**base, kde_method=other).validate()
+        assert not config.filters_sequences and config.to_dict()["consistency_filter"] is False
+        with pytest.raises(ConfigError) as caught:
+            GenerationConfig(**base, kde_method=other, consistency_filter=True).validate()
+        assert caught.value.field == "consistency_filter"
     with pytest.raises(ConfigError) as caught:
         GenerationConfig(**base, consistency_filter="yes").validate()  # type: ignore[arg-type]
     assert caught.value.field == "consistency_filter"
@@ -123,7 +140,10 @@ def test_the_filter_is_off_by_default_and_needs_class_centroids() -> None:
 def test_the_job_spec_takes_the_filter() -> None:
     base = {"vocabulary": "english", "document_type": "clinical note", "epsilon": 1.0,
             "delta": 1e-6, "noise": "gaussian"}  # fmt: skip
-    assert JobSpec.model_validate(base).generation_config().consistency_filter is False
+    assert JobSpec.model_validate(base).generation_config().filters_sequences is True
+    for given in (None, False):
+        spec = JobSpec.model_validate({**base, "consistency_filter": given})
+        assert spec.generation_config().filters_sequences is bool(given is None)
     spec = JobSpec.model_validate({**base, "consistency_filter": True})
     assert spec.generation_config().consistency_filter is True
     exact = JobSpec.model_validate({**base, "consistency_filter": True, "kde_method": "exact"})

@@ -108,6 +108,7 @@ def test_the_pipeline_splits_by_the_shrunk_counts_at_its_own_sigma(
     cfg = GenerationConfig(
         epsilon=1.0, delta=1e-6, noise="gaussian", per_class=None, total=500,
         sequence_length=3, public_vocabulary_size=16, seed=3,
+        consistency_filter=False,  # the split itself, not what the filter keeps of it
     )  # fmt: skip
     result = generate_sequences(
         texts, labels, label_set=label_set, vocabulary=Vocabulary.from_phrases("t", phrases),

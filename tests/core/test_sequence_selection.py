@@ -86,7 +86,7 @@ def test_selection_spends_nothing_and_keeps_a_class_on_its_own_phrases() -> None
         return GenerationConfig(
             epsilon=6.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,
             public_vocabulary_size=16, label_prior=0.0, sequence_selection=selection, seed=3,
-            centroid_cells=1,
+            centroid_cells=1, consistency_filter=False,
         )  # fmt: skip
 
     # means over 6 runs each (fresh DP noise; one run at a time, 15 runs: F = 1 0.876 ± 0.029,

@@ -186,7 +186,7 @@ def _run(client: TestClient, world: factories.World, worker: Worker, tmp_path: P
     assert job["state"] == "succeeded", (job, worker.text()[-4000:])
     assert "prompts" in seen_stages
     count = SPEC["per_class"] * len(labels)
-    assert job["counts"]["sequences"] == count
+    assert job["counts"]["sequences"] == job["counts"]["sequences_drawn"] == count  # exact KDE
     assert job["counts"]["texts_done"] == count and job["counts"]["texts_failed"] == 0
     assert job["counts"]["llm_calls"] >= count
 

@@ -176,7 +176,9 @@ def test_prompting_is_queued_after_the_sequences_and_resumes_from_what_is_missin
         runner.save_outcome(session, job_id, 1, text="Another one.", error=None, attempts=1)
         runner.report_progress(session, job_id, "prompts", 0.9)
     job = client.get(f"/v1/jobs/{job_id}", headers=world.owner.headers).json()
-    assert job["counts"] == {"sequences": 3, "texts_done": 2, "texts_failed": 0, "llm_calls": 5}
+    assert job["counts"] == {
+        "sequences": 3, "sequences_drawn": 3, "texts_done": 2, "texts_failed": 0, "llm_calls": 5
+    }  # fmt: skip
     message = factories.queued_message(app, "llm", str(job_id))
     assert message.headers["task"] == "keyseed.jobs.run_prompts"
     assert job["stage"] == "prompts" and job["progress"] == 0.9

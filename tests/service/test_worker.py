@@ -222,7 +222,9 @@ def test_the_sequences_stage_saves_dp_outputs_and_commits_the_spend_once(
     assert all(stage_count(stage) == before[stage] for stage in STAGES)
     job = job_of(client, world, job_id)
     assert job["state"] == "succeeded" and job["error"] is None
-    assert job["counts"] == {"sequences": 4, "texts_done": 4, "texts_failed": 0, "llm_calls": 0}
+    assert job["counts"] == {
+        "sequences": 4, "sequences_drawn": 4, "texts_done": 4, "texts_failed": 0, "llm_calls": 0
+    }  # fmt: skip
     assert job["epsilon"]["budget_state"] == "committed"
     sequences = saved_sequences(db, job_id)
     assert sorted(label for _, label, _ in sequences) == ["cardio", "cardio", "ortho", "ortho"]
@@ -247,6 +249,35 @@ def test_the_sequences_stage_saves_dp_outputs_and_commits_the_spend_once(
     assert [e["kind"] for e in book["entries"]] == ["reserve", "commit"]
     assert [e["epsilon"] for e in book["entries"]] == [1.0, 1.0]
     assert book["budget"] == {**book["budget"], "spent": 1.0, "reserved": 0.0, "remaining": 4.0}
+
+
+def test_a_centroid_job_shows_how_many_sequences_the_consistency_filter_kept(
+    client: TestClient, world: factories.World, worker: WorkerContext, db: Database
+) -> None:
+    # a total Gaussian budget: class centroids, one cell a class, the filter on by default
+    dataset_id = factories.dataset(client, world.owner, cap=5, delta_cap="1e-5")
+    common = {
+        "vocabulary": vocabulary(client, world.owner), "sequence_length": 2, "per_class": 20,
+        "vocabulary_size": 8, "epsilon_vocab": None, "epsilon_kde": None, "epsilon": 2.0,
+        "delta": 1e-6,
+    }  # fmt: skip
+    counts = {}
+    for given in (None, False):
+        job_id = factories.job(client, world.owner, dataset_id, **common, consistency_filter=given)
+        assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
+        job = job_of(client, world, job_id)
+        assert job["state"] == "succeeded"
+        counts[given] = job["counts"]
+        with db.session() as session:
+            stored = session.get(Job, uuid.UUID(job_id))
+            assert stored is not None and stored.manifest is not None
+            parameters = stored.manifest["parameters"]
+        assert parameters["kde_method"] == "centroid" and parameters["centroid_cells"] == 1
+        assert parameters["consistency_filter"] is (given is None)
+        assert len(saved_sequences(db, job_id)) == job["counts"]["sequences"]
+    # both drew the 40 sequences asked for; the filter's job returns those it kept
+    assert counts[False]["sequences"] == counts[False]["sequences_drawn"] == 40
+    assert counts[None]["sequences_drawn"] == 40 and counts[None]["sequences"] <= 40
 
 
 def test_a_job_with_an_llm_saves_its_sequences_then_queues_the_prompting(
@@ -369,7 +400,9 @@ def test_prompting_retries_faults_reports_failures_and_the_retry_route_completes
     assert "1 of 4 prompts failed" in job["error"]["message"]
     assert "http_401: 1" in job["error"]["message"]
     assert f"/v1/jobs/{job_id}/retry" in job["error"]["message"]
-    assert job["counts"] == {"sequences": 4, "texts_done": 3, "texts_failed": 1, "llm_calls": 6}
+    assert job["counts"] == {
+        "sequences": 4, "sequences_drawn": 4, "texts_done": 3, "texts_failed": 1, "llm_calls": 6
+    }  # fmt: skip
     assert len(fake_llm.chat_requests) == 6
     ok_after = REGISTRY.get_sample_value(
         "keyseed_llm_calls_total", {"endpoint": "vllm", "outcome": "ok"}
@@ -391,7 +424,9 @@ def test_prompting_retries_faults_reports_failures_and_the_retry_route_completes
     assert stages.run_prompts(ctx, uuid.UUID(job_id)) == "succeeded"
     job = job_of(client, world, job_id)
     assert job["state"] == "succeeded"
-    assert job["counts"] == {"sequences": 4, "texts_done": 4, "texts_failed": 0, "llm_calls": 7}
+    assert job["counts"] == {
+        "sequences": 4, "sequences_drawn": 4, "texts_done": 4, "texts_failed": 0, "llm_calls": 7
+    }  # fmt: skip
     assert len(fake_llm.chat_requests) == 7  # only the failed sequence was prompted again
     book = ledger(client, world, dataset_id)
     assert [e["kind"] for e in book["entries"]] == ["reserve", "commit"]

@@ -151,6 +151,11 @@ def method_description(config: GenerationConfig) -> str:
             f"; of every {config.selection_factor} sequences drawn, the one whose phrases lie "
             "nearest the released direction kept"
         )
+    if config.filters_sequences:  # validated: only with class centroids
+        kde += (
+            "; a sequence kept only where its own class's released direction is the nearest "
+            "to its embedding"
+        )
     described = f"DP-KPS (Nagesh et al., 2024) with DP-KDE by {kde}"
     vocabulary = {  # the noisy histogram is the paper's: no mention needed
         "threshold": "a thresholded Gaussian histogram over the phrases that occur",
@@ -287,16 +292,17 @@ class GenerationConfig:
     1.5 standard errors); at ε = 4 on AG +0.004. Around a class's one direction (no cells,
     ε = 1) it cost AG 0.008: hence none without cells.
 
-    Consistency filter (``consistency_filter``, off by default,
-    :func:`workers.methods.dpkps.sampling.consistent_sequences`): each drawn sequence is
-    embedded by the public model and kept only if its own class's released direction (after
-    the label names' prior; with cells, the class sum) is the nearest to it, so a job
-    returns fewer sequences than it asked for, in proportions the releases decide.
-    Post-processing. On the tuning splits at ε = 1, paired on the same releases: +0.008 on
-    the 50 and 20 Yelp labels and the ten-class Yelp split, +0.004 on AG News rows
-    0–3,799; nothing at ε = 0.25; on the reported splits at ε = 1 +0.005 to +0.008; no
-    tuning split lost at ε = 0.5, 2 or 6 (cells). The curve is not measured with it, so not
-    a default (BENCHMARKS.md, "What reaches the classifier").
+    Consistency filter (``consistency_filter``; by default on with class centroids and one
+    cell per class, :func:`workers.methods.dpkps.sampling.consistent_sequences`): each drawn
+    sequence is embedded by the public model and kept only if its own class's released
+    direction (after the label names' prior; with cells, the class sum) is the nearest to
+    it, so a job returns fewer sequences than it asked for, in proportions the releases
+    decide (the manifest's ``sequences_drawn`` says how many were drawn). Post-processing.
+    On the tuning splits, paired on the same releases: +0.004 to +0.008 at ε = 1, +0.010 at
+    ε = 0.5 and 2 on the 50 Yelp labels, nothing at ε = 0.25. The curve measured with it
+    gained at ε ≤ 2 on every reported split but lost 0.02 on the Yelp categories with cells
+    (ε = 4 and 6), so it stays off with cells unless asked for (BENCHMARKS.md, "The
+    consistency filter as a default"; that choice read a reported split).
 
     Release subspace (``subspace`` = k, :mod:`workers.methods.dpkps.subspace`): each
     unit's vector is projected on the top k principal directions of Ṽ's public phrase
@@ -378,8 +384,9 @@ class GenerationConfig:
     label_prior: float = DEFAULT_LABEL_PRIOR  # centroid: κ of the label names' prior; 0: off
     sequence_selection: int | None = None  # F: draw F× the sequences, keep the 1/F nearest
     # their class's (or cell's) released direction; 1: off; None: F = 8 with cells, else 1
-    consistency_filter: bool = False  # centroid: keep a sequence only where its own class's
-    # released direction is the nearest to its embedding (post-processing; fewer sequences)
+    consistency_filter: bool | None = None  # keep a sequence only where its own class's
+    # released direction is the nearest to its embedding (post-processing; fewer sequences);
+    # None: on with class centroids and one cell per class (below ε = 4), else off
     subspace: int | None = DEFAULT_SUBSPACE  # centroid: release in the top-k principal
     # directions of Ṽ's public embeddings (each unit rescaled there to its own norm); 0: the
     # whole space; None: by the number of declared classes (for_classes)
@@ -532,8 +539,8 @@ class GenerationConfig:
                     field="sequence_selection",
                 )
 
-        if not isinstance(self.consistency_filter, bool):
-            raise ConfigError("must be true or false", field="consistency_filter")
+        if self.consistency_filter is not None and not isinstance(self.consistency_filter, bool):
+            raise ConfigError("must be true, false or null", field="consistency_filter")
         if self.consistency_filter and self.density_method != "centroid":
             raise ConfigError(
                 "the consistency filter reads each class's released direction: give "
@@ -656,6 +663,16 @@ class GenerationConfig:
             return self.sequence_selection
         return DEFAULT_SELECTION if self.cells > 1 else 1
 
+    @property
+    def filters_sequences(self) -> bool:
+        """Whether the consistency filter runs: ``consistency_filter``, or by default with
+        class centroids (a released direction per class to compare each sequence with) and one
+        cell per class; with cells (from ε = 4) it cost the Yelp categories 0.02 (BENCHMARKS.md,
+        "The consistency filter as a default")."""
+        if self.consistency_filter is not None:
+            return self.consistency_filter
+        return self.density_method == "centroid" and self.cells == 1
+
     def for_classes(self, classes: int) -> GenerationConfig:
         """This configuration with ``subspace`` resolved for a label set of ``classes``
         declared classes (public): by default :data:`SUGGESTED_SUBSPACE` with class
@@ -697,6 +714,7 @@ class GenerationConfig:
         out["public_vocabulary_size"] = self.public_size
         out["centroid_cells"] = self.cells
         out["sequence_selection"] = self.selection_factor
+        out["consistency_filter"] = self.filters_sequences
         # None until resolved by the label set (for_classes): the plan's events say which
         out["subspace"] = (
             None

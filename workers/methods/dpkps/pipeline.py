@@ -111,6 +111,7 @@ class GenerationResult:
     embedding_model: str
     owner_diagnostics: OwnerDiagnostics = field(repr=False)
     unit: str = "row"
+    drawn: int | None = None  # sequences drawn before the consistency filter (None: all kept)
 
     def manifest(self) -> dict[str, Any]:
         """Everything public about the run: method, parameters, models, spend."""
@@ -121,6 +122,9 @@ class GenerationResult:
             "embedding_model": self.embedding_model,
             "privacy": {**self.report.to_dict(), "unit": self.unit},
             "sequences": len(self.sequences),
+            # drawn from the releases before the consistency filter: both counts are
+            # post-processing of the releases (public), so an owner sees what it dropped
+            "sequences_drawn": len(self.sequences) if self.drawn is None else self.drawn,
         }
 
 
@@ -458,7 +462,8 @@ def generate_sequences(
                 emit_near(label, weighted[n], direction, wanted[label])
             report_progress("sequences", (n + 1) / len(label_set))
 
-    if config.consistency_filter and centroids and sequences:
+    drawn = len(sequences)
+    if config.filters_sequences and centroids and sequences:
         # each sequence kept only where its own class's released direction is the nearest
         # (its public embedding against the released sums: post-processing)
         vectors_of = np.asarray(
@@ -498,6 +503,7 @@ def generate_sequences(
         embedding_model=embedder.name,
         owner_diagnostics=diagnostics,
         unit="row" if units is None else f"unit column {unit_name or 'unit'!r}",
+        drawn=drawn,
     )
 
 
