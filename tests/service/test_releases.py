@@ -258,11 +258,19 @@ def test_a_release_manifest_names_the_subspace_the_declared_labels_chose(
     manifest = _release(client, world, job_id)["manifest"]
     assert manifest["parameters"]["subspace"] == 128
     assert "top 128 principal directions" in manifest["method"]
-    # a job stored before the option existed (no subspace in its spec) ran in the whole space
+    # one cell a class: the consistency filter too, and how many sequences were drawn
+    assert manifest["parameters"]["consistency_filter"] is True
+    assert "own class's released direction is the nearest" in manifest["method"]
+    assert manifest["sequences_drawn"] == len(factories.SEQUENCES)  # the engine's, else stored
+    # a job stored before the options existed (neither in its spec) ran in the whole space
+    # and kept every sequence drawn
     old = factories.job(client, world.owner, dataset_id, **gaussian)
     with db.transaction() as session:
         job = session.get(Job, uuid.UUID(old))
         assert job is not None
-        job.spec = {k: v for k, v in job.spec.items() if k != "subspace"}
+        job.spec = {
+            k: v for k, v in job.spec.items() if k not in ("subspace", "consistency_filter")
+        }
     factories.run_job(db, old)
-    assert _release(client, world, old)["manifest"]["parameters"]["subspace"] == 384
+    parameters = _release(client, world, old)["manifest"]["parameters"]
+    assert parameters["subspace"] == 384 and parameters["consistency_filter"] is False
