@@ -274,7 +274,7 @@ def register(sub: Any) -> None:
         default=d["consistency_filter"],
         help="with class centroids: keep a sequence only where its own class's released "
         "direction is the nearest to its embedding (fewer sequences than asked for; default on "
-        "with class centroids, else off)",
+        "with class centroids and one cell a class, else off)",
     )
     eng.add_argument(
         "--subspace",

@@ -212,7 +212,7 @@ class JobSpec(BaseModel):
         "released direction is the nearest to its embedding (post-processing, no budget; the "
         "job returns fewer sequences than asked for, in proportions the releases decide, and "
         "counts.sequences_drawn says how many were drawn); null, the default: on with class "
-        "centroids, else off",
+        "centroids and one cell a class, else off",
     )
     subspace: int | None = Field(
         default=_ENGINE["subspace"],

@@ -464,6 +464,13 @@ def stop_jobs_of_dataset(session: Session, dataset_id: uuid.UUID, actor: Actor) 
         stop(session, job, actor)
 
 
+def sequences_drawn(job: Job) -> int:
+    """How many sequences the job's engine drew before the consistency filter kept
+    ``sequences_total`` of them (the engine's manifest says; a method without the filter,
+    or a job from before it, kept every draw)."""
+    return int((job.manifest or {}).get("sequences_drawn", job.sequences_total))
+
+
 def to_out(session: Session, job: Job) -> JobOut:
     state, charge = ledger.job_charge(session, job.id)
     return JobOut(
@@ -477,7 +484,7 @@ def to_out(session: Session, job: Job) -> JobOut:
         cancel_requested=job.cancel_requested,
         counts=JobCounts(
             sequences=job.sequences_total,
-            sequences_drawn=(job.manifest or {}).get("sequences_drawn", job.sequences_total),
+            sequences_drawn=sequences_drawn(job),
             texts_done=job.texts_done,
             texts_failed=job.texts_failed,
             llm_calls=job.llm_calls,

@@ -128,7 +128,7 @@ def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict
         "llm_costs": llm_costs_of(job),
         "documents": documents,
         # drawn from the releases before the consistency filter kept some (post-processing)
-        "sequences_drawn": engine.get("sequences_drawn", job.sequences_total),
+        "sequences_drawn": jobs.sequences_drawn(job),
         "created_at": utcnow().isoformat(),
     }
 

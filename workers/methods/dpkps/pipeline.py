@@ -110,8 +110,8 @@ class GenerationResult:
     vocabulary: dict[str, Any]
     embedding_model: str
     owner_diagnostics: OwnerDiagnostics = field(repr=False)
+    drawn: int  # sequences drawn, before the consistency filter kept ``sequences``
     unit: str = "row"
-    drawn: int | None = None  # sequences drawn before the consistency filter (None: all kept)
 
     def manifest(self) -> dict[str, Any]:
         """Everything public about the run: method, parameters, models, spend."""
@@ -124,7 +124,7 @@ class GenerationResult:
             "sequences": len(self.sequences),
             # drawn from the releases before the consistency filter: both counts are
             # post-processing of the releases (public), so an owner sees what it dropped
-            "sequences_drawn": len(self.sequences) if self.drawn is None else self.drawn,
+            "sequences_drawn": self.drawn,
         }
 
 
