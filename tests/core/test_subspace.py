@@ -221,6 +221,7 @@ def test_a_run_in_the_subspace_is_as_planned_and_keeps_classes_on_their_phrases(
     cfg = GenerationConfig(
         epsilon=6.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,
         public_vocabulary_size=16, label_prior=0.0, centroid_cells=1, subspace=8, seed=3,
+        consistency_filter=False,
     )  # fmt: skip
     shares, results = own_phrase_shares(cfg, runs=4)
     for result in results:
