@@ -34,7 +34,7 @@ import math
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,14 +52,20 @@ SEED_OFFSET = 1000  # run s draws its noise from numpy's generator seeded 1000 +
 SPLIT = "split_by_counts"  # the name under which DP-KPS's pipeline splits `total`
 
 
+def check_factor(factor: float) -> float:
+    """``sums-noise``'s factor: finite and ≥ 0."""
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ValueError("sums-noise: the factor must be finite and ≥ 0")
+    return factor
+
+
 @contextmanager
 def seeded_noise(seed: int, *, sums_factor: float = 1.0) -> Iterator[None]:
     """Within the block, OpenDP's Gaussian samplers are replaced by seeded numpy draws (a
     diagnostic: the same seed gives the same releases); restored on leaving. The continuous
     sampler's noise is multiplied by ``sums_factor``, its draws made all the same, so the
     draws after it do not shift."""
-    if not (math.isfinite(sums_factor) and sums_factor >= 0):
-        raise ValueError("sums-noise: the factor must be finite and ≥ 0")
+    check_factor(sums_factor)
     rng = np.random.default_rng(SEED_OFFSET + seed)
 
     def gaussian(values: NDArray[Any], *, scale: float) -> NDArray[np.float64]:
@@ -121,11 +127,9 @@ def parse_variant(text: str) -> Variant:
         return Variant(text, exact_counts=True)
     if text.startswith("sums-noise="):
         try:
-            factor = float(text.split("=", 1)[1])
+            factor = check_factor(float(text.split("=", 1)[1]))
         except ValueError:
-            raise ValueError(f"variant {text!r}: sums-noise=F needs a number F") from None
-        if not (math.isfinite(factor) and factor >= 0):
-            raise ValueError(f"variant {text!r}: F must be finite and ≥ 0")
+            raise ValueError(f"variant {text!r}: F must be a finite number ≥ 0") from None
         return Variant(text, sums_factor=factor)
     if text.startswith("set:"):
         pairs = [item.split("=", 1) for item in text[4:].split(",") if item]
@@ -158,10 +162,8 @@ def parse_seeds(text: str) -> list[int]:
 
 def run_variant(bench: Bench, epsilon: float, seed: int, variant: Variant) -> float:
     """One run of ``bench`` with ``variant``, on run ``seed``'s releases."""
-    with seeded_noise(seed, sums_factor=variant.sums_factor):
-        if variant.exact_counts:
-            with exact_counts(bench.labels):
-                return bench.run(epsilon, seed, variant.settings)
+    counts = exact_counts(bench.labels) if variant.exact_counts else nullcontext()
+    with seeded_noise(seed, sums_factor=variant.sums_factor), counts:
         return bench.run(epsilon, seed, variant.settings)
 
 

@@ -118,7 +118,7 @@ def test_the_prior_spends_nothing_and_pulls_a_small_noisy_class_to_its_own_phras
         )  # fmt: skip
 
     # the prior's pull on the draws themselves (the consistency filter, on by default here,
-    # could leave a class of the noisy runs without its names no sequence to measure);
+    # could leave a class no sequence to measure in a noisy run without the names);
     # medians over 9 runs each: the names' gate (their agreement with the noisy releases)
     # leaves some runs with a weak prior, by design (200 runs: 15 under 0.7, the lowest 0.38),
     # so a median of 5 fails about once in 250 runs of the test; of 9, once in 4,000
