@@ -20,6 +20,7 @@ from workers.errors import ConfigError
 from workers.methods.dpkps.config import DEFAULT_LABEL_PRIOR, GenerationConfig
 from workers.methods.dpkps.kde import (
     CellMixture,
+    agreement_power,
     cells_with_label_prior,
     name_agreement,
     name_directions,
@@ -60,6 +61,76 @@ def test_names_the_sums_follow_get_full_weight_and_unrelated_names_none() -> Non
     # unrelated names reach the full weight (z ≥ 2) about as rarely as noise does
     assert np.mean([prior_strength(0.5, z) == 0.5 for z in agreements]) < 0.06
     assert name_agreement(sums, np.tile(informative[:1], (20, 1)), 4.4) == 0.0  # one name
+
+
+def test_the_gate_keeps_the_names_where_their_agreement_cannot_tell() -> None:
+    # 20 classes of 20 documents at ε ≈ 0.25 (σ = 16): names as informative as the tuning
+    # splits' (cosine about 0.3 with their class's direction), whose agreement z is then ≤ 0
+    # in about a fifth of the runs
+    rng = np.random.default_rng(2)
+    means = unit_rows(rng, 20)
+    names = name_directions(means + 3.0 * unit_rows(rng, 20))
+    power = agreement_power([20.0] * 20, names, 16.0)
+    assert power < 0.6  # the test cannot tell informative names from codes here
+    z = np.array(
+        [name_agreement(20 * 0.5 * means + rng.normal(0.0, 16.0, (20, D)), names, 16.0)
+         for _ in range(300)]
+    )  # fmt: skip
+    gated = np.array([prior_strength(0.5, a) for a in z])
+    with_power = np.array([prior_strength(0.5, a, power) for a in z])
+    # the gate alone leaves the names nothing in a good share of the runs (here 20 %);
+    # knowing its power, it keeps them at least half of κ in every run, near π₀·κ on the
+    # average, and never gives less than the gate
+    assert np.mean(gated == 0.0) > 0.1
+    assert with_power.min() > 0.25 and with_power.mean() > 0.35
+    assert np.all(with_power >= gated)
+
+
+def test_where_the_agreement_can_tell_unrelated_names_stay_as_gated() -> None:
+    # 20 classes of 40 documents at ε ≈ 1 (σ = 4.4): z has the power to tell, so names
+    # unrelated to the classes get about what the gate alone gives them
+    rng = np.random.default_rng(3)
+    means, unrelated = unit_rows(rng, 20), unit_rows(rng, 20)
+    power = agreement_power([40.0] * 20, unrelated, 4.4)
+    assert power > 3.0
+    z = np.array(
+        [name_agreement(40 * 0.5 * means + rng.normal(0.0, 4.4, (20, D)), unrelated, 4.4)
+         for _ in range(300)]
+    )  # fmt: skip
+    gated = np.mean([prior_strength(0.5, a) for a in z])
+    with_power = np.mean([prior_strength(0.5, a, power) for a in z])
+    assert with_power < gated + 0.02, (with_power, gated)
+    # the power grows with the released counts and shrinks with the noise
+    assert agreement_power([80.0] * 20, unrelated, 4.4) == pytest.approx(2 * power)
+    assert agreement_power([40.0] * 20, unrelated, 8.8) == pytest.approx(power / 2)
+    assert agreement_power([-5.0] * 20, unrelated, 4.4) == 0.0  # negative counts: none
+    with pytest.raises(ValueError):
+        agreement_power([40.0] * 19, unrelated, 4.4)
+
+
+def test_a_run_gates_the_names_by_its_released_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.methods.dpkps.pipeline as pipeline
+    from tests.core.test_pipeline import TOPICS, run_on_topics
+
+    seen: list[Any] = []
+    real = pipeline.apply_label_prior
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("counts"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "apply_label_prior", recording)
+    common: dict[str, Any] = dict(
+        epsilon=1.0, delta=1e-6, noise="gaussian", sequence_length=3,
+        public_vocabulary_size=16, seed=5,
+    )  # fmt: skip
+    by_total, _ = run_on_topics(GenerationConfig(**common, per_class=None, total=60), per_class=12)
+    run_on_topics(GenerationConfig(**common, per_class=20), per_class=12)
+    # with `total` the released counts (shrunk, one per declared label) reach the gate; a
+    # fixed per_class releases none, and the gate reads z alone
+    assert len(seen) == 2 and seen[1] is None
+    assert len(seen[0]) == len(TOPICS) and all(isinstance(n, float) for n in seen[0])
+    assert by_total.report.as_planned
 
 
 def test_the_prior_weighs_as_the_noise_does_against_the_signal() -> None:

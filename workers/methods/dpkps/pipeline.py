@@ -71,7 +71,7 @@ from workers.methods.dpkps.sampling import (
     sample_near_direction,
 )
 from workers.methods.dpkps.subspace import project_units, public_basis
-from workers.methods.proportions import split_by_counts
+from workers.methods.proportions import shrunk_counts, split_by_counts
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
 from workers.text.corpus import check_corpus
@@ -263,6 +263,7 @@ def generate_sequences(
         without_match = sum(1 for p in doc_phrases if not p)
 
     # 5. sequences per class: fixed, or split by noisy class counts (one count per unit)
+    released_counts: list[float] | None = None  # shrunk, for the names' gate
     if config.uses_class_counts:
         assert config.total is not None
         noisy, count_event = noisy_class_counts(
@@ -271,6 +272,8 @@ def generate_sequences(
         events.append(count_event)
         # pulled towards their mean as far as their noise explains their spread
         wanted = split_by_counts(config.total, noisy, noise_std(count_event))
+        shrunk = shrunk_counts(noisy, noise_std(count_event))
+        released_counts = [shrunk[label] for label in label_set]
     else:
         assert config.per_class is not None
         wanted = {label: config.per_class for label in label_set}
@@ -320,7 +323,7 @@ def generate_sequences(
             named = np.asarray(embedder.encode(label_set), dtype=np.float64)
             names = name_directions(named if basis is None else named @ basis)
             centroids, mixtures = apply_label_prior(
-                centroids, mixtures, names, kappa=config.label_prior
+                centroids, mixtures, names, kappa=config.label_prior, counts=released_counts
             )
     else:
         rff = RandomFourierFeatures(
