@@ -63,6 +63,26 @@ def test_names_the_sums_follow_get_full_weight_and_unrelated_names_none() -> Non
     assert name_agreement(sums, np.tile(informative[:1], (20, 1)), 4.4) == 0.0  # one name
 
 
+def strengths(
+    rng: np.random.Generator,
+    means: np.ndarray,
+    names: np.ndarray,
+    *,
+    documents: int,
+    sigma: float,
+    power: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Over 300 noisy releases of classes of ``documents`` units (each adding half its
+    class's direction ``means``), the names' strength (κ = 0.5) by the gate alone and by the
+    gate that knows its ``power``."""
+    z = [
+        name_agreement(documents * 0.5 * means + rng.normal(0.0, sigma, means.shape), names, sigma)
+        for _ in range(300)
+    ]
+    gated = np.array([prior_strength(0.5, a) for a in z])
+    return gated, np.array([prior_strength(0.5, a, power) for a in z])
+
+
 def test_the_gate_keeps_the_names_where_their_agreement_cannot_tell() -> None:
     # 20 classes of 20 documents at ε ≈ 0.25 (σ = 16): names as informative as the tuning
     # splits' (cosine about 0.3 with their class's direction), whose agreement z is then ≤ 0
@@ -72,12 +92,7 @@ def test_the_gate_keeps_the_names_where_their_agreement_cannot_tell() -> None:
     names = name_directions(means + 3.0 * unit_rows(rng, 20))
     power = agreement_power([20.0] * 20, names, 16.0)
     assert power < 0.6  # the test cannot tell informative names from codes here
-    z = np.array(
-        [name_agreement(20 * 0.5 * means + rng.normal(0.0, 16.0, (20, D)), names, 16.0)
-         for _ in range(300)]
-    )  # fmt: skip
-    gated = np.array([prior_strength(0.5, a) for a in z])
-    with_power = np.array([prior_strength(0.5, a, power) for a in z])
+    gated, with_power = strengths(rng, means, names, documents=20, sigma=16.0, power=power)
     # the gate alone leaves the names nothing in a good share of the runs (here 20 %);
     # knowing its power, it keeps them at least half of κ in every run, near π₀·κ on the
     # average, and never gives less than the gate
@@ -93,13 +108,8 @@ def test_where_the_agreement_can_tell_unrelated_names_stay_as_gated() -> None:
     means, unrelated = unit_rows(rng, 20), unit_rows(rng, 20)
     power = agreement_power([40.0] * 20, unrelated, 4.4)
     assert power > 3.0
-    z = np.array(
-        [name_agreement(40 * 0.5 * means + rng.normal(0.0, 4.4, (20, D)), unrelated, 4.4)
-         for _ in range(300)]
-    )  # fmt: skip
-    gated = np.mean([prior_strength(0.5, a) for a in z])
-    with_power = np.mean([prior_strength(0.5, a, power) for a in z])
-    assert with_power < gated + 0.02, (with_power, gated)
+    gated, with_power = strengths(rng, means, unrelated, documents=40, sigma=4.4, power=power)
+    assert with_power.mean() < gated.mean() + 0.02, (with_power.mean(), gated.mean())
     # the power grows with the released counts and shrinks with the noise
     assert agreement_power([80.0] * 20, unrelated, 4.4) == pytest.approx(2 * power)
     assert agreement_power([40.0] * 20, unrelated, 8.8) == pytest.approx(power / 2)
