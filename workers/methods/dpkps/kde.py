@@ -785,6 +785,13 @@ def name_directions(embedded: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
     return out
 
 
+def _centred_names(names: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
+    """The names' embeddings less their mean, and the root of their summed squares (0 when
+    every name is the same: they cannot tell classes apart)."""
+    centred: NDArray[np.float64] = names - names.mean(axis=0)
+    return centred, float(np.sqrt((centred**2).sum()))
+
+
 def name_agreement(
     noisy_sums: NDArray[np.float64], names: NDArray[np.float64], sigma: float
 ) -> float:
@@ -797,8 +804,7 @@ def name_agreement(
     >>> name_agreement(np.zeros((3, 3)), np.ones((3, 3)) / 3**0.5, 1.0)
     0.0
     """
-    centred_names = names - names.mean(axis=0)
-    spread = float(np.sqrt((centred_names**2).sum()))
+    centred_names, spread = _centred_names(names)
     if spread < 1e-9 or sigma <= 0.0:  # every name the same: they cannot tell classes apart
         return 0.0
     centred_sums = noisy_sums - noisy_sums.mean(axis=0)
@@ -818,11 +824,10 @@ def agreement_power(counts: Sequence[float], names: NDArray[np.float64], sigma: 
     """
     if len(counts) != len(names):
         raise ValueError("one count per name")
-    centred = names - names.mean(axis=0)
-    lengths = np.sqrt((centred**2).sum(axis=1))
-    spread = float(np.sqrt((lengths**2).sum()))
+    centred, spread = _centred_names(names)
     if spread < 1e-9 or sigma <= 0.0:
         return 0.0
+    lengths = np.sqrt((centred**2).sum(axis=1))
     sizes = np.maximum(np.asarray(counts, dtype=np.float64), 0.0)
     return PRIOR_ALIGNMENT * float(sizes @ lengths) / (sigma * spread)
 
