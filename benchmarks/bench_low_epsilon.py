@@ -26,6 +26,13 @@ Splits (tuning kept disjoint from what is reported):
   ``yelp_dev.csv`` private, labelled by business category (``label1``, 10 classes), tested
   on 2,000 reviews of ``yelp_test.csv`` (the same seeded sample as ``yelp-small``); noisy
   class counts (``total``) as for ``yelp-small``. Reported, never tuned on.
+* ``ohsumed-hospital``: a medical corpus in the small hospital's shape: OHSUMED's 23 MeSH
+  disease categories (abstracts; the categories' MeSH names are the declared labels), at
+  most 40 private abstracts each from its training part (839 in all), tested on at most 40
+  each of its test part; noisy class counts. Reported, never tuned on. Its corpus is not in
+  ``../shared``: ``KEYSEED_OHSUMED`` names its folder (BENCHMARKS.md says where it is from).
+* ``ohsumed-tune``: OHSUMED's training abstracts that ``ohsumed-hospital`` leaves out: the
+  12 categories with at least 60 of them, 20 private and at most 40 test each.
 
 Each figure is also given as a fraction of the same classifier trained on the real
 private texts of the same split. Run: ``python -m benchmarks.bench_low_epsilon SPLIT
@@ -250,6 +257,114 @@ def yelp_hospital_tune_split() -> Split:
     return _yelp(private, test, _yelp_label)
 
 
+# OHSUMED's 23 MeSH disease categories (C01–C23), by their public MeSH names: the declared
+# label set of a medical corpus in the small hospital's shape. Not in ``../shared``: the
+# single-label corpus of Yao et al.'s text_gcn repository (``data/ohsumed_single_23``:
+# ``training/Cxx/<id>`` and ``test/Cxx/<id>``, title then abstract), at ``KEYSEED_OHSUMED``.
+OHSUMED = Path(os.environ.get("KEYSEED_OHSUMED", REPO.parent / "ohsumed_single_23"))
+MESH_CATEGORIES = {
+    "C01": "Bacterial Infections and Mycoses",
+    "C02": "Virus Diseases",
+    "C03": "Parasitic Diseases",
+    "C04": "Neoplasms",
+    "C05": "Musculoskeletal Diseases",
+    "C06": "Digestive System Diseases",
+    "C07": "Stomatognathic Diseases",
+    "C08": "Respiratory Tract Diseases",
+    "C09": "Otorhinolaryngologic Diseases",
+    "C10": "Nervous System Diseases",
+    "C11": "Eye Diseases",
+    "C12": "Urologic and Male Genital Diseases",
+    "C13": "Female Genital Diseases and Pregnancy Complications",
+    "C14": "Cardiovascular Diseases",
+    "C15": "Hemic and Lymphatic Diseases",
+    "C16": "Neonatal Diseases and Abnormalities",
+    "C17": "Skin and Connective Tissue Diseases",
+    "C18": "Nutritional and Metabolic Diseases",
+    "C19": "Endocrine Diseases",
+    "C20": "Immune System Diseases",
+    "C21": "Disorders of Environmental Origin",
+    "C22": "Animal Diseases",
+    "C23": "Pathological Conditions, Signs and Symptoms",
+}
+OHSUMED_TUNE_PRIVATE, OHSUMED_TUNE_MIN = 20, 60  # a tuning class: 20 private of ≥ 60 spare
+
+
+def _ohsumed(part: str, root: Path | None = None) -> dict[str, list[str]]:
+    """One part (``training`` or ``test``) of the OHSUMED corpus: each category's
+    documents (title and abstract on one line), in file-name order."""
+    base = (root or OHSUMED) / part
+    if not base.is_dir():
+        raise FileNotFoundError(
+            f"the OHSUMED corpus is not at {base.parent} (set KEYSEED_OHSUMED; BENCHMARKS.md "
+            "says where it comes from)"
+        )
+    out: dict[str, list[str]] = {}
+    for code, name in MESH_CATEGORIES.items():
+        files = sorted((base / code).iterdir()) if (base / code).is_dir() else []
+        out[name] = [
+            " ".join(f.read_text(encoding="utf-8", errors="replace").split()) for f in files
+        ]
+    return out
+
+
+def _ohsumed_capped(
+    by_label: dict[str, list[str]], cap: int, seed: int
+) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    pairs = [
+        (text, label)
+        for label, texts in by_label.items()
+        for text in rng.sample(texts, min(cap, len(texts)))
+    ]
+    rng.shuffle(pairs)
+    return [t for t, _ in pairs], [label for _, label in pairs]
+
+
+def ohsumed_hospital_split(root: Path | None = None) -> Split:
+    """A medical corpus in the small hospital's shape (never tuned on): OHSUMED's 23
+    categories, at most ``HOSPITAL_CAP`` private abstracts each from its training part (the
+    same seeded draw as :func:`ohsumed_tune_split` leaves out), tested on at most
+    ``HOSPITAL_CAP`` each of its test part."""
+    training, test = _ohsumed("training", root), _ohsumed("test", root)
+    private = _ohsumed_reported_private(training)
+    test_texts, test_labels = _ohsumed_capped(test, HOSPITAL_CAP, SEED + 2)
+    return private[0], private[1], test_texts, test_labels
+
+
+def _ohsumed_reported_private(training: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    return _ohsumed_capped(training, HOSPITAL_CAP, SEED)
+
+
+def ohsumed_tune_split(root: Path | None = None) -> Split:
+    """A tuning split from OHSUMED's training part only, none of it in
+    :func:`ohsumed_hospital_split`: of each category's training abstracts that split does
+    not draw, categories with at least ``OHSUMED_TUNE_MIN`` keep ``OHSUMED_TUNE_PRIVATE``
+    private and at most ``HOSPITAL_CAP`` more as test."""
+    training = _ohsumed("training", root)
+    taken = set(_ohsumed_reported_private(training)[0])
+    rng = random.Random(SEED + 3)
+    private: list[tuple[str, str]] = []
+    test: list[tuple[str, str]] = []
+    for label, texts in training.items():
+        spare = [t for t in texts if t not in taken]
+        if len(spare) < OHSUMED_TUNE_MIN:
+            continue
+        rng.shuffle(spare)
+        private += [(t, label) for t in spare[:OHSUMED_TUNE_PRIVATE]]
+        test += [
+            (t, label) for t in spare[OHSUMED_TUNE_PRIVATE : OHSUMED_TUNE_PRIVATE + HOSPITAL_CAP]
+        ]
+    rng.shuffle(private)
+    rng.shuffle(test)
+    return (
+        [t for t, _ in private],
+        [la for _, la in private],
+        [t for t, _ in test],
+        [la for _, la in test],
+    )
+
+
 SPLITS = {
     "ag-tune": lambda: ag_split(0, 3800),
     "ag-report": lambda: ag_split(3800, 7600),
@@ -259,11 +374,14 @@ SPLITS = {
     "yelp-tune": lambda: yelp_tune_split(2000, _yelp_category),
     "yelp-small-tune": lambda: yelp_tune_split(1000, _yelp_label),
     "yelp-hospital-tune": yelp_hospital_tune_split,
+    "ohsumed-hospital": ohsumed_hospital_split,
+    "ohsumed-tune": ohsumed_tune_split,
 }
+OPTIONAL_SPLITS = ("ohsumed-hospital", "ohsumed-tune")  # their corpus is not in ../shared
 
 
 class Bench:
-    def __init__(self, split: str) -> None:
+    def __init__(self, split: str, vocabulary: str = "english") -> None:
         self.split = split
         self.texts, self.labels, self.test_texts, self.test_labels = SPLITS[split]()
         # the declared label set: AG News's four topics; Yelp's categories (× five stars);
@@ -273,7 +391,7 @@ class Bench:
             self.label_set = [f"{c} / {s}.0" for c in categories for s in range(1, 6)]
         else:
             self.label_set = sorted(set(self.labels))
-        self.vocabulary = load_vocabulary("english")
+        self.vocabulary = load_vocabulary(vocabulary)
         self.embedder = MemoEmbedder(SentenceEmbedder())
         self.cache = EmbeddingCache(CoreSettings().embedding_cache_dir)
 
@@ -294,7 +412,7 @@ class Bench:
 
     def config(self, epsilon: float, seed: int, settings: dict[str, Any]) -> LowEpsilonConfig:
         base: dict[str, Any] = dict(epsilon=epsilon, delta=DELTA, noise="gaussian", seed=seed)
-        if self.split.startswith("yelp"):
+        if not self.split.startswith("ag"):  # Yelp, OHSUMED: the class counts are released
             base.update(per_class=None, total=2000)
         else:
             base.update(per_class=500)
@@ -456,10 +574,11 @@ def main(argv: list[str] | None = None) -> None:
         "--grid", help="a JSON list of settings objects, each run at every ε (after --set)"
     )
     parser.add_argument("--real", action="store_true", help="also score the real texts")
+    parser.add_argument("--vocabulary", default="english", help="the public vocabulary")
     args = parser.parse_args(argv)
     common = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
     grid = [{**common, **g} for g in json.loads(args.grid)] if args.grid else [common]
-    bench = Bench(args.split)
+    bench = Bench(args.split, args.vocabulary)
     real = None
     if args.real:
         real = bench.real()
@@ -471,7 +590,9 @@ def main(argv: list[str] | None = None) -> None:
             "split": args.split,
             "epsilon": epsilon,
             "delta": DELTA,
-            "settings": settings,
+            "settings": settings
+            if args.vocabulary == "english"
+            else {**settings, "vocabulary": args.vocabulary},
             "runs": accs,
             "mean": statistics.mean(accs),
             "real": real,

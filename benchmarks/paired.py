@@ -193,13 +193,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("epsilon", type=float)
     parser.add_argument("variants", nargs="+", help="the first is the reference")
     parser.add_argument("--seeds", default="0-4", help="FIRST-LAST or a comma list")
+    parser.add_argument("--vocabulary", default="english", help="the public vocabulary")
     args = parser.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
         variants = [parse_variant(v) for v in args.variants]
     except ValueError as error:
         parser.error(str(error))
-    bench = Bench(args.split)
+    bench = Bench(args.split, args.vocabulary)
     runs: dict[str, list[float]] = {v.name: [] for v in variants}
     with open(OUT, "a", encoding="utf-8") as out:
         for seed in seeds:
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
                 record = {
                     "split": args.split,
                     "epsilon": args.epsilon,
+                    **({} if args.vocabulary == "english" else {"vocabulary": args.vocabulary}),
                     "seed": seed,
                     "variant": variant.name,
                     "accuracy": accuracy,
@@ -220,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
             record = {
                 "split": args.split,
                 "epsilon": args.epsilon,
+                **({} if args.vocabulary == "english" else {"vocabulary": args.vocabulary}),
                 "seeds": seeds,
                 "variant": variant.name,
                 "reference": variants[0].name,

@@ -13,7 +13,9 @@ from benchmarks import bench_low_epsilon as bench
 def splits() -> dict[str, tuple[list[str], list[str], list[str], list[str]]]:
     if not all((bench.DATA / name).exists() for name in ("yelp_test.csv", "ag_news_test.csv")):
         pytest.skip(f"the shared corpora are not at {bench.DATA}")
-    return {name: make() for name, make in bench.SPLITS.items()}
+    return {
+        name: make() for name, make in bench.SPLITS.items() if name not in bench.OPTIONAL_SPLITS
+    }
 
 
 def _texts(split: tuple[list[str], list[str], list[str], list[str]]) -> set[str]:
@@ -66,3 +68,53 @@ def test_the_hospital_tuning_split_is_small_balanced_and_apart_from_what_is_repo
         | _texts(splits["yelp-hospital"])
     )
     assert not _texts(splits["yelp-hospital-tune"]) & reported
+
+
+def _ohsumed_tree(root, sizes: dict[str, tuple[int, int]]) -> None:
+    """A corpus in OHSUMED's layout: ``sizes[code]`` = (training, test) abstracts."""
+    for code, (train, test) in sizes.items():
+        for part, n in (("training", train), ("test", test)):
+            folder = root / part / code
+            folder.mkdir(parents=True)
+            for i in range(n):
+                (folder / f"{i:07d}").write_text(f"Title {code} {part} {i}.\n Abstract  text.\n")
+
+
+def test_the_ohsumed_splits_keep_the_hospital_shape_and_never_share_an_abstract(tmp_path) -> None:
+    sizes = {"C01": (150, 60), "C04": (90, 50), "C22": (9, 10), "C23": (60, 45)}
+    _ohsumed_tree(tmp_path, sizes)
+    private, labels, test, test_labels = bench.ohsumed_hospital_split(tmp_path)
+    counts = Counter(labels)
+    names = bench.MESH_CATEGORIES
+    assert counts == {names["C01"]: 40, names["C04"]: 40, names["C22"]: 9, names["C23"]: 40}
+    assert Counter(test_labels) == {
+        names["C01"]: 40,
+        names["C04"]: 40,
+        names["C22"]: 10,
+        names["C23"]: 40,
+    }
+    assert all(" training " in t for t in private) and all(" test " in t for t in test)
+    assert private[0] == " ".join(private[0].split())  # one line, single spaces
+    assert private == bench.ohsumed_hospital_split(tmp_path)[0]  # seeded
+    # the tuning split: only categories with ≥ 80 spare training abstracts, none reported
+    t_private, t_labels, t_test, t_test_labels = bench.ohsumed_tune_split(tmp_path)
+    assert Counter(t_labels) == {names["C01"]: 20}  # C04 has 50 spare, C23 20 (< 60)
+    assert Counter(t_test_labels) == {names["C01"]: 40}
+    assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
+    assert not set(t_private) & set(t_test)
+
+
+def test_a_missing_ohsumed_corpus_names_where_it_was_looked_for(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="KEYSEED_OHSUMED"):
+        bench.ohsumed_hospital_split(tmp_path / "absent")
+
+
+def test_the_real_ohsumed_splits_if_present() -> None:
+    if not (bench.OHSUMED / "training").is_dir():
+        pytest.skip(f"OHSUMED is not at {bench.OHSUMED}")
+    private, labels, test, test_labels = bench.ohsumed_hospital_split()
+    assert len(set(labels)) == 23 and max(Counter(labels).values()) == 40
+    assert 800 <= len(private) <= 920 and set(test_labels) == set(labels)
+    t_private, t_labels, t_test, _ = bench.ohsumed_tune_split()
+    assert len(set(t_labels)) == 12 and set(Counter(t_labels).values()) == {20}
+    assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
