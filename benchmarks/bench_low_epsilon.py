@@ -311,6 +311,7 @@ def _ohsumed(part: str, root: Path | None = None) -> dict[str, list[str]]:
 def _ohsumed_capped(
     by_label: dict[str, list[str]], cap: int, seed: int
 ) -> tuple[list[str], list[str]]:
+    """Up to ``cap`` texts of each label (seeded), in a seeded order, with their labels."""
     rng = random.Random(seed)
     pairs = [
         (text, label)
@@ -319,6 +320,11 @@ def _ohsumed_capped(
     ]
     rng.shuffle(pairs)
     return [t for t, _ in pairs], [label for _, label in pairs]
+
+
+def _ohsumed_reported_private(training: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    """The private abstracts of :func:`ohsumed_hospital_split`, with their labels."""
+    return _ohsumed_capped(training, HOSPITAL_CAP, SEED)
 
 
 def ohsumed_hospital_split(root: Path | None = None) -> Split:
@@ -330,10 +336,6 @@ def ohsumed_hospital_split(root: Path | None = None) -> Split:
     private = _ohsumed_reported_private(training)
     test_texts, test_labels = _ohsumed_capped(test, HOSPITAL_CAP, SEED + 2)
     return private[0], private[1], test_texts, test_labels
-
-
-def _ohsumed_reported_private(training: dict[str, list[str]]) -> tuple[list[str], list[str]]:
-    return _ohsumed_capped(training, HOSPITAL_CAP, SEED)
 
 
 def ohsumed_tune_split(root: Path | None = None) -> Split:
