@@ -52,9 +52,9 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -130,6 +130,7 @@ def ag_split(first: int, last: int) -> tuple[list[str], list[str], list[str], li
 
 
 Row = dict[str, str]
+T = TypeVar("T")
 Split = tuple[list[str], list[str], list[str], list[str]]
 YELP_TUNE_TEST = 1000  # test reviews of the Yelp tuning splits
 
@@ -182,15 +183,28 @@ def _by_label(rows: list[Row]) -> dict[str, list[Row]]:
     return by_label
 
 
-def _capped(rows: list[Row], labels: list[str], cap: int, seed: int) -> list[Row]:
-    """Up to ``cap`` rows of each of ``labels`` (seeded), in a seeded order."""
+def _sampled(groups: Mapping[str, Sequence[T]], cap: int, seed: int) -> list[tuple[T, str]]:
+    """Up to ``cap`` items of each group (seeded), each with its group's key, in a seeded
+    order (Yelp's capped labels and OHSUMED's capped categories alike)."""
     rng = random.Random(seed)
-    by_label = _by_label(rows)
     out = [
-        r for label in labels for r in rng.sample(by_label[label], min(cap, len(by_label[label])))
+        (item, key)
+        for key, items in groups.items()
+        for item in rng.sample(list(items), min(cap, len(items)))
     ]
     rng.shuffle(out)
     return out
+
+
+def _unzip(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """(text, label) pairs as a list of texts and a list of labels."""
+    return [text for text, _ in pairs], [label for _, label in pairs]
+
+
+def _capped(rows: list[Row], labels: list[str], cap: int, seed: int) -> list[Row]:
+    """Up to ``cap`` rows of each of ``labels`` (seeded), in a seeded order."""
+    by_label = _by_label(rows)
+    return [row for row, _ in _sampled({label: by_label[label] for label in labels}, cap, seed)]
 
 
 def _hospital_labels(rows: list[Row]) -> list[str]:
@@ -308,23 +322,9 @@ def _ohsumed(part: str, root: Path | None = None) -> dict[str, list[str]]:
     return out
 
 
-def _ohsumed_capped(
-    by_label: dict[str, list[str]], cap: int, seed: int
-) -> tuple[list[str], list[str]]:
-    """Up to ``cap`` texts of each label (seeded), in a seeded order, with their labels."""
-    rng = random.Random(seed)
-    pairs = [
-        (text, label)
-        for label, texts in by_label.items()
-        for text in rng.sample(texts, min(cap, len(texts)))
-    ]
-    rng.shuffle(pairs)
-    return [t for t, _ in pairs], [label for _, label in pairs]
-
-
 def _ohsumed_reported_private(training: dict[str, list[str]]) -> tuple[list[str], list[str]]:
     """The private abstracts of :func:`ohsumed_hospital_split`, with their labels."""
-    return _ohsumed_capped(training, HOSPITAL_CAP, SEED)
+    return _unzip(_sampled(training, HOSPITAL_CAP, SEED))
 
 
 def ohsumed_hospital_split(root: Path | None = None) -> Split:
@@ -334,7 +334,7 @@ def ohsumed_hospital_split(root: Path | None = None) -> Split:
     ``HOSPITAL_CAP`` each of its test part."""
     training, test = _ohsumed("training", root), _ohsumed("test", root)
     private = _ohsumed_reported_private(training)
-    test_texts, test_labels = _ohsumed_capped(test, HOSPITAL_CAP, SEED + 2)
+    test_texts, test_labels = _unzip(_sampled(test, HOSPITAL_CAP, SEED + 2))
     return private[0], private[1], test_texts, test_labels
 
 
@@ -359,12 +359,7 @@ def ohsumed_tune_split(root: Path | None = None) -> Split:
         ]
     rng.shuffle(private)
     rng.shuffle(test)
-    return (
-        [t for t, _ in private],
-        [la for _, la in private],
-        [t for t, _ in test],
-        [la for _, la in test],
-    )
+    return (*_unzip(private), *_unzip(test))
 
 
 SPLITS = {
