@@ -286,6 +286,14 @@ def register(sub: Any) -> None:
         "declared labels and one cell per class, else the whole space)",
     )
     eng.add_argument(
+        "--document-window",
+        type=int,
+        default=d["document_window"],
+        help="with class centroids or moments: embed a document longer than this many words "
+        "in windows of it, averaged, so the whole document counts (0: the embedding model's "
+        "first tokens only)",
+    )
+    eng.add_argument(
         "--temperature",
         type=float,
         default=d["temperature"],
@@ -560,6 +568,7 @@ def _config(args: argparse.Namespace) -> Any:
         sequence_selection=args.sequence_selection,
         consistency_filter=args.consistency_filter,
         subspace=args.subspace,
+        document_window=args.document_window,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,

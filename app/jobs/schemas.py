@@ -43,6 +43,7 @@ from workers.methods.dpkps.config import (
     EPSILON_FLOOR,
     LIMITS,
     MAX_CELLS,
+    MAX_DOCUMENT_WINDOW,
     MAX_LABEL_PRIOR,
     MAX_SELECTION,
     PUBLIC_VOCABULARY_DEFAULTS,
@@ -223,6 +224,15 @@ class JobSpec(BaseModel):
         "its own norm (same noise, same budget; 0: the whole embedding space; null, the "
         f"default: {SUGGESTED_SUBSPACE} with {SUBSPACE_FROM_CLASSES} or more declared labels "
         "and one cell per class, else the whole space)",
+    )
+    document_window: int = Field(
+        default=_ENGINE["document_window"],
+        ge=0,
+        le=MAX_DOCUMENT_WINDOW,
+        description="with kde_method centroid or moments: a document longer than this many "
+        "words is embedded in windows of it, their embeddings averaged, so that the whole "
+        "document counts and not only the first 256 word pieces the embedding model reads "
+        "(same noise, same budget; 0: one piece, the model's first tokens only)",
     )
     temperature: float | None = Field(default=_ENGINE["temperature"], gt=0, le=1e6)
     noise_floor: float = Field(default=_ENGINE["noise_floor"], ge=0, le=10)

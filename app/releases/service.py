@@ -42,6 +42,7 @@ def _config(spec: dict[str, Any]) -> GenerationConfig:
     values = {name: spec[name] for name in ENGINE_FIELDS if name in spec}
     values.setdefault("subspace", 0)  # a job from before the option ran in the whole space
     values.setdefault("consistency_filter", False)  # and one from before this kept every draw
+    values.setdefault("document_window", 0)  # and read the first tokens of each document
     return GenerationConfig(**values)
 
 

@@ -127,6 +127,43 @@ class SentenceEmbedder:
         return np.ascontiguousarray(out, dtype=np.float32)
 
 
+def windows(text: str, size: int) -> list[tuple[str, int]]:
+    """``text`` cut into consecutive windows of at most ``size`` whitespace-separated words,
+    each with its word count (one window, the text itself, when it is no longer; ``size``
+    0 keeps the whole text as one window, for the model to truncate)."""
+    words = text.split()
+    if size <= 0 or len(words) <= size:
+        return [(text, max(len(words), 1))]
+    return [
+        (" ".join(words[start : start + size]), len(words[start : start + size]))
+        for start in range(0, len(words), size)
+    ]
+
+
+def encode_documents(
+    embedder: Embedder, texts: Sequence[str], *, window: int, batch_size: int = 256
+) -> NDArray[np.float32]:
+    """One unit-norm row per document, read whole: a document longer than ``window`` words is
+    cut into windows (:func:`windows`), each embedded, and their embeddings averaged by
+    word count, then renormalised. An embedding model reads only its first few hundred
+    tokens (all-MiniLM-L6-v2: 256 word pieces), so without windows a long clinical note
+    would be represented by its header alone. ``window`` 0 embeds each text as one piece."""
+    pieces: list[str] = []
+    weights: list[int] = []
+    owner: list[int] = []
+    for i, text in enumerate(texts):
+        for piece, words in windows(text, window):
+            pieces.append(piece)
+            weights.append(words)
+            owner.append(i)
+    encoded = np.asarray(embedder.encode(pieces, batch_size=batch_size), dtype=np.float64)
+    out = np.zeros((len(texts), embedder.dim))
+    np.add.at(out, np.asarray(owner, dtype=np.int64), encoded * np.asarray(weights)[:, None])
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    out = np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
 def _save(path: Path, array: NDArray[np.bool_]) -> None:
     """Save ``array`` under ``path`` whole or not at all (written aside, then renamed)."""
     tmp = path.with_suffix(".tmp.npy")

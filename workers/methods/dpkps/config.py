@@ -58,6 +58,13 @@ MAX_SELECTION = 16
 DEFAULT_SUBSPACE: int | None = None
 SUGGESTED_SUBSPACE = 128  # the k chosen on the tuning splits, for corpora of small classes
 SUBSPACE_FROM_CLASSES = 20
+# Documents read whole (class centroids and moments; text/embeddings.py, encode_documents):
+# the embedding model reads a text's first 256 word pieces only, so a longer document is
+# cut into windows of this many words, each embedded, the embeddings averaged by length and
+# renormalised (each unit's vector keeps norm ≤ 1: same sensitivity, same noise). 0: one
+# piece, as before.
+DEFAULT_DOCUMENT_WINDOW = 0
+MAX_DOCUMENT_WINDOW = 10_000
 
 
 EPSILON_FLOOR = 1e-3  # per mechanism: below it a release is all noise, and a probe of one fact
@@ -146,6 +153,8 @@ def method_description(config: GenerationConfig) -> str:
         kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
+    if config.density_method in ("centroid", "moments") and config.document_window:
+        kde += f"; each document embedded whole, in windows of {config.document_window} words"
     if config.selection_factor > 1:  # validated: only with a direction per class
         kde += (
             f"; of every {config.selection_factor} sequences drawn, the one whose phrases lie "
@@ -396,6 +405,9 @@ class GenerationConfig:
     subspace: int | None = DEFAULT_SUBSPACE  # centroid: release in the top-k principal
     # directions of Ṽ's public embeddings (each unit rescaled there to its own norm); 0: the
     # whole space; None: by the number of declared classes (for_classes)
+    document_window: int = DEFAULT_DOCUMENT_WINDOW  # centroid, moments: a document longer
+    # than this many words is embedded in windows of it, averaged (text/embeddings.py); 0:
+    # one piece, of which the model reads its first tokens only
     num_features: int = 1024  # I: random Fourier features
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
     temperature: float | None = None  # τ: p ∝ clip(score)^(1/τ); None: per kde_method
@@ -523,6 +535,7 @@ class GenerationConfig:
             raise ConfigError("must be below 1 (the cells need a share)", field="cell_share")
         _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
         _check_between(self.label_prior, field="label_prior", high=MAX_LABEL_PRIOR)
+        _check_int(self.document_window, name="document_window", low=0, high=MAX_DOCUMENT_WINDOW)
         if self.subspace is not None:
             _check_int(self.subspace, name="subspace", low=0, high=EMBEDDING_DIMENSION)
         if (

@@ -75,7 +75,7 @@ from workers.methods.proportions import shrunk_counts, split_by_counts
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
 from workers.text.corpus import check_corpus
-from workers.text.embeddings import Embedder, EmbeddingCache, select_device
+from workers.text.embeddings import Embedder, EmbeddingCache, encode_documents, select_device
 from workers.text.extraction import KeyphraseExtractor
 from workers.text.vocabulary import Vocabulary
 
@@ -289,7 +289,9 @@ def generate_sequences(
         kernel = ExactKernel(embeddings, config.bandwidth)
     elif config.density_method in ("centroid", "moments"):
         # one vector per unit: the mean of its documents' embeddings (public model)
-        document_embeddings = embedder.encode(list(documents))
+        document_embeddings = encode_documents(
+            embedder, list(documents), window=config.document_window
+        )
         unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
         del document_embeddings
         if config.release_dimension < EMBEDDING_DIMENSION:
