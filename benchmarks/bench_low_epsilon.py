@@ -33,6 +33,13 @@ Splits (tuning kept disjoint from what is reported):
   ``../shared``: ``KEYSEED_OHSUMED`` names its folder (BENCHMARKS.md says where it is from).
 * ``ohsumed-tune``: OHSUMED's training abstracts that ``ohsumed-hospital`` leaves out: the
   12 categories with at least 60 of them, 20 private and at most 40 test each.
+* ``newsgroups-hospital``: long documents in the small hospital's shape: the 20 Newsgroups
+  (their header blocks dropped; the groups' topics in words are the declared labels), 45
+  private posts each from the training part (900), tested on 40 each of the test part;
+  noisy class counts. Reported, never tuned on. Not in ``../shared`` either:
+  ``KEYSEED_NEWSGROUPS`` names its folder.
+* ``newsgroups-tune``: its twin from the training posts ``newsgroups-hospital`` leaves out
+  (45 private, 40 test a group).
 
 Each figure is also given as a fraction of the same classifier trained on the real
 private texts of the same split. Run: ``python -m benchmarks.bench_low_epsilon SPLIT
@@ -271,6 +278,22 @@ def yelp_hospital_tune_split() -> Split:
     return _yelp(private, test, _yelp_label)
 
 
+def _folder_corpus(
+    base: Path, names: Mapping[str, str], clean: Callable[[str], str], setting: str
+) -> dict[str, list[str]]:
+    """A corpus stored as ``base/<class folder>/<document file>``: each class's documents
+    (cleaned), in file-name order, under its declared name."""
+    if not base.is_dir():
+        raise FileNotFoundError(
+            f"the corpus is not at {base} (set {setting}; BENCHMARKS.md says where it comes from)"
+        )
+    out: dict[str, list[str]] = {}
+    for folder, name in names.items():
+        files = sorted((base / folder).iterdir()) if (base / folder).is_dir() else []
+        out[name] = [clean(f.read_text(encoding="utf-8", errors="replace")) for f in files]
+    return out
+
+
 # OHSUMED's 23 MeSH disease categories (C01–C23), by their public MeSH names: the declared
 # label set of a medical corpus in the small hospital's shape. Not in ``../shared``: the
 # single-label corpus of Yao et al.'s text_gcn repository (``data/ohsumed_single_23``:
@@ -308,18 +331,9 @@ def _ohsumed(part: str, root: Path | None = None) -> dict[str, list[str]]:
     """One part (``training`` or ``test``) of the OHSUMED corpus: each category's
     documents (title and abstract on one line), in file-name order."""
     base = (root or OHSUMED) / part
-    if not base.is_dir():
-        raise FileNotFoundError(
-            f"the OHSUMED corpus is not at {base.parent} (set KEYSEED_OHSUMED; BENCHMARKS.md "
-            "says where it comes from)"
-        )
-    out: dict[str, list[str]] = {}
-    for code, name in MESH_CATEGORIES.items():
-        files = sorted((base / code).iterdir()) if (base / code).is_dir() else []
-        out[name] = [
-            " ".join(f.read_text(encoding="utf-8", errors="replace").split()) for f in files
-        ]
-    return out
+    return _folder_corpus(
+        base, MESH_CATEGORIES, lambda text: " ".join(text.split()), "KEYSEED_OHSUMED"
+    )
 
 
 def _ohsumed_reported_private(training: dict[str, list[str]]) -> tuple[list[str], list[str]]:
@@ -362,6 +376,80 @@ def ohsumed_tune_split(root: Path | None = None) -> Split:
     return (*_unzip(private), *_unzip(test))
 
 
+# The 20 Newsgroups (the "bydate" version: 20news-bydate-train/<group>/<id> and
+# 20news-bydate-test/…, as in Yao et al.'s text_gcn repository, ``data/20ng``), at
+# ``KEYSEED_NEWSGROUPS``: a corpus of long documents (a median post of 160 words, 44 % over
+# the 256 word pieces the embedding model reads), 20 classes. Each post's header block (up
+# to its first blank line: sender, subject, organisation) is dropped; the declared labels
+# are the groups' topics in words.
+NEWSGROUPS = Path(os.environ.get("KEYSEED_NEWSGROUPS", REPO.parent / "20news-bydate"))
+NEWSGROUP_TOPICS = {
+    "alt.atheism": "Atheism",
+    "comp.graphics": "Computer Graphics",
+    "comp.os.ms-windows.misc": "Microsoft Windows",
+    "comp.sys.ibm.pc.hardware": "IBM PC Hardware",
+    "comp.sys.mac.hardware": "Apple Mac Hardware",
+    "comp.windows.x": "X Window System",
+    "misc.forsale": "Items For Sale",
+    "rec.autos": "Cars",
+    "rec.motorcycles": "Motorcycles",
+    "rec.sport.baseball": "Baseball",
+    "rec.sport.hockey": "Ice Hockey",
+    "sci.crypt": "Cryptography",
+    "sci.electronics": "Electronics",
+    "sci.med": "Medicine",
+    "sci.space": "Space",
+    "soc.religion.christian": "Christianity",
+    "talk.politics.guns": "Gun Politics",
+    "talk.politics.mideast": "Middle East Politics",
+    "talk.politics.misc": "Politics",
+    "talk.religion.misc": "Religion",
+}
+NEWSGROUPS_PRIVATE = 45  # 20 groups × 45: 900 private posts, the held-out corpus's size
+
+
+def _post_body(text: str) -> str:
+    """A post without its header block (everything up to the first blank line)."""
+    _, blank, body = text.partition("\n\n")
+    return " ".join((body if blank else text).split())
+
+
+def _newsgroups(part: str, root: Path | None = None) -> dict[str, list[str]]:
+    """One part (``train`` or ``test``) of the 20 Newsgroups, each group's post bodies."""
+    base = (root or NEWSGROUPS) / f"20news-bydate-{part}"
+    return _folder_corpus(base, NEWSGROUP_TOPICS, _post_body, "KEYSEED_NEWSGROUPS")
+
+
+def _newsgroups_reported_private(train: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    """The private posts of :func:`newsgroups_hospital_split`, with their labels."""
+    return _unzip(_sampled(train, NEWSGROUPS_PRIVATE, SEED))
+
+
+def newsgroups_hospital_split(root: Path | None = None) -> Split:
+    """Long documents in the small hospital's shape (never tuned on): the 20 groups,
+    ``NEWSGROUPS_PRIVATE`` private posts each from the training part, tested on
+    ``HOSPITAL_CAP`` posts each of the test part."""
+    train, test = _newsgroups("train", root), _newsgroups("test", root)
+    private = _newsgroups_reported_private(train)
+    return (*private, *_unzip(_sampled(test, HOSPITAL_CAP, SEED + 2)))
+
+
+def newsgroups_tune_split(root: Path | None = None) -> Split:
+    """Its tuning twin, from the training posts :func:`newsgroups_hospital_split` does not
+    draw: ``NEWSGROUPS_PRIVATE`` private and ``HOSPITAL_CAP`` test posts a group."""
+    train = _newsgroups("train", root)
+    taken = set(_newsgroups_reported_private(train)[0])
+    spare = {label: [t for t in texts if t not in taken] for label, texts in train.items()}
+    drawn = _sampled(spare, NEWSGROUPS_PRIVATE + HOSPITAL_CAP, SEED + 3)
+    seen: Counter[str] = Counter()
+    private: list[tuple[str, str]] = []
+    test: list[tuple[str, str]] = []
+    for text, label in drawn:
+        seen[label] += 1
+        (private if seen[label] <= NEWSGROUPS_PRIVATE else test).append((text, label))
+    return (*_unzip(private), *_unzip(test))
+
+
 SPLITS = {
     "ag-tune": lambda: ag_split(0, 3800),
     "ag-report": lambda: ag_split(3800, 7600),
@@ -373,8 +461,11 @@ SPLITS = {
     "yelp-hospital-tune": yelp_hospital_tune_split,
     "ohsumed-hospital": ohsumed_hospital_split,
     "ohsumed-tune": ohsumed_tune_split,
+    "newsgroups-hospital": newsgroups_hospital_split,
+    "newsgroups-tune": newsgroups_tune_split,
 }
-OPTIONAL_SPLITS = ("ohsumed-hospital", "ohsumed-tune")  # their corpus is not in ../shared
+# their corpora are not in ../shared
+OPTIONAL_SPLITS = ("ohsumed-hospital", "ohsumed-tune", "newsgroups-hospital", "newsgroups-tune")
 
 
 class Bench:

@@ -118,3 +118,54 @@ def test_the_real_ohsumed_splits_if_present() -> None:
     t_private, t_labels, t_test, _ = bench.ohsumed_tune_split()
     assert len(set(t_labels)) == 12 and set(Counter(t_labels).values()) == {20}
     assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
+
+
+def _newsgroups_tree(root, sizes: dict[str, tuple[int, int]]) -> None:
+    """A corpus in the 20 Newsgroups' "bydate" layout: ``sizes[group]`` = (train, test)."""
+    for group, (train, test) in sizes.items():
+        for part, n in (("train", train), ("test", test)):
+            folder = root / f"20news-bydate-{part}" / group
+            folder.mkdir(parents=True)
+            for i in range(n):
+                (folder / f"{i:05d}").write_text(
+                    f"From: someone@{group}\nSubject: post {i}\nLines: 2\n\n"
+                    f"Body of {group} {part} {i}.\n\n  Second   paragraph.\n"
+                )
+
+
+def test_the_newsgroups_splits_drop_headers_and_never_share_a_post(tmp_path) -> None:
+    sizes = {"sci.med": (120, 50), "rec.autos": (100, 30), "alt.atheism": (60, 45)}
+    _newsgroups_tree(tmp_path, sizes)
+    topics = bench.NEWSGROUP_TOPICS
+    private, labels, test, test_labels = bench.newsgroups_hospital_split(tmp_path)
+    assert Counter(labels) == {topics[g]: 45 for g in sizes}
+    assert Counter(test_labels) == {topics["sci.med"]: 40, topics["rec.autos"]: 30,
+                                    topics["alt.atheism"]: 40}  # fmt: skip
+    # the header block (sender, subject) is gone; the body keeps both paragraphs
+    assert all(t.startswith("Body of ") and t.endswith("Second paragraph.") for t in private)
+    assert not any("From:" in t or "Subject:" in t for t in private + test)
+    assert all(" train " in t for t in private) and all(" test " in t for t in test)
+    assert private == bench.newsgroups_hospital_split(tmp_path)[0]  # seeded
+    # the tuning twin: the training posts the reported split leaves, 45 + at most 40 a group
+    t_private, t_labels, t_test, t_test_labels = bench.newsgroups_tune_split(tmp_path)
+    assert Counter(t_labels) == {
+        topics["sci.med"]: 45,
+        topics["rec.autos"]: 45,
+        topics["alt.atheism"]: 15,
+    }  # fmt: skip  (60 − 45 spare)
+    assert Counter(t_test_labels) == {topics["sci.med"]: 30, topics["rec.autos"]: 10}
+    assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
+    assert not set(t_private) & set(t_test)
+    with pytest.raises(FileNotFoundError, match="KEYSEED_NEWSGROUPS"):
+        bench.newsgroups_hospital_split(tmp_path / "absent")
+
+
+def test_the_real_newsgroups_splits_if_present() -> None:
+    if not (bench.NEWSGROUPS / "20news-bydate-train").is_dir():
+        pytest.skip(f"the 20 Newsgroups are not at {bench.NEWSGROUPS}")
+    private, labels, test, test_labels = bench.newsgroups_hospital_split()
+    assert set(Counter(labels).values()) == {45} and len(set(labels)) == 20
+    assert set(Counter(test_labels).values()) == {40} and set(test_labels) == set(labels)
+    t_private, t_labels, t_test, _ = bench.newsgroups_tune_split()
+    assert set(Counter(t_labels).values()) == {45} and len(t_test) == 800
+    assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
