@@ -89,6 +89,17 @@ def test_a_bad_window_names_its_field(value: object) -> None:
     assert caught.value.field == "document_window"
 
 
+def test_windows_are_refused_where_no_document_embedding_is_released() -> None:
+    """The exact kernel and random features read phrases, not document embeddings: a window
+    there would do nothing, so it is refused naming the field rather than ignored."""
+    base = dict(epsilon=1.0, delta=1e-6, noise="gaussian", per_class=10, document_window=128)
+    for kde_method in ("centroid", "moments"):
+        assert GenerationConfig(**base, kde_method=kde_method).validate().document_window == 128
+    with pytest.raises(ConfigError) as caught:
+        GenerationConfig(**base, kde_method="exact", vocabulary_method="histogram").validate()
+    assert caught.value.field == "document_window"
+
+
 @pytest.mark.parametrize("window", [0, 64])
 def test_the_class_sums_are_built_from_the_windowed_documents(
     monkeypatch: pytest.MonkeyPatch, embedder: SentenceEmbedder, window: int

@@ -536,6 +536,12 @@ class GenerationConfig:
         _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
         _check_between(self.label_prior, field="label_prior", high=MAX_LABEL_PRIOR)
         _check_int(self.document_window, name="document_window", low=0, high=MAX_DOCUMENT_WINDOW)
+        if self.document_window and self.density_method not in ("centroid", "moments"):
+            raise ConfigError(
+                "documents are read in windows for class centroids or moments: give "
+                "kde_method centroid or moments, or document_window 0",
+                field="document_window",
+            )
         if self.subspace is not None:
             _check_int(self.subspace, name="subspace", low=0, high=EMBEDDING_DIMENSION)
         if (
