@@ -134,10 +134,8 @@ def windows(text: str, size: int) -> list[tuple[str, int]]:
     words = text.split()
     if size <= 0 or len(words) <= size:
         return [(text, max(len(words), 1))]
-    return [
-        (" ".join(words[start : start + size]), len(words[start : start + size]))
-        for start in range(0, len(words), size)
-    ]
+    runs = (words[start : start + size] for start in range(0, len(words), size))
+    return [(" ".join(run), len(run)) for run in runs]
 
 
 def encode_documents(
@@ -147,7 +145,10 @@ def encode_documents(
     cut into windows (:func:`windows`), each embedded, and their embeddings averaged by
     word count, then renormalised. An embedding model reads only its first few hundred
     tokens (all-MiniLM-L6-v2: 256 word pieces), so without windows a long clinical note
-    would be represented by its header alone. ``window`` 0 embeds each text as one piece."""
+    would be represented by its header alone. ``window`` 0 embeds each text as one piece,
+    exactly as ``embedder.encode`` does."""
+    if window <= 0:
+        return embedder.encode(texts, batch_size=batch_size)
     pieces: list[str] = []
     weights: list[int] = []
     owner: list[int] = []

@@ -153,7 +153,7 @@ def method_description(config: GenerationConfig) -> str:
         kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
-    if config.density_method in ("centroid", "moments") and config.document_window:
+    if config.embeds_documents and config.document_window:
         kde += f"; each document embedded whole, in windows of {config.document_window} words"
     if config.selection_factor > 1:  # validated: only with a direction per class
         kde += (
@@ -536,7 +536,7 @@ class GenerationConfig:
         _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
         _check_between(self.label_prior, field="label_prior", high=MAX_LABEL_PRIOR)
         _check_int(self.document_window, name="document_window", low=0, high=MAX_DOCUMENT_WINDOW)
-        if self.document_window and self.density_method not in ("centroid", "moments"):
+        if self.document_window and not self.embeds_documents:
             raise ConfigError(
                 "documents are read in windows for class centroids or moments: give "
                 "kde_method centroid or moments, or document_window 0",
@@ -557,7 +557,7 @@ class GenerationConfig:
             _check_int(
                 self.sequence_selection, name="sequence_selection", low=1, high=MAX_SELECTION
             )
-            if self.sequence_selection > 1 and self.density_method not in ("centroid", "moments"):
+            if self.sequence_selection > 1 and not self.embeds_documents:
                 raise ConfigError(
                     "selecting sequences needs a released direction per class: give kde_method "
                     "centroid or moments, or sequence_selection 1",
@@ -630,6 +630,12 @@ class GenerationConfig:
         return "centroid" if self.noise == "gaussian" else "exact"
 
     @property
+    def embeds_documents(self) -> bool:
+        """Whether the class densities are released from the documents' embeddings (class
+        centroids or moments), rather than from their phrases."""
+        return self.density_method in ("centroid", "moments")
+
+    @property
     def candidate_count(self) -> int:
         """|Ṽ| at most: ``public_vocabulary_size`` for a public Ṽ, else ``vocabulary_size``."""
         if self.vocabulary_selection == "public":
@@ -650,7 +656,7 @@ class GenerationConfig:
         centroids or moments, else the noisy histogram."""
         if self.vocabulary_method is not None:
             return self.vocabulary_method
-        if self.density_method in ("centroid", "moments"):
+        if self.embeds_documents:
             return "public"  # the densities select; a private Ṽ would cost budget for little
         return DEFAULT_VOCABULARY_METHOD[self.noise]
 

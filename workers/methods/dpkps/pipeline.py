@@ -180,7 +180,7 @@ def generate_sequences(
     def planned_event(mechanism: str) -> PrivacyEvent:
         return next(e for e in the_plan.events if e.mechanism == mechanism)
 
-    if config.density_method in ("centroid", "moments") and embedder.dim != EMBEDDING_DIMENSION:
+    if config.embeds_documents and embedder.dim != EMBEDDING_DIMENSION:
         raise ConfigError(
             f"class centroids are planned in {EMBEDDING_DIMENSION} dimensions; the "
             f"embedding model has {embedder.dim}",
@@ -287,7 +287,7 @@ def generate_sequences(
     basis: NDArray[np.float64] | None = None  # the release's public subspace, if any
     if config.density_method == "exact":
         kernel = ExactKernel(embeddings, config.bandwidth)
-    elif config.density_method in ("centroid", "moments"):
+    elif config.embeds_documents:
         # one vector per unit: the mean of its documents' embeddings (public model)
         document_embeddings = encode_documents(
             embedder, list(documents), window=config.document_window
