@@ -169,3 +169,73 @@ def test_the_real_newsgroups_splits_if_present() -> None:
     t_private, t_labels, t_test, _ = bench.newsgroups_tune_split()
     assert set(Counter(t_labels).values()) == {45} and len(t_test) == 800
     assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
+
+
+def _medical_csv(path, sizes: dict[str, int]) -> None:
+    """A file in the medical abstracts' layout: ``sizes[condition_label]`` abstracts."""
+    rows = ["condition_label,medical_abstract"]
+    for label, n in sizes.items():
+        rows += [f'{label},"Abstract {label}-{i}:  spaced\n  text, quoted."' for i in range(n)]
+    rows += [f'{label},"Shared by two classes: spaced text, quoted."' for label in ("1", "3")]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def test_the_medical_abstracts_split_keeps_each_class_share_and_never_shares_one(
+    tmp_path,
+) -> None:
+    source = tmp_path / "medical.csv"
+    _medical_csv(source, {"1": 100, "3": 41, "5": 10})
+    names = bench.CONDITIONS
+    private, labels, test, test_labels = bench.medical_abstracts_split(source)
+    # a seeded fifth of each class is test (rounded), the rest private
+    assert Counter(test_labels) == {names["1"]: 20, names["3"]: 8, names["5"]: 2}
+    assert Counter(labels) == {names["1"]: 80, names["3"]: 33, names["5"]: 8}
+    # an abstract filed under two classes is dropped; none is in both parts
+    assert not set(private) & set(test) and len(set(private) | set(test)) == 151
+    assert not any(t.startswith("Shared") for t in private + test)
+    assert all(t.endswith("spaced text, quoted.") for t in private + test)  # whitespace folded
+    code = {name: key for key, name in names.items()}  # each abstract under its own class
+    assert all(t.startswith(f"Abstract {code[y]}-") for t, y in zip(private, labels, strict=True))
+    assert (private, test) == bench.medical_abstracts_split(source)[::2]  # seeded
+    with pytest.raises(FileNotFoundError, match="KEYSEED_MEDICAL_ABSTRACTS"):
+        bench.medical_abstracts_split(tmp_path / "absent.csv")
+
+
+def test_the_real_medical_abstracts_split_if_present() -> None:
+    if not bench.MEDICAL_ABSTRACTS.is_file():
+        pytest.skip(f"the medical abstracts are not at {bench.MEDICAL_ABSTRACTS}")
+    private, labels, test, test_labels = bench.medical_abstracts_split()
+    assert (len(private), len(test)) == (2126, 531) and len(set(labels)) == 5
+    assert set(test_labels) == set(labels) == set(bench.CONDITIONS.values())
+    assert not set(private) & set(test)
+    if (bench.OHSUMED / "training").is_dir():  # its tuning twin, from OHSUMED
+        t_private, _, t_test, _ = bench.medical_tune_split()
+        assert (len(t_private), len(t_test)) == (2236, 558)
+        assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
+
+
+def test_the_medical_tuning_split_leaves_out_both_reported_corpora(tmp_path) -> None:
+    # OHSUMED with its five large categories (and one more), and a medical abstracts' file
+    # that shares two of its abstracts (the two corpora are both MEDLINE)
+    _ohsumed_tree(tmp_path, {"C04": (60, 30), "C14": (50, 20), "C23": (45, 10), "C01": (70, 5)})
+    hospital = bench.ohsumed_hospital_split(tmp_path)
+    drawn = set(hospital[0]) | set(hospital[2])
+    shared = [  # one abstract of each of two categories that the hospital split leaves
+        next(t for i in range(60) if (t := f"Title {c} {part} {i}. Abstract text.") not in drawn)
+        for c, part in (("C04", "training"), ("C14", "training"))
+    ]
+    source = tmp_path / "medical.csv"
+    _medical_csv(source, {"1": 10})
+    with open(source, "a", encoding="utf-8") as handle:
+        handle.writelines(f'1,"{t}"\n' for t in shared)
+    private, labels, test, test_labels = bench.medical_tune_split(tmp_path, source)
+    names = bench.MESH_CATEGORIES
+    reported = drawn | set(shared)
+    assert not (set(private) | set(test)) & reported
+    assert set(labels) == set(test_labels) == {names[c] for c in ("C04", "C14", "C23")}
+    # everything else of those categories, both parts, a fifth of each as test
+    whole = Counter(labels) + Counter(test_labels)
+    assert whole == {names["C04"]: 90 - 40 - 30 - 1, names["C14"]: 70 - 40 - 20 - 1,
+                     names["C23"]: 55 - 40 - 10}  # fmt: skip
+    assert Counter(test_labels) == {label: round(0.2 * n) for label, n in whole.items()}
+    assert not set(private) & set(test)
