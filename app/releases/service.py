@@ -37,9 +37,17 @@ VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
 FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
 
 
-def _config(spec: dict[str, Any]) -> GenerationConfig:
-    """The job's engine configuration, from its stored spec (validated at submission)."""
+def _config(spec: dict[str, Any], engine: dict[str, Any] | None = None) -> GenerationConfig:
+    """The job's engine configuration, from its stored spec (validated at submission); a
+    setting the spec left to the engine's default is read from what the engine says it ran
+    (its manifest's parameters), so a later change of that default does not rewrite how an
+    earlier job is described."""
     values = {name: spec[name] for name in ENGINE_FIELDS if name in spec}
+    ran = (engine or {}).get("parameters") or {}
+    if values.get("consistency_filter") is None and isinstance(
+        ran.get("consistency_filter"), bool
+    ):  # on with cells since the twenty-eighth session, off before
+        values["consistency_filter"] = ran["consistency_filter"]
     values.setdefault("subspace", 0)  # a job from before the option ran in the whole space
     values.setdefault("consistency_filter", False)  # and one from before this kept every draw
     values.setdefault("document_window", 0)  # and read the first tokens of each document
@@ -105,7 +113,7 @@ def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict
         return _llm_method_manifest(job, settings, documents)
     spec = job.spec
     engine = job.manifest or {}
-    config = _config(spec).for_classes(classes)  # the default subspace: by the label set
+    config = _config(spec, engine).for_classes(classes)  # default subspace: by the label set
     resolved = config.to_dict()  # the defaults that depend on the mode, resolved
     llm = spec.get("llm", "none")
     endpoint = settings.llm_endpoints.get(llm)

@@ -4,8 +4,9 @@ class's released direction is the nearest to its public embedding (post-processi
 What is checked here: the rule against a brute-force reading of it; a run with the filter
 makes exactly the releases of a run without it, and every sequence it returns is nearest its
 own class's released sum (read back from the OpenDP sampler's output), and the manifest says how
-many were drawn and kept; the filter is on by default with one class centroid a class (no cells)
-only, and names its field in the engine, the job spec and the CLI (``tests/core/test_cli.py``).
+many were drawn and kept; with cells each sequence is judged by every class's cells; the filter is
+on by default with class centroids, and names its field in the engine, the job spec and the CLI
+(``tests/core/test_cli.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from app.jobs.schemas import JobSpec
 from tests.core.test_pipeline import TOPICS, assert_same_releases, corpus
 from workers.errors import ConfigError
+from workers.methods.dpkps import pipeline
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.sampling import consistent_sequences
@@ -113,15 +115,53 @@ def test_the_filter_spends_nothing_and_keeps_only_consistent_sequences(
     assert dropped > 0  # the filter had something to do
 
 
+def test_with_cells_a_sequence_is_judged_by_every_class_s_cells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[np.ndarray, list[int] | None]] = []
+
+    def spied(vectors: Any, own: Any, directions: Any, owners: Any = None) -> Any:
+        seen.append((np.asarray(directions), None if owners is None else list(owners)))
+        return consistent_sequences(vectors, own, directions, owners)
+
+    monkeypatch.setattr(pipeline, "consistent_sequences", spied)
+    embedder = SentenceEmbedder()
+    phrases = [w for words in TOPICS.values() for w in words] + ["zz unrelated"]
+    texts, labels = corpus(per_class=12)
+    label_set = list(TOPICS)
+    cfg = GenerationConfig(
+        epsilon=6.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=2,
+        label_prior=0.0, centroid_cells=3, cell_kappa=1e-3, seed=3,
+    )  # fmt: skip
+    result = generate_sequences(
+        texts, labels, label_set=label_set, vocabulary=Vocabulary.from_phrases("t", phrases),
+        config=cfg, embedder=embedder,
+    )  # fmt: skip
+    assert result.manifest()["parameters"]["consistency_filter"] is True
+    (directions, owners), = seen  # fmt: skip
+    assert owners is not None and sorted(set(owners)) == [0, 1, 2]
+    assert len(directions) == len(owners) > len(label_set)  # several cells a class
+    assert owners == sorted(owners)  # each class's cells together, in the label set's order
+    # every sequence returned lies nearest one of its own class's cells
+    vectors = embedder.encode([" ".join(s.keyphrases) for s in result.sequences])
+    units = directions / np.linalg.norm(directions, axis=1, keepdims=True)
+    for sequence, row in zip(result.sequences, vectors, strict=True):
+        assert label_set[owners[int(np.argmax(units @ row))]] == sequence.label
+    assert 0 < len(result.sequences) <= result.manifest()["sequences_drawn"]
+
+
 def test_the_filter_is_on_by_default_with_one_centroid_per_class() -> None:
     base: dict[str, Any] = dict(epsilon=1.0, delta=1e-6, noise="gaussian")
     default = GenerationConfig(**base).validate()
     assert default.density_method == "centroid" and default.consistency_filter is None
     assert default.filters_sequences and default.to_dict()["consistency_filter"] is True
-    # with cells (from ε = 4 by default) it is off unless asked for: it cost Yelp's categories
+    # with cells (from ε = 4 by default) too, judged by every class's cells
     cells = GenerationConfig(**{**base, "epsilon": 6.0}).validate()
-    assert cells.cells > 1 and not cells.filters_sequences
-    assert GenerationConfig(**{**base, "epsilon": 6.0}, consistency_filter=True).filters_sequences
+    assert cells.cells > 1 and cells.filters_sequences
+    assert "nearest cell is one of its own class's" in method_description(cells)
+    assert not GenerationConfig(
+        **{**base, "epsilon": 6.0}, consistency_filter=False
+    ).filters_sequences
     off = GenerationConfig(**base, consistency_filter=False).validate()
     assert not off.filters_sequences and off.to_dict()["consistency_filter"] is False
     assert "nearest to its embedding" not in method_description(off)

@@ -274,3 +274,17 @@ def test_a_release_manifest_names_the_subspace_the_declared_labels_chose(
     factories.run_job(db, old)
     parameters = _release(client, world, old)["manifest"]["parameters"]
     assert parameters["subspace"] == 384 and parameters["consistency_filter"] is False
+    # with cells (ε ≥ 4) the filter is on by default; a job that ran when it was off there
+    # (its engine's manifest says so) keeps being described as it ran
+    cells = {**gaussian, "epsilon": 6.0}
+    for ran_before in (False, True):
+        job_id = factories.job(client, world.owner, dataset_id, **cells)
+        factories.run_job(db, job_id)
+        if ran_before:  # the engine's manifest of such a job says what it ran
+            with db.transaction() as session:
+                job = session.get(Job, uuid.UUID(job_id))
+                assert job is not None and job.spec["consistency_filter"] is None
+                job.manifest = {**(job.manifest or {}), "parameters": {"consistency_filter": False}}
+        manifest = _release(client, world, job_id)["manifest"]
+        assert manifest["parameters"]["consistency_filter"] is not ran_before
+        assert ("nearest cell is one of its own class's" in manifest["method"]) is not ran_before

@@ -476,12 +476,16 @@ def generate_sequences(
         )
         if basis is not None:
             vectors_of = vectors_of @ basis
-        directions = np.stack(
-            [m.total for m in mixtures] if mixtures else [c.noisy_sum for c in centroids]
+        # with cells, every class's cells: a sequence drawn near a cell is judged by it
+        directions = np.concatenate(
+            [m.directions for m in mixtures]
+            if mixtures
+            else [c.noisy_sum[None, :] for c in centroids]
         )
+        owners = [n for n, m in enumerate(mixtures) for _ in m.directions] if mixtures else None
         index = {label: n for n, label in enumerate(label_set)}
         consistent = consistent_sequences(
-            vectors_of, [index[s.label] for s in sequences], directions
+            vectors_of, [index[s.label] for s in sequences], directions, owners
         )
         sequences = [s for s, kept in zip(sequences, consistent.tolist(), strict=True) if kept]
         del vectors_of

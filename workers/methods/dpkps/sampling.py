@@ -346,30 +346,42 @@ def nearest_sequences(
 
 
 def consistent_sequences(
-    vectors: NDArray[np.floating[Any]], own: Sequence[int], directions: NDArray[np.floating[Any]]
+    vectors: NDArray[np.floating[Any]],
+    own: Sequence[int],
+    directions: NDArray[np.floating[Any]],
+    owners: Sequence[int] | None = None,
 ) -> NDArray[np.bool_]:
     """Which sequences to keep: those whose embedding (a row of ``vectors``, in the release's
-    coordinates) has the largest cosine with its own class's released direction (row
-    ``own[i]`` of ``directions``) among all the classes'. Reads only the sequences'
-    public embeddings and the released directions: post-processing.
+    coordinates) has the largest cosine with one of its own class's released directions
+    among all the classes'. ``directions`` holds one direction per class (row ``c`` is class
+    ``c``'s), or, given ``owners`` (the class of each row), several: a class's cells, so that
+    a sequence drawn near one of its class's cells is kept where that cell, not the class's
+    combined sum, is the nearest. Reads only the sequences' public embeddings and the
+    released directions: post-processing.
 
     >>> vectors = np.array([[1.0, 0.1], [1.0, 0.1], [0.0, 1.0]])
     >>> consistent_sequences(vectors, [0, 1, 1], np.array([[2.0, 0.0], [0.0, 0.5]])).tolist()
     [True, False, True]
+    >>> cells = np.array([[2.0, 0.0], [0.0, 0.5], [3.0, 0.3]])  # class 1 has a second cell
+    >>> consistent_sequences(vectors, [0, 1, 1], cells, owners=[0, 1, 1]).tolist()
+    [False, True, True]
     """
     rows = np.asarray(vectors, dtype=np.float64)
     sums = np.asarray(directions, dtype=np.float64)
     labels = np.asarray(own, dtype=np.int64)
+    owner = np.arange(len(sums)) if owners is None else np.asarray(owners, dtype=np.int64)
     if rows.ndim != 2 or sums.ndim != 2 or rows.shape[1] != sums.shape[1]:
         raise ConfigError(
             "one row per sequence, one direction per class", field="consistency_filter"
         )
+    if owner.shape != (len(sums),) or (owner.size and owner.min() < 0):
+        raise ConfigError("one class index per direction", field="consistency_filter")
     if labels.shape != (rows.shape[0],) or (
-        labels.size and not 0 <= labels.min() <= labels.max() < len(sums)
+        labels.size and not 0 <= labels.min() <= labels.max() <= owner.max(initial=-1)
     ):
         raise ConfigError("one class index per sequence", field="consistency_filter")
     units = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-300)
-    keep: NDArray[np.bool_] = np.argmax(rows @ units.T, axis=1) == labels
+    keep: NDArray[np.bool_] = owner[np.argmax(rows @ units.T, axis=1)] == labels
     return keep
 
 
