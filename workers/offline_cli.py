@@ -273,8 +273,8 @@ def register(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=d["consistency_filter"],
         help="with class centroids: keep a sequence only where its own class's released "
-        "direction is the nearest to its embedding (fewer sequences than asked for; default on "
-        "with class centroids and one cell a class, else off)",
+        "direction (with cells: one of its class's cells) is the nearest to its embedding "
+        "(fewer sequences than asked for; default on with class centroids, else off)",
     )
     eng.add_argument(
         "--subspace",

@@ -210,10 +210,10 @@ class JobSpec(BaseModel):
     consistency_filter: bool | None = Field(
         default=_ENGINE["consistency_filter"],
         description="with kde_method centroid: keep a sequence only where its own class's "
-        "released direction is the nearest to its embedding (post-processing, no budget; the "
-        "job returns fewer sequences than asked for, in proportions the releases decide, and "
-        "counts.sequences_drawn says how many were drawn); null, the default: on with class "
-        "centroids and one cell a class, else off",
+        "released direction (with cells: one of its class's cells) is the nearest to its "
+        "embedding (post-processing, no budget; the job returns fewer sequences than asked "
+        "for, in proportions the releases decide, and counts.sequences_drawn says how many "
+        "were drawn); null, the default: on with class centroids, else off",
     )
     subspace: int | None = Field(
         default=_ENGINE["subspace"],
