@@ -45,6 +45,9 @@ Splits (tuning kept disjoint from what is reported):
   labels; the published test file's abstracts of one class, 2,657 of 2,770), a seeded fifth
   of each class as test, the rest (2,126) private; noisy class counts. Reported, never tuned
   on; not in ``../shared``: ``KEYSEED_MEDICAL_ABSTRACTS`` names the file.
+* ``medical-tune``: its tuning twin from OHSUMED (``KEYSEED_OHSUMED``): the same five
+  categories, every abstract outside ``ohsumed-hospital`` and outside the medical abstracts'
+  file (both are MEDLINE: they share 797 abstracts), a seeded fifth of each as test.
 
 Each figure is also given as a fraction of the same classifier trained on the real
 private texts of the same split. Run: ``python -m benchmarks.bench_low_epsilon SPLIT
