@@ -57,6 +57,17 @@ def test_bad_inputs_name_the_field(vectors: Any, own: list[int], directions: Any
     assert caught.value.field == "consistency_filter"
 
 
+def test_owners_of_the_directions_are_checked() -> None:
+    vectors, own = np.ones((2, 3)), [0, 1]
+    for owners in ([0, 1], [0, -1, 1], [0, 0, 0]):  # one short, negative, class 1 has none
+        with pytest.raises(ConfigError) as caught:
+            consistent_sequences(vectors, own, np.eye(3), owners)
+        assert caught.value.field == "consistency_filter"
+    # several directions a class: a sequence is kept by any of its own class's
+    kept = consistent_sequences(np.eye(3), [1, 1, 0], np.eye(3), [0, 1, 1])
+    assert kept.tolist() == [False, True, False]
+
+
 class SumSpy:
     """The released class sums: every real-valued Gaussian draw's output, in order."""
 

@@ -702,7 +702,8 @@ class GenerationConfig:
     def filters_sequences(self) -> bool:
         """Whether the consistency filter runs: ``consistency_filter``, or by default with
         class centroids (released directions to compare each sequence with; with cells, every
-        class's cells: BENCHMARKS.md, "The consistency filter with cells")."""
+        class's cells: BENCHMARKS.md, "A medical corpus of the larger shape, and the consistency
+        filter with cells")."""
         if self.consistency_filter is not None:
             return self.consistency_filter
         return self.density_method == "centroid"
