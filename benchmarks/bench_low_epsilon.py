@@ -354,7 +354,11 @@ def ohsumed_hospital_split(root: Path | None = None) -> Split:
     categories, at most ``HOSPITAL_CAP`` private abstracts each from its training part (the
     same seeded draw as :func:`ohsumed_tune_split` leaves out), tested on at most
     ``HOSPITAL_CAP`` each of its test part."""
-    training, test = _ohsumed("training", root), _ohsumed("test", root)
+    return _ohsumed_hospital(_ohsumed("training", root), _ohsumed("test", root))
+
+
+def _ohsumed_hospital(training: dict[str, list[str]], test: dict[str, list[str]]) -> Split:
+    """:func:`ohsumed_hospital_split` from OHSUMED's two parts, already read."""
     private = _ohsumed_reported_private(training)
     test_texts, test_labels = _unzip(_sampled(test, HOSPITAL_CAP, SEED + 2))
     return private[0], private[1], test_texts, test_labels
@@ -532,10 +536,11 @@ def medical_tune_split(root: Path | None = None, path: Path | None = None) -> Sp
     (Neoplasms, Digestive, Nervous System, Cardiovascular, Pathological Conditions), every
     abstract outside :func:`ohsumed_hospital_split` and outside the medical abstracts'
     file, a seeded fifth of each as test and the rest private."""
-    source = path or MEDICAL_ABSTRACTS
-    hospital = ohsumed_hospital_split(root)
-    reported = set(_medical_classes(source)) | set(hospital[0]) | set(hospital[2])
-    parts = _ohsumed("training", root), _ohsumed("test", root)
+    parts = _ohsumed("training", root), _ohsumed("test", root)  # read once
+    hospital = _ohsumed_hospital(*parts)
+    reported = (
+        set(_medical_classes(path or MEDICAL_ABSTRACTS)) | set(hospital[0]) | set(hospital[2])
+    )
     groups = {
         MESH_CATEGORIES[c]: [
             t for part in parts for t in part[MESH_CATEGORIES[c]] if t not in reported
