@@ -22,7 +22,8 @@ are chosen on a tuning split (:func:`tune`), then measured on the reported split
 noise (:func:`measure`). Records go to ``benchmarks/dp_reference.jsonl``.
 
     python -m benchmarks.dp_reference tune yelp-hospital-tune --seeds 0-4
-    python -m benchmarks.dp_reference measure yelp-hospital --steps 4 --lr 2 --runs 10
+    python -m benchmarks.dp_reference measure yelp-hospital --steps 16 --lr 2 --names 32 \
+        --subspace true --runs 10
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from benchmarks.bench_low_epsilon import DELTA, REPO, Bench
-from workers.methods.dpkps.config import SUGGESTED_SUBSPACE
+from workers.methods.dpkps.config import PUBLIC_VOCABULARY_SIZE, SUGGESTED_SUBSPACE
 from workers.methods.dpkps.kde import name_directions
 from workers.methods.dpkps.subspace import project_units, public_basis
 from workers.privacy.calibration import gaussian_noise_multiplier
 from workers.privacy.noise import gaussian_noise
 
 OUT = REPO / "benchmarks" / "dp_reference.jsonl"
-PUBLIC_PHRASES = 30_000  # the product's public Ṽ: the basis is taken from the same phrases
+PUBLIC_PHRASES = PUBLIC_VOCABULARY_SIZE["centroid"]  # the product's Ṽ: its subspace's phrases
 
 Noise = Callable[[NDArray[np.float64], float], NDArray[np.float64]]
 # σ/Δ₂ for (ε, δ, steps): a PLD calibration, the same for every run of a setting
@@ -168,7 +169,8 @@ class Reference:
         return features(private), features(test), start
 
     def names_only(self, settings: Settings) -> float:
-        """The start alone: each test row's nearest declared label name (public only)."""
+        """The start alone: each test row's class is the one whose centred label-name
+        embedding scores it highest (public inputs only)."""
         _, test, start = self.inputs(settings)
         return float(((test @ start.T).argmax(axis=1) == self.test_y).mean())
 
