@@ -42,11 +42,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from benchmarks.bench_low_epsilon import DELTA, REPO, Bench
+from benchmarks.paired import parse_seeds, seeded_noise
 from workers.methods.dpkps.config import PUBLIC_VOCABULARY_SIZE, SUGGESTED_SUBSPACE
 from workers.methods.dpkps.kde import name_directions
 from workers.methods.dpkps.subspace import project_units, public_basis
+from workers.privacy import noise as samplers
 from workers.privacy.calibration import gaussian_noise_multiplier
-from workers.privacy.noise import gaussian_noise
 
 OUT = REPO / "benchmarks" / "dp_reference.jsonl"
 PUBLIC_PHRASES = PUBLIC_VOCABULARY_SIZE["centroid"]  # the product's Ṽ: its subspace's phrases
@@ -57,8 +58,9 @@ noise_multiplier = functools.lru_cache(maxsize=64)(gaussian_noise_multiplier)
 
 
 def opendp_noise(values: NDArray[np.float64], scale: float) -> NDArray[np.float64]:
-    """``values`` plus OpenDP's Gaussian noise of standard deviation ``scale``."""
-    return gaussian_noise(values.ravel(), scale=scale).reshape(values.shape)
+    """``values`` plus OpenDP's Gaussian noise of standard deviation ``scale`` (the shared
+    sampler, looked up at each call: :func:`benchmarks.paired.seeded_noise` reaches it)."""
+    return samplers.gaussian_noise(values.ravel(), scale=scale).reshape(values.shape)
 
 
 @dataclass(frozen=True)
@@ -143,9 +145,9 @@ class Reference:
         self.y = np.array([index[label] for label in bench.labels], dtype=np.int64)
         self.test_y = np.array([index.get(label, -1) for label in bench.test_labels])
         embed = bench.embedder.encode
-        self.private = np.asarray(embed(bench.texts), dtype=np.float64)
-        self.test = np.asarray(embed(bench.test_texts), dtype=np.float64)
-        self.names = name_directions(embed(self.label_set))
+        private = np.asarray(embed(bench.texts), dtype=np.float64)
+        test = np.asarray(embed(bench.test_texts), dtype=np.float64)
+        names = name_directions(embed(self.label_set))
         vocabulary = bench.vocabulary
         phrases = bench.cache.lookup(
             phrases=vocabulary.phrases,
@@ -153,20 +155,30 @@ class Reference:
             indices=np.arange(min(PUBLIC_PHRASES, len(vocabulary)), dtype=np.int64),
             embedder=bench.embedder,  # type: ignore[arg-type]
         )
-        self.basis = public_basis(np.asarray(phrases), SUGGESTED_SUBSPACE)
+        basis = public_basis(np.asarray(phrases), SUGGESTED_SUBSPACE)
+        # private rows, test rows and the centred names (the start's direction), in the
+        # whole space and in the subspace: computed once, read by every run
+        self.spaces = {
+            False: self._space(private, test, names),
+            True: self._space(
+                project_units(private, basis),
+                project_units(test, basis),
+                name_directions(names @ basis),
+            ),
+        }
+
+    @staticmethod
+    def _space(
+        private: NDArray[np.float64], test: NDArray[np.float64], names: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+        start = np.hstack([names - names.mean(axis=0), np.zeros((len(names), 1))])
+        return features(private), features(test), start
 
     def inputs(
         self, settings: Settings
     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-        """Private rows, test rows and the centred names (the start's direction), in the
-        settings' space."""
-        private, test, names = self.private, self.test, self.names
-        if settings.subspace:
-            private = project_units(private, self.basis)
-            test = project_units(test, self.basis)
-            names = name_directions(names @ self.basis)
-        start = np.hstack([names - names.mean(axis=0), np.zeros((len(names), 1))])
-        return features(private), features(test), start
+        """Private rows, test rows and the centred names, in the settings' space."""
+        return self.spaces[settings.subspace]
 
     def names_only(self, settings: Settings) -> float:
         """The start alone: each test row's class is the one whose centred label-name
@@ -174,7 +186,8 @@ class Reference:
         _, test, start = self.inputs(settings)
         return float(((test @ start.T).argmax(axis=1) == self.test_y).mean())
 
-    def accuracy(self, epsilon: float, settings: Settings, noise: Noise = opendp_noise) -> float:
+    def accuracy(self, epsilon: float, settings: Settings) -> float:
+        """One run of the learner (OpenDP's noise, or a seeded block's) on the test rows."""
         private, test, start = self.inputs(settings)
         weights = dp_gradient_descent(
             private,
@@ -184,21 +197,8 @@ class Reference:
             delta=DELTA,
             settings=settings,
             start=settings.names * start,
-            noise=noise,
         )
         return float(((test @ weights.T).argmax(axis=1) == self.test_y).mean())
-
-
-def seeded_noise(seed: int) -> Noise:
-    """Numpy Gaussian noise from ``seed``: only for choosing hyperparameters on a tuning
-    split, where the same draws make the settings' comparison paired; never for a figure."""
-    rng = np.random.default_rng(seed)
-
-    def add(values: NDArray[np.float64], scale: float) -> NDArray[np.float64]:
-        out: NDArray[np.float64] = values + rng.normal(0.0, scale, size=values.shape)
-        return out
-
-    return add
 
 
 GRID = {
@@ -219,7 +219,10 @@ def tune(
     results = []
     for steps, lr, names, subspace in itertools.product(*(grid[k] for k in GRID)):
         settings = Settings(steps=steps, lr=lr, names=names, subspace=subspace)
-        scores = [ref.accuracy(epsilon, settings, seeded_noise(s)) for s in seeds]
+        scores = []
+        for seed in seeds:  # the same draws for every setting: a paired comparison
+            with seeded_noise(seed):
+                scores.append(ref.accuracy(epsilon, settings))
         results.append({"settings": asdict(settings), "mean": float(np.mean(scores))})
     best = max(results, key=lambda r: r["mean"])
     return {"split": split, "real": ref.real, "epsilon": epsilon, "best": best, "grid": results}
@@ -242,9 +245,10 @@ def measure(split: str, epsilon: float, settings: Settings, runs: int) -> dict[s
     }
 
 
-def _seeds(text: str) -> list[int]:
-    first, _, last = text.partition("-")
-    return list(range(int(first), int(last or first) + 1))
+def _parsed(field: str, text: str) -> Any:
+    """A command-line value for a :class:`Settings` field, of the field's type."""
+    kind = type(asdict(Settings())[field])
+    return text == "true" if kind is bool else kind(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,17 +262,15 @@ def main(argv: list[str] | None = None) -> None:
         "--grid", action="append", default=[], help="tune: a field's values, e.g. lr=1,2,4"
     )
     for field, default in asdict(Settings()).items():
-        kind = (lambda v: v == "true") if isinstance(default, bool) else type(default)
-        parser.add_argument(f"--{field}", type=kind, default=default)
+        parser.add_argument(f"--{field}", type=functools.partial(_parsed, field), default=default)
     args = parser.parse_args(argv)
     started = time.time()
     if args.action == "tune":
         grid = {}
         for item in args.grid:
             field, _, values = item.partition("=")
-            kind = type(asdict(Settings())[field])
-            grid[field] = [(v == "true") if kind is bool else kind(v) for v in values.split(",")]
-        record = tune(args.split, args.epsilon, _seeds(args.seeds), grid)
+            grid[field] = [_parsed(field, v) for v in values.split(",")]
+        record = tune(args.split, args.epsilon, parse_seeds(args.seeds), grid)
         shown = {k: v for k, v in record.items() if k != "grid"}
     else:
         settings = Settings(**{f: getattr(args, f) for f in asdict(Settings())})
