@@ -20,16 +20,19 @@ reads a Poisson sample of the rows (each row in it with probability q, independe
 σ is the multiplier of ``steps`` Poisson-subsampled Gaussian releases composing to (ε, δ)
 under add/remove adjacency — the amplification by subsampling, accounted by
 ``dp_accounting``'s PLD accountant (:func:`subsampled_noise_multiplier`), which the product's
-accountant does not need. The learning rate is divided by the expected number of rows a
-step reads, q·n (a diagnostic; a product would spend a little of the budget on a count, as
-DP-KPS does). An optional start from the
-declared label names' embeddings (public) gives it the product's prior. The hyperparameters
-are chosen on a tuning split (:func:`tune`), then measured on the reported split with fresh
-noise (:func:`measure`). Records go to ``benchmarks/dp_reference.jsonl``.
+accountant does not need; the samples come from numpy's generator, not a cryptographic one
+(a diagnostic). The learning rate is divided by the expected number of rows a step reads,
+q·n (a diagnostic too; a product would spend a little of the budget on a count, as DP-KPS
+does). An optional start from the declared label names' embeddings (public) gives it the
+product's prior. The hyperparameters are chosen on a tuning split (:func:`tune`), then
+measured on the reported split with fresh noise (:func:`measure`). Records go to
+``benchmarks/dp_reference.jsonl``.
 
     python -m benchmarks.dp_reference tune yelp-hospital-tune --seeds 0-4
     python -m benchmarks.dp_reference measure yelp-hospital --steps 16 --lr 2 --names 32 \
         --subspace true --runs 10
+    python -m benchmarks.dp_reference measure yelp-small --steps 128 --lr 1 --names 16 \
+        --subspace true --batch 0.25 --runs 10
 """
 
 from __future__ import annotations
