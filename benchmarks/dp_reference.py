@@ -68,6 +68,13 @@ Noise = Callable[[NDArray[np.float64], float], NDArray[np.float64]]
 noise_multiplier = functools.lru_cache(maxsize=64)(gaussian_noise_multiplier)
 
 
+def subsampled_event(sigma: float, rate: float, steps: int) -> dp_accounting.DpEvent:
+    """``steps`` Gaussian releases of noise multiplier ``sigma``, each on a Poisson sample of
+    the rows at ``rate``: the DP-SGD learner's event, for ``dp_accounting``'s accountants."""
+    sampled = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))
+    return dp_accounting.SelfComposedDpEvent(sampled, steps)
+
+
 @functools.lru_cache(maxsize=256)
 def subsampled_noise_multiplier(*, epsilon: float, delta: float, steps: int, rate: float) -> float:
     """σ/Δ₂ for ``steps`` Gaussian releases, each on a Poisson sample of the rows at
@@ -83,13 +90,9 @@ def subsampled_noise_multiplier(*, epsilon: float, delta: float, steps: int, rat
             dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-3
         )
 
-    def event(sigma: float) -> dp_accounting.DpEvent:
-        sampled = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))
-        return dp_accounting.SelfComposedDpEvent(sampled, steps)
-
     sigma = dp_accounting.calibrate_dp_mechanism(
         accountant,
-        event,
+        lambda sigma: subsampled_event(sigma, rate, steps),
         epsilon,
         delta,
         dp_accounting.LowerEndpointAndGuess(0.1, 1.0),
@@ -173,12 +176,13 @@ def dp_gradient_descent(
         sigma = subsampled_noise_multiplier(
             epsilon=epsilon, delta=delta, steps=settings.steps, rate=settings.batch
         )
-    rng = np.random.default_rng() if sampling is None else sampling
+    # full batches draw nothing; a sampled run draws its rows from ``sampling`` or fresh entropy
+    rng = None if full else sampling if sampling is not None else np.random.default_rng()
     weights = (
         np.zeros((classes, x.shape[1])) if start is None else np.array(start, dtype=np.float64)
     )
     for _ in range(settings.steps):
-        rows = slice(None) if full else rng.random(len(x)) < settings.batch
+        rows = slice(None) if rng is None else rng.random(len(x)) < settings.batch
         total = clipped_gradient_sum(x[rows], y[rows], weights, settings.clip)
         if sigma:
             total = noise(total, sigma * settings.clip)

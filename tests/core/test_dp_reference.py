@@ -17,6 +17,7 @@ from benchmarks.dp_reference import (
     dp_gradient_descent,
     features,
     opendp_noise,
+    subsampled_event,
     subsampled_noise_multiplier,
 )
 from benchmarks.paired import seeded_noise
@@ -147,19 +148,14 @@ def test_a_subsampled_steps_multiplier_is_the_smallest_the_accountant_certifies(
     relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def pld_epsilon(sigma: float, rate: float, steps: int) -> float:
-        accountant = dp_accounting.pld.PLDAccountant(relation)
-        sampled = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))
-        accountant.compose(dp_accounting.SelfComposedDpEvent(sampled, steps))
+        accountant = dp_accounting.pld.PLDAccountant(relation)  # the default, finer grid
+        accountant.compose(subsampled_event(sigma, rate, steps))
         return float(accountant.get_epsilon(1e-6))
 
     sigma = subsampled_noise_multiplier(epsilon=1.0, delta=1e-6, steps=16, rate=0.25)
     assert pld_epsilon(sigma, 0.25, 16) <= 1.0 < pld_epsilon(0.98 * sigma, 0.25, 16)
     rdp = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
-    rdp.compose(
-        dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(sigma)), 16
-        )
-    )
+    rdp.compose(subsampled_event(sigma, 0.25, 16))
     assert 1.0 <= rdp.get_epsilon(1e-6) < 1.3
     full = gaussian_noise_multiplier(epsilon=1.0, delta=1e-6, steps=16)
     near = subsampled_noise_multiplier(epsilon=1.0, delta=1e-6, steps=16, rate=0.999)
