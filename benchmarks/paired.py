@@ -21,6 +21,9 @@ Variants (the first is the reference every other is compared with):
   sums) multiplied by F; the engine still sizes what reads σ (the names' prior) for the
   planned σ. F = 0.5 is about what twice the ε would give those releases.
 
+``--codes`` declares every label as a code (``class 0``, ``class 1``, …; :func:`with_codes`):
+the same classes under names that tell nothing, for the names' prior.
+
 Run: ``python -m benchmarks.paired SPLIT EPSILON --seeds 0-9 VARIANT [VARIANT …]``; each
 run and each variant's summary (mean, difference to the reference with its standard
 error, runs that rose) are printed and appended to ``benchmarks/paired.jsonl``.
@@ -160,6 +163,24 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def with_codes(bench: Bench) -> Bench:
+    """``bench`` with every declared label renamed ``class 0``, ``class 1``, … (in the
+    label set's order), the private and the test labels alike: the classes are the same,
+    but their names tell nothing (what the names' prior must survive).
+
+    >>> bench = Bench.__new__(Bench)
+    >>> bench.label_set, bench.labels, bench.test_labels = ["b", "a"], ["a", "b"], ["b"]
+    >>> renamed = with_codes(bench)
+    >>> renamed.label_set, renamed.labels, renamed.test_labels
+    (['class 0', 'class 1'], ['class 1', 'class 0'], ['class 0'])
+    """
+    code = {label: f"class {i}" for i, label in enumerate(bench.label_set)}
+    bench.label_set = [code[label] for label in bench.label_set]
+    bench.labels = [code[label] for label in bench.labels]
+    bench.test_labels = [code[label] for label in bench.test_labels]
+    return bench
+
+
 def run_variant(bench: Bench, epsilon: float, seed: int, variant: Variant) -> float:
     """One run of ``bench`` with ``variant``, on run ``seed``'s releases."""
     counts = exact_counts(bench.labels) if variant.exact_counts else nullcontext()
@@ -194,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("variants", nargs="+", help="the first is the reference")
     parser.add_argument("--seeds", default="0-4", help="FIRST-LAST or a comma list")
     parser.add_argument("--vocabulary", default="english", help="the public vocabulary")
+    parser.add_argument(
+        "--codes", action="store_true", help="declare the labels as codes (class 0, class 1, …)"
+    )
     args = parser.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
@@ -201,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         parser.error(str(error))
     bench = Bench(args.split, args.vocabulary)
+    if args.codes:
+        bench = with_codes(bench)
+    extra = {"names": "codes"} if args.codes else {}
     runs: dict[str, list[float]] = {v.name: [] for v in variants}
     with open(OUT, "a", encoding="utf-8") as out:
         for seed in seeds:
@@ -211,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
                     "split": args.split,
                     "epsilon": args.epsilon,
                     **({} if args.vocabulary == "english" else {"vocabulary": args.vocabulary}),
+                    **extra,
                     "seed": seed,
                     "variant": variant.name,
                     "accuracy": accuracy,
@@ -223,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
                 "split": args.split,
                 "epsilon": args.epsilon,
                 **({} if args.vocabulary == "english" else {"vocabulary": args.vocabulary}),
+                **extra,
                 "seeds": seeds,
                 "variant": variant.name,
                 "reference": variants[0].name,
