@@ -261,6 +261,14 @@ def register(sub: Any) -> None:
         f"{DEFAULT_LABEL_PRIOR:g})",
     )
     eng.add_argument(
+        "--label-prior-lead",
+        type=float,
+        default=d["label_prior_lead"],
+        help="with class centroids: how far the label names may lead each class's released "
+        "direction as the released sums' agreement with them grows from 1 to 2 noise "
+        "standard deviations (default 0: none)",
+    )
+    eng.add_argument(
         "--sequence-selection",
         type=int,
         default=d["sequence_selection"],
@@ -565,6 +573,7 @@ def _config(args: argparse.Namespace) -> Any:
         public_vocabulary_size=args.public_vocabulary_size,
         centroid_cells=args.centroid_cells,
         label_prior=args.label_prior,
+        label_prior_lead=args.label_prior_lead,
         sequence_selection=args.sequence_selection,
         consistency_filter=args.consistency_filter,
         subspace=args.subspace,

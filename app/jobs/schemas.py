@@ -198,6 +198,14 @@ class JobSpec(BaseModel):
         "pull each class's released direction, in noise-matched units, when the released "
         "sums agree with them (0: off)",
     )
+    label_prior_lead: float = Field(
+        default=_ENGINE["label_prior_lead"],
+        ge=0,
+        le=MAX_LABEL_PRIOR,
+        description="with kde_method centroid: how far the label names may lead each class's "
+        "released direction, in the same units, as the released sums' agreement with them "
+        "grows from 1 to 2 standard deviations of its noise (0, the default: no lead)",
+    )
     sequence_selection: int | None = Field(
         default=_ENGINE["sequence_selection"],
         ge=1,

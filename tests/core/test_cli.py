@@ -493,6 +493,8 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
         (["--centroid-cells", "3"], {"kde_method": "centroid", "centroid_cells": 3}),
         ([], {"label_prior": 0.5}),
         (["--label-prior", "0"], {"kde_method": "centroid", "label_prior": 0.0}),
+        ([], {"label_prior_lead": 0.0}),
+        (["--label-prior-lead", "8"], {"kde_method": "centroid", "label_prior_lead": 8.0}),
         (["--sequence-selection", "3"], {"kde_method": "centroid", "sequence_selection": 3}),
         (["--subspace", "24"], {"kde_method": "centroid", "subspace": 24}),
         ([], {"kde_method": "centroid", "consistency_filter": True}),

@@ -214,6 +214,20 @@ def test_the_label_prior_is_a_job_option_and_a_bad_one_names_its_field(
         assert response.json()["field"] == "label_prior"
 
 
+@pytest.mark.parametrize("value, status", [(0.0, 200), (8.0, 200), (-1.0, 422), (101.0, 422)])
+def test_the_names_lead_is_a_job_option_and_a_bad_one_names_its_field(
+    client: TestClient, world: factories.World, value: float, status: int
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    spec = _spec(**GAUSSIAN, label_prior_lead=value)
+    response = _post(client, world, dataset_id, spec, dry_run="true")
+    assert response.status_code == status, response.text
+    if status == 200:
+        assert response.json()["parameters"]["label_prior_lead"] == value
+    else:
+        assert response.json()["field"] == "label_prior_lead"
+
+
 @pytest.mark.parametrize(("extra", "dimension"), [(0, 384), (20, 128)])
 def test_a_dry_run_shows_the_subspace_the_declared_labels_choose(
     client: TestClient, world: factories.World, extra: int, dimension: int

@@ -300,6 +300,15 @@ class GenerationConfig:
     split, paired: 0.109 → 0.165 at ε = 0.25, 0.185 → 0.193 at ε = 1; names replaced by
     codes +0.002 / −0.002).
 
+    The names' lead (``label_prior_lead`` = L, default 0): the strength is at least
+    L·clip(z − 1, 0, 1), z the agreement alone (no prior), so where the releases agree with
+    the names by two noise standard deviations the names lead the direction. L = 32 gained on
+    the tuning splits of 20 or more classes (Yelp hospital tune 0.190 → 0.204, Newsgroups tune
+    0.594 → 0.613 at ε = 1, paired; names replaced by codes unchanged) but not on the reported
+    ones at ε = 1 (fresh runs: Yelp hospital 0.187 → 0.182, Yelp small 0.309 → 0.303, OHSUMED
+    0.433 → 0.425, Newsgroups 0.547 → 0.555; Yelp hospital at ε = 0.25 0.148 → 0.166), so it
+    is off by default (BENCHMARKS.md, "The names' lead for many small classes").
+
     Sequence selection (``sequence_selection``,
     :func:`workers.methods.dpkps.sampling.sample_near_direction`): with cells, each cell
     draws 8× its sequences and keeps the eighth whose phrases' mean embedding lies nearest
@@ -401,6 +410,8 @@ class GenerationConfig:
     cell_share: float = DEFAULT_CELL_SHARE  # with cells: the class sum's share of the KDE's
     cell_kappa: float = DEFAULT_CELL_KAPPA  # with cells: a cell's sum ≥ κ·σ√d (K_c's rule)
     label_prior: float = DEFAULT_LABEL_PRIOR  # centroid: κ of the label names' prior; 0: off
+    label_prior_lead: float = 0.0  # centroid: L, the names' strength at least L·clip(z − 1,
+    # 0, 1) as the releases agree with them by z (kde.py, prior_strength); 0: no lead
     sequence_selection: int | None = None  # F: draw F× the sequences, keep the 1/F nearest
     # their class's (or cell's) released direction; 1: off; None: F = 8 with cells, else 1
     consistency_filter: bool | None = None  # keep a sequence only where its own class's
@@ -539,6 +550,7 @@ class GenerationConfig:
             raise ConfigError("must be below 1 (the cells need a share)", field="cell_share")
         _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
         _check_between(self.label_prior, field="label_prior", high=MAX_LABEL_PRIOR)
+        _check_between(self.label_prior_lead, field="label_prior_lead", high=MAX_LABEL_PRIOR)
         _check_int(self.document_window, name="document_window", low=0, high=MAX_DOCUMENT_WINDOW)
         if self.document_window and not self.embeds_documents:
             raise ConfigError(

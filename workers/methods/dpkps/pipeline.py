@@ -320,12 +320,19 @@ def generate_sequences(
                 seed=config.seed,
             )
         del unit_rows, class_rows
-        if config.density_method == "centroid" and config.label_prior > 0:
+        if config.density_method == "centroid" and (
+            config.label_prior > 0 or config.label_prior_lead > 0
+        ):
             # the declared label names as a prior (public schema, public model)
             named = np.asarray(embedder.encode(label_set), dtype=np.float64)
             names = name_directions(named if basis is None else named @ basis)
             centroids, mixtures = apply_label_prior(
-                centroids, mixtures, names, kappa=config.label_prior, counts=released_counts
+                centroids,
+                mixtures,
+                names,
+                kappa=config.label_prior,
+                counts=released_counts,
+                lead=config.label_prior_lead,
             )
     else:
         rff = RandomFourierFeatures(
