@@ -18,11 +18,7 @@ import pytest
 
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
-from workers.methods.dpkps.config import (
-    DEFAULT_LABEL_PRIOR,
-    SUBSPACE_FROM_CLASSES,
-    GenerationConfig,
-)
+from workers.methods.dpkps.config import DEFAULT_LABEL_PRIOR, GenerationConfig
 from workers.methods.dpkps.kde import (
     CellMixture,
     CentroidKDE,
@@ -153,7 +149,7 @@ def test_a_run_gates_the_names_by_its_released_counts(monkeypatch: pytest.Monkey
 def test_the_lead_is_off_by_default() -> None:
     cfg = GenerationConfig(epsilon=1.0, delta=1e-6, noise="gaussian", per_class=10).validate()
     assert cfg.label_prior_lead == 0.0 and cfg.label_prior == DEFAULT_LABEL_PRIOR
-    assert cfg.for_classes(SUBSPACE_FROM_CLASSES).to_dict()["label_prior_lead"] == 0.0
+    assert cfg.to_dict()["label_prior_lead"] == 0.0
 
 
 def test_the_lead_follows_the_agreement_alone() -> None:

@@ -199,33 +199,19 @@ def test_cells_with_another_density_are_422_naming_the_field(
     assert response.json()["field"] == "centroid_cells"
 
 
+@pytest.mark.parametrize("field", ["label_prior", "label_prior_lead"])
 @pytest.mark.parametrize("value, status", [(0.0, 200), (2.0, 200), (-1.0, 422), (101.0, 422)])
 def test_the_label_prior_is_a_job_option_and_a_bad_one_names_its_field(
-    client: TestClient, world: factories.World, value: float, status: int
+    client: TestClient, world: factories.World, field: str, value: float, status: int
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
-    response = _post(
-        client, world, dataset_id, _spec(**GAUSSIAN, label_prior=value), dry_run="true"
-    )
-    assert response.status_code == status, response.text
-    if status == 200:
-        assert response.json()["parameters"]["label_prior"] == value
-    else:
-        assert response.json()["field"] == "label_prior"
-
-
-@pytest.mark.parametrize("value, status", [(0.0, 200), (8.0, 200), (-1.0, 422), (101.0, 422)])
-def test_the_names_lead_is_a_job_option_and_a_bad_one_names_its_field(
-    client: TestClient, world: factories.World, value: float, status: int
-) -> None:
-    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
-    spec = _spec(**GAUSSIAN, label_prior_lead=value)
+    spec = _spec(**GAUSSIAN, **{field: value})
     response = _post(client, world, dataset_id, spec, dry_run="true")
     assert response.status_code == status, response.text
     if status == 200:
-        assert response.json()["parameters"]["label_prior_lead"] == value
+        assert response.json()["parameters"][field] == value
     else:
-        assert response.json()["field"] == "label_prior_lead"
+        assert response.json()["field"] == field
 
 
 @pytest.mark.parametrize(("extra", "dimension"), [(0, 384), (20, 128)])
