@@ -6,8 +6,9 @@
   public manifest, its LLM costs);
 * :func:`check_label_set`, :func:`check_units`, :func:`check_inputs`: the input checks
   made before any private read (errors name rows, never ids or text);
-* :func:`checkpoint_json`, :func:`claim_checkpoints`, :func:`save_costs`,
-  :func:`load_costs`: how a run writes its checkpoints and refuses another run's;
+* :func:`checkpoint_json`, :func:`run_identity`, :func:`claim_checkpoints`,
+  :func:`save_costs`, :func:`load_costs`: how a run writes its checkpoints and refuses
+  another run's;
 * :func:`complete_texts`: one completion per public request through the shared client.
 """
 
@@ -143,6 +144,42 @@ def complete_texts(
         )
     )
     return [o.text for o in outcomes]
+
+
+def run_identity(
+    method: str,
+    params: MethodParams,
+    labels: Sequence[str],
+    *,
+    unit_level: bool,
+    llm_model: str,
+    embedding_model: str,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A run's public configuration as :func:`claim_checkpoints` fingerprints it: the
+    method, its parameters (less ``concurrency``, which changes nothing a checkpoint
+    holds), the declared labels, whether units are the privacy unit, the models, and the
+    method's ``extra`` public inputs.
+
+    >>> params = MethodParams(document_type="note", epsilon=1.0, delta=1e-6, concurrency=4)
+    >>> identity = run_identity("m", params, ["a"], unit_level=False, llm_model="l",
+    ...                         embedding_model="e", pool=None)
+    >>> sorted(identity)
+    ['embedding_model', 'labels', 'llm_model', 'method', 'parameters', 'pool', 'unit_level']
+    >>> "concurrency" in identity["parameters"]
+    False
+    """
+    settings = params.to_dict()
+    settings.pop("concurrency")
+    return {
+        "method": method,
+        "parameters": settings,
+        "labels": list(labels),
+        "unit_level": unit_level,
+        "llm_model": llm_model,
+        "embedding_model": embedding_model,
+        **extra,
+    }
 
 
 def claim_checkpoints(checkpoints: Checkpoints, key: str, identity: dict[str, Any]) -> None:

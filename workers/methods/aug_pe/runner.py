@@ -76,6 +76,7 @@ from workers.methods.common import (
     complete_texts,
     load_costs,
     no_progress,
+    run_identity,
     save_costs,
 )
 from workers.methods.proportions import split_by_counts
@@ -189,16 +190,14 @@ class _Run:
     def claim(self, *, unit_level: bool) -> None:
         """Tie the checkpoints to this run's public configuration (refuse another's)."""
         self.unit_level = unit_level
-        settings = self.params.to_dict()
-        settings.pop("concurrency")  # changes nothing a checkpoint holds
-        identity = {
-            "method": METHOD,
-            "parameters": settings,
-            "labels": list(self.labels),
-            "unit_level": unit_level,
-            "llm_model": self.endpoint.model,
-            "embedding_model": self.embedder.name,
-        }
+        identity = run_identity(
+            METHOD,
+            self.params,
+            self.labels,
+            unit_level=unit_level,
+            llm_model=self.endpoint.model,
+            embedding_model=self.embedder.name,
+        )
         claim_checkpoints(self.checkpoints, RUN_KEY, identity)
         saved = load_costs(self.checkpoints, COSTS_KEY)
         if saved is not None:

@@ -45,6 +45,7 @@ from workers.methods.common import (
     complete_texts,
     load_costs,
     no_progress,
+    run_identity,
     save_costs,
 )
 from workers.methods.dp_eda import decoding
@@ -147,20 +148,18 @@ class _Run:
     def claim(self, *, unit_level: bool) -> None:
         """Tie the checkpoints to this run's public configuration (refuse another's)."""
         self.unit_level = unit_level
-        settings = self.params.to_dict()
-        settings.pop("concurrency")
-        identity = {
-            "method": METHOD,
-            "parameters": settings,
-            "labels": list(self.labels),
-            "unit_level": unit_level,
-            "llm_model": self.endpoint.model,
-            "embedding_model": self.embedder.name,
-            "vocabulary": None if self.vocabulary is None else self.vocabulary.fingerprint,
-            "pool": None
+        identity = run_identity(
+            METHOD,
+            self.params,
+            self.labels,
+            unit_level=unit_level,
+            llm_model=self.endpoint.model,
+            embedding_model=self.embedder.name,
+            vocabulary=None if self.vocabulary is None else self.vocabulary.fingerprint,
+            pool=None
             if self.pool is None
             else hashlib.sha256("\n".join(self.pool).encode()).hexdigest(),
-        }
+        )
         claim_checkpoints(self.checkpoints, RUN_KEY, identity)
         saved = load_costs(self.checkpoints, COSTS_KEY)
         if saved is not None:
