@@ -33,33 +33,28 @@ def test_doctests_hold() -> None:
     assert doctest.testmod(common, raise_on_error=True).attempted >= 3
 
 
+# the identity each runner built inline before run_identity existed: checkpoints written
+# then carry its fingerprint
+INLINE = {
+    "method": "aug-pe",
+    "parameters": {"document_type": "discharge note", "epsilon": 1.0, "delta": 1e-6, "seed": 0},
+    "labels": ["Cardiology", "Oncology"],
+    "unit_level": False,
+    "llm_model": "gpt-x",
+    "embedding_model": "minilm",
+}
+
+
 def test_the_identity_is_the_public_configuration_without_concurrency() -> None:
-    assert identity(pool="abc") == {
-        "method": "aug-pe",
-        "parameters": {"document_type": "discharge note", "epsilon": 1.0, "delta": 1e-6, "seed": 0},
-        "labels": ["Cardiology", "Oncology"],
-        "unit_level": False,
-        "llm_model": "gpt-x",
-        "embedding_model": "minilm",
-        "pool": "abc",
-    }
+    assert identity() == INLINE
+    assert identity(pool="abc") == {**INLINE, "pool": "abc"}
 
 
 def test_checkpoints_written_before_the_shared_identity_stay_valid() -> None:
-    # the fingerprint each runner wrote before run_identity existed (the same dict, built
-    # inline): a run resumed across the change is not refused
-    inline = {
-        "method": "aug-pe",
-        "parameters": {"document_type": "discharge note", "epsilon": 1.0, "delta": 1e-6, "seed": 0},
-        "labels": ["Cardiology", "Oncology"],
-        "unit_level": False,
-        "llm_model": "gpt-x",
-        "embedding_model": "minilm",
-    }
     checkpoints = MemoryCheckpoints()
-    digest = hashlib.sha256(json.dumps(inline, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(INLINE, sort_keys=True).encode()).hexdigest()
     checkpoints.save("run", json.dumps({"method": "aug-pe", "fingerprint": digest}).encode())
-    claim_checkpoints(checkpoints, "run", identity())  # accepted
+    claim_checkpoints(checkpoints, "run", identity())  # accepted: a resume is not refused
 
 
 def test_a_resume_may_change_concurrency_but_not_the_parameters() -> None:
