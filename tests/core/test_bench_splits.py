@@ -160,6 +160,29 @@ def test_the_newsgroups_splits_drop_headers_and_never_share_a_post(tmp_path) -> 
         bench.newsgroups_hospital_split(tmp_path / "absent")
 
 
+def test_the_larger_newsgroups_split_draws_only_posts_no_other_split_uses(tmp_path) -> None:
+    sizes = {"sci.med": (200, 50), "rec.autos": (160, 30)}
+    _newsgroups_tree(tmp_path, sizes)
+    topics = bench.NEWSGROUP_TOPICS
+    private, labels, test, test_labels = bench.newsgroups_larger_split(tmp_path, per_group=50)
+    # 200 − 45 − 85 = 70 spare sci.med posts, 160 − 130 = 30 rec.autos ones
+    assert Counter(labels) == {topics["sci.med"]: 50, topics["rec.autos"]: 30}
+    hospital = bench.newsgroups_hospital_split(tmp_path)
+    tune = bench.newsgroups_tune_split(tmp_path)
+    assert not set(private) & (set(hospital[0]) | set(tune[0]) | set(tune[2]))
+    assert (test, test_labels) == (hospital[2], hospital[3])  # the hospital's test posts
+    assert private == bench.newsgroups_larger_split(tmp_path, per_group=50)[0]  # seeded
+    # its tuning twin: 40 test posts a group outside the hospital's, its private posts
+    # from what no split uses (sci.med: 20 spare training posts + 50 − 40 − 40 test ones)
+    w_private, w_labels, w_test, w_test_labels = bench.newsgroups_larger_tune_split(
+        tmp_path, per_group=50
+    )
+    assert Counter(w_test_labels) == {topics["sci.med"]: 10}  # 50 − 40 test posts
+    assert Counter(w_labels) == {topics["sci.med"]: 20}  # 70 − 50 spare training posts
+    used = set(private) | set(test) | set(hospital[0]) | set(tune[0]) | set(tune[2])
+    assert not (set(w_private) | set(w_test)) & used and not set(w_private) & set(w_test)
+
+
 def test_the_real_newsgroups_splits_if_present() -> None:
     if not (bench.NEWSGROUPS / "20news-bydate-train").is_dir():
         pytest.skip(f"the 20 Newsgroups are not at {bench.NEWSGROUPS}")
@@ -169,6 +192,13 @@ def test_the_real_newsgroups_splits_if_present() -> None:
     t_private, t_labels, t_test, _ = bench.newsgroups_tune_split()
     assert set(Counter(t_labels).values()) == {45} and len(t_test) == 800
     assert not (set(t_private) | set(t_test)) & (set(private) | set(test))
+    l_private, l_labels, _, _ = bench.newsgroups_larger_split()
+    assert set(Counter(l_labels).values()) == {bench.NEWSGROUPS_LARGER}
+    assert not set(l_private) & (set(private) | set(t_private) | set(t_test))
+    w_private, w_labels, w_test, _ = bench.newsgroups_larger_tune_split()
+    assert set(Counter(w_labels).values()) == {bench.NEWSGROUPS_LARGER} and len(w_test) == 800
+    used = set(private) | set(test) | set(t_private) | set(t_test) | set(l_private)
+    assert not (set(w_private) | set(w_test)) & used
 
 
 def _medical_csv(path, sizes: dict[str, int]) -> None:
