@@ -6,10 +6,12 @@ from __future__ import annotations
 import doctest
 import hashlib
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from workers.errors import ConfigError
+from workers.llm.client import LLMEndpoint
 from workers.methods import common
 from workers.methods.checkpoints import MemoryCheckpoints
 from workers.methods.common import MethodParams, claim_checkpoints, run_identity
@@ -18,15 +20,13 @@ PARAMS = MethodParams(document_type="discharge note", epsilon=1.0, delta=1e-6, c
 
 
 def identity(params: MethodParams = PARAMS, **extra: object) -> dict[str, object]:
-    return run_identity(
-        "aug-pe",
-        params,
-        ("Cardiology", "Oncology"),
-        unit_level=False,
-        llm_model="gpt-x",
-        embedding_model="minilm",
-        **extra,
+    run = SimpleNamespace(
+        params=params,
+        labels=("Cardiology", "Oncology"),
+        endpoint=LLMEndpoint(base_url="http://127.0.0.1:9", model="gpt-x"),
+        embedder=SimpleNamespace(name="minilm"),
     )
+    return run_identity("aug-pe", run, unit_level=False, **extra)
 
 
 def test_doctests_hold() -> None:

@@ -28,6 +28,7 @@ from workers.methods.checkpoints import Checkpoints
 from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
 from workers.text.corpus import check_corpus
+from workers.text.embeddings import Embedder
 
 DOCUMENT_TYPE_CHARS = 200
 
@@ -146,38 +147,52 @@ def complete_texts(
     return [o.text for o in outcomes]
 
 
+class RunConfiguration(Protocol):
+    """What a method's run holds of its public configuration."""
+
+    @property
+    def params(self) -> MethodParams: ...
+
+    @property
+    def labels(self) -> tuple[str, ...]: ...
+
+    @property
+    def endpoint(self) -> LLMEndpoint: ...
+
+    @property
+    def embedder(self) -> Embedder: ...
+
+
 def run_identity(
-    method: str,
-    params: MethodParams,
-    labels: Sequence[str],
-    *,
-    unit_level: bool,
-    llm_model: str,
-    embedding_model: str,
-    **extra: Any,
+    method: str, run: RunConfiguration, *, unit_level: bool, **extra: Any
 ) -> dict[str, Any]:
     """A run's public configuration as :func:`claim_checkpoints` fingerprints it: the
     method, its parameters (less ``concurrency``, which changes nothing a checkpoint
     holds), the declared labels, whether units are the privacy unit, the models, and the
     method's ``extra`` public inputs.
 
-    >>> params = MethodParams(document_type="note", epsilon=1.0, delta=1e-6, concurrency=4)
-    >>> identity = run_identity("m", params, ["a"], unit_level=False, llm_model="l",
-    ...                         embedding_model="e", pool=None)
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(
+    ...     params=MethodParams(document_type="note", epsilon=1.0, delta=1e-6, concurrency=4),
+    ...     labels=("a",),
+    ...     endpoint=SimpleNamespace(model="l"),
+    ...     embedder=SimpleNamespace(name="e"),
+    ... )
+    >>> identity = run_identity("m", run, unit_level=False, pool=None)
     >>> sorted(identity)
     ['embedding_model', 'labels', 'llm_model', 'method', 'parameters', 'pool', 'unit_level']
     >>> "concurrency" in identity["parameters"]
     False
     """
-    settings = params.to_dict()
+    settings = run.params.to_dict()
     settings.pop("concurrency")
     return {
         "method": method,
         "parameters": settings,
-        "labels": list(labels),
+        "labels": list(run.labels),
         "unit_level": unit_level,
-        "llm_model": llm_model,
-        "embedding_model": embedding_model,
+        "llm_model": run.endpoint.model,
+        "embedding_model": run.embedder.name,
         **extra,
     }
 

@@ -190,14 +190,7 @@ class _Run:
     def claim(self, *, unit_level: bool) -> None:
         """Tie the checkpoints to this run's public configuration (refuse another's)."""
         self.unit_level = unit_level
-        identity = run_identity(
-            METHOD,
-            self.params,
-            self.labels,
-            unit_level=unit_level,
-            llm_model=self.endpoint.model,
-            embedding_model=self.embedder.name,
-        )
+        identity = run_identity(METHOD, self, unit_level=unit_level)
         claim_checkpoints(self.checkpoints, RUN_KEY, identity)
         saved = load_costs(self.checkpoints, COSTS_KEY)
         if saved is not None:

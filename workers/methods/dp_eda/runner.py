@@ -150,11 +150,8 @@ class _Run:
         self.unit_level = unit_level
         identity = run_identity(
             METHOD,
-            self.params,
-            self.labels,
+            self,
             unit_level=unit_level,
-            llm_model=self.endpoint.model,
-            embedding_model=self.embedder.name,
             vocabulary=None if self.vocabulary is None else self.vocabulary.fingerprint,
             pool=None
             if self.pool is None
