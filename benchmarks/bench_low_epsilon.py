@@ -442,32 +442,59 @@ def _newsgroups_reported_private(train: dict[str, list[str]]) -> tuple[list[str]
     return _unzip(_sampled(train, NEWSGROUPS_PRIVATE, SEED))
 
 
+def _newsgroups_reported_test(test: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """The test posts of :func:`newsgroups_hospital_split` (and of the larger split)."""
+    return _sampled(test, HOSPITAL_CAP, SEED + 2)
+
+
+def _spare(groups: Mapping[str, list[str]], taken: set[str]) -> dict[str, list[str]]:
+    """Each group's posts outside ``taken``, in their order."""
+    return {label: [t for t in texts if t not in taken] for label, texts in groups.items()}
+
+
 def newsgroups_hospital_split(root: Path | None = None) -> Split:
     """Long documents in the small hospital's shape (never tuned on): the 20 groups,
     ``NEWSGROUPS_PRIVATE`` private posts each from the training part, tested on
     ``HOSPITAL_CAP`` posts each of the test part."""
     train, test = _newsgroups("train", root), _newsgroups("test", root)
     private = _newsgroups_reported_private(train)
-    return (*private, *_unzip(_sampled(test, HOSPITAL_CAP, SEED + 2)))
+    return (*private, *_unzip(_newsgroups_reported_test(test)))
 
 
-def newsgroups_tune_split(root: Path | None = None) -> Split:
-    """Its tuning twin, from the training posts :func:`newsgroups_hospital_split` does not
-    draw: ``NEWSGROUPS_PRIVATE`` private and ``HOSPITAL_CAP`` test posts a group."""
-    train = _newsgroups("train", root)
+def _newsgroups_tune(
+    train: dict[str, list[str]],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The private and test posts of :func:`newsgroups_tune_split`."""
     taken = set(_newsgroups_reported_private(train)[0])
-    spare = {label: [t for t in texts if t not in taken] for label, texts in train.items()}
-    drawn = _sampled(spare, NEWSGROUPS_PRIVATE + HOSPITAL_CAP, SEED + 3)
+    drawn = _sampled(_spare(train, taken), NEWSGROUPS_PRIVATE + HOSPITAL_CAP, SEED + 3)
     seen: Counter[str] = Counter()
     private: list[tuple[str, str]] = []
     test: list[tuple[str, str]] = []
     for text, label in drawn:
         seen[label] += 1
         (private if seen[label] <= NEWSGROUPS_PRIVATE else test).append((text, label))
+    return private, test
+
+
+def newsgroups_tune_split(root: Path | None = None) -> Split:
+    """Its tuning twin, from the training posts :func:`newsgroups_hospital_split` does not
+    draw: ``NEWSGROUPS_PRIVATE`` private and ``HOSPITAL_CAP`` test posts a group."""
+    private, test = _newsgroups_tune(_newsgroups("train", root))
     return (*_unzip(private), *_unzip(test))
 
 
 NEWSGROUPS_LARGER = 200  # posts a group: the class size issue 16's ε = 1 targets would need
+
+
+def _newsgroups_larger_private(
+    train: dict[str, list[str]], per_group: int
+) -> list[tuple[str, str]]:
+    """The private posts of :func:`newsgroups_larger_split`: ``per_group`` a group from the
+    training posts neither the hospital split nor its tuning twin draws."""
+    tune_private, tune_test = _newsgroups_tune(train)
+    taken = set(_newsgroups_reported_private(train)[0])
+    taken |= {text for text, _ in tune_private + tune_test}
+    return _sampled(_spare(train, taken), per_group, SEED + 4)
 
 
 def newsgroups_larger_split(root: Path | None = None, per_group: int = NEWSGROUPS_LARGER) -> Split:
@@ -476,11 +503,8 @@ def newsgroups_larger_split(root: Path | None = None, per_group: int = NEWSGROUP
     draws, tested on the hospital split's own test posts. It measures what classes of
     a few hundred documents keep at a given ε, where a few dozen keep too little."""
     train, test = _newsgroups("train", root), _newsgroups("test", root)
-    tune_private, _, tune_test, _ = newsgroups_tune_split(root)
-    taken = set(_newsgroups_reported_private(train)[0]) | set(tune_private) | set(tune_test)
-    spare = {label: [t for t in texts if t not in taken] for label, texts in train.items()}
-    private = _unzip(_sampled(spare, per_group, SEED + 4))
-    return (*private, *_unzip(_sampled(test, HOSPITAL_CAP, SEED + 2)))
+    private = _newsgroups_larger_private(train, per_group)
+    return (*_unzip(private), *_unzip(_newsgroups_reported_test(test)))
 
 
 def newsgroups_larger_tune_split(
@@ -491,15 +515,14 @@ def newsgroups_larger_tune_split(
     posts no split uses (the training part's spare posts, then the test part's; a few
     groups hold fewer)."""
     train, test = _newsgroups("train", root), _newsgroups("test", root)
-    taken = set(newsgroups_larger_split(root, per_group)[0])
+    tune_private, tune_test = _newsgroups_tune(train)
+    used = _newsgroups_larger_private(train, per_group) + tune_private + tune_test
+    taken = {text for text, _ in used + _newsgroups_reported_test(test)}
     taken |= set(_newsgroups_reported_private(train)[0])
-    tune_private, _, tune_test, _ = newsgroups_tune_split(root)
-    taken |= set(tune_private) | set(tune_test) | set(newsgroups_hospital_split(root)[2])
-    spare_test = {label: [t for t in texts if t not in taken] for label, texts in test.items()}
-    twin_test = _sampled(spare_test, HOSPITAL_CAP, SEED + 6)
+    twin_test = _sampled(_spare(test, taken), HOSPITAL_CAP, SEED + 6)
     taken |= {text for text, _ in twin_test}
-    spare = {label: [t for t in train[label] + test[label] if t not in taken] for label in train}
-    return (*_unzip(_sampled(spare, per_group, SEED + 5)), *_unzip(twin_test))
+    pooled = {label: train[label] + test[label] for label in train}
+    return (*_unzip(_sampled(_spare(pooled, taken), per_group, SEED + 5)), *_unzip(twin_test))
 
 
 # Medical abstracts in a large corpus's shape (Schopf et al. 2022, "Medical Abstracts
