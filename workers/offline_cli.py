@@ -52,7 +52,9 @@ from workers.llm.client import LLMCosts
 from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
+    DEFAULT_EXTENSION_RATIO,
     DEFAULT_LABEL_PRIOR,
+    DEFAULT_PUBLIC_EXTENSION,
     DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
@@ -243,6 +245,22 @@ def register(sub: Any) -> None:
         type=int,
         default=d["public_vocabulary_size"],
         help=f"|Ṽ| of a public Ṽ (default {PUBLIC_VOCABULARY_DEFAULTS})",
+    )
+    eng.add_argument(
+        "--public-extension",
+        type=int,
+        default=d["public_extension"],
+        help="with class centroids, one cell and --total: a class whose released count is at "
+        "least --extension-ratio times its sum's noise σ samples from this many public phrases "
+        f"(0: off; default {DEFAULT_PUBLIC_EXTENSION:,} with the default "
+        "--public-vocabulary-size)",
+    )
+    eng.add_argument(
+        "--extension-ratio",
+        type=float,
+        default=d["extension_ratio"],
+        help="the released class count over σ from which a class samples from "
+        f"--public-extension's phrases (default {DEFAULT_EXTENSION_RATIO:g})",
     )
     eng.add_argument(
         "--centroid-cells",
@@ -571,6 +589,8 @@ def _config(args: argparse.Namespace) -> Any:
         vocabulary_method=args.vocabulary_method,
         kde_weighting=args.kde_weighting,
         public_vocabulary_size=args.public_vocabulary_size,
+        public_extension=args.public_extension,
+        extension_ratio=args.extension_ratio,
         centroid_cells=args.centroid_cells,
         label_prior=args.label_prior,
         label_prior_lead=args.label_prior_lead,

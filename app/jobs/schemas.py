@@ -36,6 +36,8 @@ from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
+    DEFAULT_EXTENSION_RATIO,
+    DEFAULT_PUBLIC_EXTENSION,
     DEFAULT_SELECTION,
     DELTA_CEILING,
     EMBEDDING_DIMENSION,
@@ -44,6 +46,7 @@ from workers.methods.dpkps.config import (
     LIMITS,
     MAX_CELLS,
     MAX_DOCUMENT_WINDOW,
+    MAX_EXTENSION_RATIO,
     MAX_LABEL_PRIOR,
     MAX_SELECTION,
     PUBLIC_VOCABULARY_DEFAULTS,
@@ -168,6 +171,22 @@ class JobSpec(BaseModel):
         ge=1,
         le=LIMITS["vocabulary_size"],
         description=f"|Ṽ| of a public Ṽ; default {PUBLIC_VOCABULARY_DEFAULTS}",
+    )
+    public_extension: int | None = Field(
+        default=_ENGINE["public_extension"],
+        ge=0,
+        le=LIMITS["vocabulary_size"],
+        description="with kde_method centroid, one cell and a total: a class whose released "
+        "count is at least extension_ratio times its sum's noise sigma samples from this many "
+        "public phrases instead of public_vocabulary_size (0: off); default "
+        f"{DEFAULT_PUBLIC_EXTENSION:,} where public_vocabulary_size is the default",
+    )
+    extension_ratio: float = Field(
+        default=_ENGINE["extension_ratio"],
+        ge=0,
+        le=MAX_EXTENSION_RATIO,
+        description="the released class count, over the class sum's noise sigma, from which "
+        f"a class samples from public_extension's phrases (default {DEFAULT_EXTENSION_RATIO:g})",
     )
     centroid_cells: int | None = Field(
         default=_ENGINE["centroid_cells"],

@@ -249,8 +249,12 @@ def generate_sequences(
     embeddings = torch.as_tensor(vectors, dtype=torch.float32, device=device)
     report_progress("embed", 1.0)
 
+    # Ṽ's first `core` phrases are every class's; the rest (the public Ṽ's extension, Ṽ⁺)
+    # only those classes' whose released count is large (config.extension_size)
+    core = min(config.public_size, len(phrases)) if config.extension_size else len(phrases)
+
     # Each unit's distinct keyphrases over Ṽ, in document order (one contribution per unit).
-    private_extractor = KeyphraseExtractor(Vocabulary.from_phrases("private", phrases))
+    private_extractor = KeyphraseExtractor(Vocabulary.from_phrases("private", phrases[:core]))
     keep = max(config.sequence_length, config.max_phrases_per_document)
     doc_phrases = [
         list(
@@ -296,7 +300,7 @@ def generate_sequences(
         del document_embeddings
         if config.release_dimension < EMBEDDING_DIMENSION:
             # released in a public subspace: units rescaled there, phrases scored there
-            basis = public_basis(np.asarray(vectors), config.release_dimension)
+            basis = public_basis(np.asarray(vectors)[:core], config.release_dimension)
             unit_rows = project_units(unit_rows, basis)
             embeddings = embeddings @ torch.as_tensor(basis, dtype=embeddings.dtype)
         build = (
@@ -357,13 +361,14 @@ def generate_sequences(
     def emit_near(
         label: str, scores: torch.Tensor, direction: torch.Tensor | None, count: int
     ) -> None:
-        """``count`` sequences drawn from ``scores``, kept near the released ``direction``
-        by the configured selection (none without a direction)."""
+        """``count`` sequences drawn from ``scores`` (over Ṽ's first phrases, or over Ṽ⁺
+        too), kept near the released ``direction`` by the configured selection (none
+        without a direction)."""
         emit(
             label,
             sample_near_direction(
                 scores,
-                embeddings,
+                embeddings[: len(scores)],
                 direction,
                 count=count,
                 factor=config.selection_factor,
@@ -458,7 +463,14 @@ def generate_sequences(
         # Independent mode: every class's released scores are known, so each class can
         # favour the phrases it owns over those all classes share (post-processing).
         stacked = torch.stack(bag_scores)
-        weighted = class_contrast(stacked, config.class_contrast)
+        weighted = class_contrast(stacked, config.class_contrast, over=core)
+        # Ṽ⁺ for a class whose released (shrunk) count is at least extension_ratio·σ
+        extended = [
+            core < len(phrases)
+            and released_counts is not None
+            and max(released_counts[n], 0.0) >= config.extension_ratio * noise_std(c.event)
+            for n, c in enumerate(centroids)
+        ]
         shares = class_shares(stacked, config.class_contrast) if mixtures else None
         for n, label in enumerate(label_set):
             if mixtures and wanted[label]:
@@ -471,7 +483,8 @@ def generate_sequences(
                     if centroids
                     else None
                 )
-                emit_near(label, weighted[n], direction, wanted[label])
+                drawn_from = weighted[n] if extended and extended[n] else weighted[n][:core]
+                emit_near(label, drawn_from, direction, wanted[label])
             report_progress("sequences", (n + 1) / len(label_set))
 
     drawn = len(sequences)
