@@ -54,7 +54,6 @@ from workers.methods.dpkps.config import (
     DEFAULT_CELLS,
     DEFAULT_EXTENSION_RATIO,
     DEFAULT_LABEL_PRIOR,
-    DEFAULT_PUBLIC_EXTENSION,
     DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
@@ -252,8 +251,7 @@ def register(sub: Any) -> None:
         default=d["public_extension"],
         help="with class centroids, one cell and --total: a class whose released count is at "
         "least --extension-ratio times its sum's noise σ samples from this many public phrases "
-        f"(0: off; default {DEFAULT_PUBLIC_EXTENSION:,} with the default "
-        "--public-vocabulary-size)",
+        "(0, the default: off)",
     )
     eng.add_argument(
         "--extension-ratio",

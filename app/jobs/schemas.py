@@ -37,7 +37,6 @@ from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
     DEFAULT_EXTENSION_RATIO,
-    DEFAULT_PUBLIC_EXTENSION,
     DEFAULT_SELECTION,
     DELTA_CEILING,
     EMBEDDING_DIMENSION,
@@ -172,14 +171,13 @@ class JobSpec(BaseModel):
         le=LIMITS["vocabulary_size"],
         description=f"|Ṽ| of a public Ṽ; default {PUBLIC_VOCABULARY_DEFAULTS}",
     )
-    public_extension: int | None = Field(
+    public_extension: int = Field(
         default=_ENGINE["public_extension"],
         ge=0,
         le=LIMITS["vocabulary_size"],
         description="with kde_method centroid, one cell and a total: a class whose released "
         "count is at least extension_ratio times its sum's noise sigma samples from this many "
-        "public phrases instead of public_vocabulary_size (0: off); default "
-        f"{DEFAULT_PUBLIC_EXTENSION:,} where public_vocabulary_size is the default",
+        "public phrases instead of public_vocabulary_size (0, the default: off)",
     )
     extension_ratio: float = Field(
         default=_ENGINE["extension_ratio"],

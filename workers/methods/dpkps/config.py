@@ -88,15 +88,15 @@ PUBLIC_VOCABULARY_SIZE = {
     "centroid": 30_000,
     "moments": 30_000,
 }
-# The public Ṽ's extension (class centroids with one cell and a total split by released
-# class counts; pipeline.py): a class whose released (shrunk) count is at least
-# EXTENSION_RATIO times its class sum's noise σ samples from the vocabulary's first
-# |Ṽ⁺| = DEFAULT_PUBLIC_EXTENSION phrases; the others keep the first |Ṽ|. A class of many
-# documents has a direction precise enough for rarer phrases; on a class of a few dozen the
-# rarer phrases are more places for the noise to land (BENCHMARKS.md, "A larger public
-# vocabulary for the classes whose released count is large"). At ε = 1 (σ ≈ 4.4) the ratio
-# 15 is about 66 documents.
-DEFAULT_PUBLIC_EXTENSION = 100_000
+# The public Ṽ's extension, an option (class centroids with one cell and a total split by
+# released class counts; pipeline.py): a class whose released (shrunk) count is at least
+# ``extension_ratio`` times its class sum's noise σ samples from the vocabulary's first
+# |Ṽ⁺| = ``public_extension`` phrases; the others keep the first |Ṽ|. The idea: a class of
+# many documents has a direction precise enough for rarer phrases, while on a class of a
+# few dozen they are more places for the noise to land. Off by default: with |Ṽ⁺| =
+# 100,000 and the ratio 15 (about 66 documents at ε = 1, σ ≈ 4.4) it did not gain on the
+# tuning splits over enough seeds (BENCHMARKS.md, "A larger public vocabulary for the
+# classes whose released count is large").
 DEFAULT_EXTENSION_RATIO = 15.0
 MAX_EXTENSION_RATIO = 1e6
 PUBLIC_VOCABULARY_DEFAULTS = ", ".join(  # in words, for the CLI's help and the job spec
@@ -363,19 +363,20 @@ class GenerationConfig:
     (issue 16's small-hospital regime), and the whole space elsewhere; the rule was set
     after the reported splits were seen.
 
-    The public Ṽ's extension (``public_extension`` = |Ṽ⁺|, ``extension_ratio`` = r): with
-    class centroids, one cell and a total, a class whose released (shrunk) count is at least
-    r·σ (σ its class sum's noise; r = 15 is about 66 documents at ε = 1) samples from the
-    vocabulary's first 100,000 phrases, every other class from the first 30,000; the class
-    contrast normalises each class over the first 30,000 only, so a class that is not
-    extended draws exactly what it drew before. Post-processing. One Ṽ of 100,000 phrases
-    for every class had gained where classes hold many documents (+0.009 on the 50 Yelp
-    labels' tuning twin at ε = 1) and cost the small hospital's twin 0.033, where rare phrases
-    are more places for the noise to land. Paired at ε = 1 on the tuning splits: +0.019
-    (SE 0.004) on the 50 Yelp labels' twin, nothing at all on the small hospital's and
-    OHSUMED's (no class reaches r), +0.003 / +0.007 on the Yelp categories' and medical
-    abstracts' twins, −0.008 on twenty newsgroups of 200 posts (BENCHMARKS.md, "A larger
-    public vocabulary for the classes whose released count is large").
+    The public Ṽ's extension (``public_extension`` = |Ṽ⁺|, ``extension_ratio`` = r; an
+    option, off by default): with class centroids, one cell and a total, a class whose
+    released (shrunk) count is at least r·σ (σ its class sum's noise; r = 15 is about 66
+    documents at ε = 1) samples from the vocabulary's first |Ṽ⁺| phrases, every other class
+    from the first |Ṽ|; the class contrast normalises each class over the first |Ṽ| only,
+    so a class that is not extended draws exactly what it drew without the option.
+    Post-processing. One Ṽ of 100,000 phrases for every class had gained where classes hold
+    many documents and cost the small hospital's twin 0.033. With |Ṽ⁺| = 100,000, paired on
+    the tuning splits: on the 50 Yelp labels' twin +0.019 at ε = 1 over seeds 0–4 but
+    −0.001 over seeds 5–14, and −0.018 / −0.010 at ε = 0.5 / 2; nothing at all where no
+    class reaches r (the small hospital's and OHSUMED's twins); +0.003 / +0.007 / −0.008 on
+    the Yelp categories', medical abstracts' and twenty newsgroups' twins at ε = 1. So it is
+    not a default (BENCHMARKS.md, "A larger public vocabulary for the classes whose released
+    count is large").
 
     The defaults were chosen by measurement on AG News (6,000 private documents, 4
     classes, ε = 1 + 5, keyphrase sequences only, classifier on sentence embeddings);
@@ -436,10 +437,9 @@ class GenerationConfig:
     # None: public for centroid or moments, else histogram
     kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: "l1"
     public_vocabulary_size: int | None = None  # |Ṽ| of a public Ṽ; None: per kde_method
-    public_extension: int | None = None  # |Ṽ⁺|: a class whose released count is at least
+    public_extension: int = 0  # |Ṽ⁺|: a class whose released count is at least
     # extension_ratio·σ samples from the first |Ṽ⁺| public phrases (every class from the
-    # first |Ṽ|); 0: off; None: DEFAULT_PUBLIC_EXTENSION with class centroids, one cell, a
-    # total (released class counts) and the default |Ṽ|, else off
+    # first |Ṽ|); with class centroids, one cell and a total; 0: off (the default)
     extension_ratio: float = DEFAULT_EXTENSION_RATIO  # the released count over σ from which
     # a class samples from Ṽ⁺
     centroid_cells: int | None = None  # K_max cells per class (centroid); None: by epsilon
@@ -545,8 +545,6 @@ class GenerationConfig:
         """``public_extension`` (an integer ≥ 0; more than 0 only with a public Ṽ, class
         centroids with one cell and a total) and ``extension_ratio`` ≥ 0."""
         _check_between(self.extension_ratio, field="extension_ratio", high=MAX_EXTENSION_RATIO)
-        if self.public_extension is None:
-            return
         _check_int(
             self.public_extension,
             name="public_extension",
@@ -729,18 +727,11 @@ class GenerationConfig:
 
     @property
     def extension_size(self) -> int:
-        """|Ṽ⁺|: ``public_extension``, or by default :data:`DEFAULT_PUBLIC_EXTENSION` where
-        a run can extend Ṽ (a public Ṽ, class centroids with one cell, a total) and |Ṽ| is
-        the default; 0 where it cannot or when |Ṽ⁺| is no larger than |Ṽ|."""
-        if not self._extends:
+        """|Ṽ⁺|: ``public_extension`` where a run can extend Ṽ (a public Ṽ, class
+        centroids with one cell, a total) and it is larger than |Ṽ|; else 0."""
+        if not self._extends or self.public_extension <= self.public_size:
             return 0
-        if self.public_extension is not None:
-            size = self.public_extension
-        elif self.public_vocabulary_size is None:
-            size = DEFAULT_PUBLIC_EXTENSION
-        else:  # a |Ṽ| given explicitly is the Ṽ the run samples from
-            return 0
-        return size if size > self.public_size else 0
+        return self.public_extension
 
     @property
     def public_size(self) -> int:
