@@ -488,13 +488,14 @@ NEWSGROUPS_LARGER = 200  # posts a group: the class size issue 16's ε = 1 targe
 
 def _newsgroups_larger_private(
     train: dict[str, list[str]], per_group: int
-) -> list[tuple[str, str]]:
+) -> tuple[list[tuple[str, str]], set[str]]:
     """The private posts of :func:`newsgroups_larger_split`: ``per_group`` a group from the
-    training posts neither the hospital split nor its tuning twin draws."""
+    training posts neither the hospital split nor its tuning twin draws; and those posts
+    the two draw, which the larger split's own twin must avoid too."""
     tune_private, tune_test = _newsgroups_tune(train)
     taken = set(_newsgroups_reported_private(train)[0])
     taken |= {text for text, _ in tune_private + tune_test}
-    return _sampled(_spare(train, taken), per_group, SEED + 4)
+    return _sampled(_spare(train, taken), per_group, SEED + 4), taken
 
 
 def newsgroups_larger_split(root: Path | None = None, per_group: int = NEWSGROUPS_LARGER) -> Split:
@@ -503,7 +504,7 @@ def newsgroups_larger_split(root: Path | None = None, per_group: int = NEWSGROUP
     draws, tested on the hospital split's own test posts. It measures what classes of
     a few hundred documents keep at a given ε, where a few dozen keep too little."""
     train, test = _newsgroups("train", root), _newsgroups("test", root)
-    private = _newsgroups_larger_private(train, per_group)
+    private, _ = _newsgroups_larger_private(train, per_group)
     return (*_unzip(private), *_unzip(_newsgroups_reported_test(test)))
 
 
@@ -515,10 +516,8 @@ def newsgroups_larger_tune_split(
     posts no split uses (the training part's spare posts, then the test part's; a few
     groups hold fewer)."""
     train, test = _newsgroups("train", root), _newsgroups("test", root)
-    tune_private, tune_test = _newsgroups_tune(train)
-    used = _newsgroups_larger_private(train, per_group) + tune_private + tune_test
-    taken = {text for text, _ in used + _newsgroups_reported_test(test)}
-    taken |= set(_newsgroups_reported_private(train)[0])
+    larger, earlier = _newsgroups_larger_private(train, per_group)
+    taken = earlier | {text for text, _ in larger + _newsgroups_reported_test(test)}
     twin_test = _sampled(_spare(test, taken), HOSPITAL_CAP, SEED + 6)
     taken |= {text for text, _ in twin_test}
     pooled = {label: train[label] + test[label] for label in train}

@@ -88,15 +88,8 @@ PUBLIC_VOCABULARY_SIZE = {
     "centroid": 30_000,
     "moments": 30_000,
 }
-# The public Ṽ's extension, an option (class centroids with one cell and a total split by
-# released class counts; pipeline.py): a class whose released (shrunk) count is at least
-# ``extension_ratio`` times its class sum's noise σ samples from the vocabulary's first
-# |Ṽ⁺| = ``public_extension`` phrases; the others keep the first |Ṽ|. The idea: a class of
-# many documents has a direction precise enough for rarer phrases, while on a class of a
-# few dozen they are more places for the noise to land. Off by default: with |Ṽ⁺| =
-# 100,000 and the ratio 15 (about 66 documents at ε = 1, σ ≈ 4.4) it did not gain on the
-# tuning splits over enough seeds (BENCHMARKS.md, "A larger public vocabulary for the
-# classes whose released count is large").
+# The public Ṽ's extension (an option, off by default; GenerationConfig's docstring): the
+# released count over σ from which a class samples from Ṽ⁺ (15: about 66 documents at ε = 1).
 DEFAULT_EXTENSION_RATIO = 15.0
 MAX_EXTENSION_RATIO = 1e6
 PUBLIC_VOCABULARY_DEFAULTS = ", ".join(  # in words, for the CLI's help and the job spec
