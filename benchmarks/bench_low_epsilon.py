@@ -82,7 +82,7 @@ from numpy.typing import NDArray
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import LowEpsilonConfig
 from workers.methods.dpkps.kde import combined_scale
-from workers.methods.dpkps.pipeline import generate_sequences
+from workers.methods.dpkps.pipeline import SyntheticSequence, generate_sequences
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
@@ -702,7 +702,10 @@ class Bench:
             "noise": noise,
         }
 
-    def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
+    def sequences(
+        self, epsilon: float, seed: int, settings: dict[str, Any]
+    ) -> list[SyntheticSequence]:
+        """One run's DP keyphrase sequences (the run as :meth:`run` scores it)."""
         config = self.config(epsilon, seed, settings)
         result = generate_sequences(
             self.texts,
@@ -714,7 +717,10 @@ class Bench:
             cache=self.cache,
         )
         assert result.report.as_planned and float(result.report.epsilon) <= epsilon
-        seqs = result.sequences
+        return list(result.sequences)
+
+    def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
+        seqs = self.sequences(epsilon, seed, settings)
         return self.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
 
 
