@@ -8,9 +8,11 @@ those the paired runs score for the same seed):
 
 * the defaults' sequences at ``EPSILON``, scored as ``bench_low_epsilon`` scores them;
 * a seeded sample of at most ``--per-class`` sequences of each label (all with ``0``),
-  each prompted once through the packaged SmolLM2-135M-Instruct on the batched local server
-  (the document type named by ``--document-type``; no label, no private text, no count
-  reaches the prompt: :func:`~workers.methods.dpkps.prompting.build_messages`);
+  each prompted once (the document type named by ``--document-type``; no label, no private
+  text, no count reaches the prompt: :func:`~workers.methods.dpkps.prompting.build_messages`)
+  through the packaged SmolLM2-135M-Instruct on the batched local server, or through the
+  product's configured endpoint where ``KEYSEED_LLM_BASE_URL`` is set (``KEYSEED_LLM_MODEL``,
+  ``KEYSEED_LLM_API_KEY``: OpenAI, Azure, a vLLM server);
 * the same classifier trained on the sample three ways: its sequences, the LLM's texts,
   and each text after its own sequence (``joined``). The three share the sample, so their
   differences are the LLM's alone.
@@ -29,16 +31,19 @@ import random
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_low_epsilon import SPLITS, Bench, _value
 from benchmarks.paired import parse_seeds, seeded_noise
-from workers.llm.client import LLMCosts
+from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.llm.local import LocalLLMServer
 from workers.methods.dpkps.pipeline import SyntheticSequence
 from workers.methods.dpkps.prompting import PromptSpec, run_prompts
+from workers.settings import CoreSettings
 
 OUT = Path(__file__).resolve().parent / "llm_pass.jsonl"
 CONCURRENCY = 8  # the batched server's slots
@@ -85,9 +90,22 @@ def sample(
     return [s for i, s in enumerate(sequences) if i in kept]
 
 
+@contextmanager
+def llm_endpoint(max_tokens: int) -> Iterator[LLMEndpoint]:
+    """The product's configured endpoint (``KEYSEED_LLM_BASE_URL``), or else the packaged
+    SmolLM2 on the batched local server for the length of the block; ``max_tokens`` a
+    completion either way."""
+    configured = LLMEndpoint.from_settings(CoreSettings())
+    if configured is not None:
+        yield replace(configured, max_tokens=max_tokens).validate()
+        return
+    with LocalLLMServer(max_tokens=max_tokens) as server:
+        yield server.endpoint
+
+
 def one_run(
     bench: Bench,
-    server: LocalLLMServer,
+    endpoint: LLMEndpoint,
     epsilon: float,
     seed: int,
     settings: dict[str, Any],
@@ -106,7 +124,7 @@ def one_run(
     started = time.perf_counter()
     outcomes = run_prompts(
         [list(s.keyphrases) for s in chosen],
-        endpoint=server.endpoint,
+        endpoint=endpoint,
         spec=spec,
         concurrency=CONCURRENCY,
         costs=costs,
@@ -168,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     bench = Bench(args.split)
     real = bench.real()
     with (
-        LocalLLMServer(max_tokens=args.max_tokens) as server,
+        llm_endpoint(args.max_tokens) as endpoint,
         open(OUT, "a", encoding="utf-8") as out,
     ):
         for seed in seeds:
@@ -181,10 +199,16 @@ def main(argv: list[str] | None = None) -> None:
                 "max_tokens": args.max_tokens,
                 "document_type": spec.document_type,
                 **({"template": spec.template} if args.template else {}),
-                "llm": server.model_name,
+                "llm": endpoint.model,
                 "real": real,
                 **one_run(
-                    bench, server, args.epsilon, seed, settings, per_class=args.per_class, spec=spec
+                    bench,
+                    endpoint,
+                    args.epsilon,
+                    seed,
+                    settings,
+                    per_class=args.per_class,
+                    spec=spec,
                 ),
             }
             out.write(json.dumps(record) + "\n")

@@ -46,6 +46,21 @@ def test_every_split_has_a_public_document_type() -> None:
         assert llm_pass.document_type(split)
 
 
+def test_a_configured_endpoint_is_used_as_the_product_would_with_the_runs_max_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KEYSEED_LLM_BASE_URL", "https://llm.example.org/v1")
+    monkeypatch.setenv("KEYSEED_LLM_MODEL", "a-hosted-model")
+    monkeypatch.setenv("KEYSEED_LLM_API_KEY", "sk-test")
+    with llm_pass.llm_endpoint(max_tokens=77) as endpoint:
+        assert (endpoint.base_url, endpoint.model) == (
+            "https://llm.example.org/v1",
+            "a-hosted-model",
+        )
+        assert endpoint.api_key == "sk-test"
+        assert endpoint.max_tokens == 77
+
+
 def _tiny_bench(path: Path) -> Bench:
     """AG News's first 240 rows: per class a quarter as test, the rest private."""
     with open(path, newline="", encoding="utf-8") as handle:
@@ -79,7 +94,7 @@ def test_one_run_writes_the_paired_runs_sequences_out_through_the_packaged_llm(
     assert expected
     spec = PromptSpec(document_type="news article").validate()
     with LocalLLMServer(max_tokens=24) as server:
-        record = llm_pass.one_run(bench, server, 1.0, 4, settings, per_class=2, spec=spec)
+        record = llm_pass.one_run(bench, server.endpoint, 1.0, 4, settings, per_class=2, spec=spec)
     # the sequences are the paired runs' own for the seed, scored as bench_low_epsilon does
     assert record["sequences"] == len(expected)
     assert record["accuracy_all_sequences"] == pytest.approx(
