@@ -72,7 +72,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -644,9 +644,10 @@ OPTIONAL_SPLITS = (
 
 
 class Bench:
-    def __init__(self, split: str, vocabulary: str = "english") -> None:
+    def __init__(self, split: str, vocabulary: str = "english", data: Split | None = None) -> None:
+        """The benchmark on ``split`` (``data``, where given, in place of loading it)."""
         self.split = split
-        self.texts, self.labels, self.test_texts, self.test_labels = SPLITS[split]()
+        self.texts, self.labels, self.test_texts, self.test_labels = data or SPLITS[split]()
         # the declared label set: AG News's four topics; Yelp's categories (× five stars);
         # Yelp hospital's 24 labels
         if split in ("yelp-small", "yelp-small-tune"):
@@ -833,6 +834,22 @@ def _value(text: str) -> Any:
     return {"none": None, "true": True, "false": False}.get(text.lower(), text)
 
 
+def parse_settings(items: Iterable[str]) -> dict[str, Any]:
+    """Engine settings from ``key=value`` items (``--set``), each value read by
+    :func:`_value`; ValueError naming the first item without a key and a value.
+
+    >>> parse_settings(["subspace=0", "consistency_filter=false"])
+    {'subspace': 0, 'consistency_filter': False}
+    """
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r}: expected key=value")
+        settings[key] = _value(value)
+    return settings
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("split", choices=sorted(SPLITS))
@@ -845,7 +862,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--real", action="store_true", help="also score the real texts")
     parser.add_argument("--vocabulary", default="english", help="the public vocabulary")
     args = parser.parse_args(argv)
-    common = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    try:
+        common = parse_settings(args.set)
+    except ValueError as error:
+        parser.error(f"--set {error}")
     grid = [{**common, **g} for g in json.loads(args.grid)] if args.grid else [common]
     bench = Bench(args.split, args.vocabulary)
     real = None

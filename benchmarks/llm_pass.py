@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_low_epsilon import SPLITS, Bench, _value
+from benchmarks.bench_low_epsilon import SPLITS, Bench, parse_settings
 from benchmarks.paired import parse_seeds, seeded_noise
 from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.llm.local import LocalLLMServer
@@ -173,12 +173,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     if args.per_class < 0:
         parser.error("--per-class: must be ≥ 0")
-    settings = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        settings[key] = _value(value)
+    try:
+        settings = parse_settings(args.set)
+    except ValueError as error:
+        parser.error(f"--set {error}")
     spec = PromptSpec(
         document_type=args.document_type or document_type(args.split),
         **({"template": args.template} if args.template else {}),

@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 
 import workers.methods.dpkps.pipeline as dpkps_pipeline
 import workers.privacy.noise as samplers
-from benchmarks.bench_low_epsilon import SPLITS, Bench, _value
+from benchmarks.bench_low_epsilon import SPLITS, Bench, parse_settings
 from workers.methods.proportions import allocate
 
 OUT = Path(__file__).resolve().parent / "paired.jsonl"
@@ -135,10 +135,13 @@ def parse_variant(text: str) -> Variant:
             raise ValueError(f"variant {text!r}: F must be a finite number ≥ 0") from None
         return Variant(text, sums_factor=factor)
     if text.startswith("set:"):
-        pairs = [item.split("=", 1) for item in text[4:].split(",") if item]
-        if not pairs or any(len(p) != 2 or not p[0] for p in pairs):
+        try:
+            settings = parse_settings(item for item in text[4:].split(",") if item)
+        except ValueError:
+            settings = {}
+        if not settings:
             raise ValueError(f"variant {text!r}: set: needs key=value pairs")
-        return Variant(text, settings={k: _value(v) for k, v in pairs})
+        return Variant(text, settings=settings)
     raise ValueError(
         f"variant {text!r}: expected defaults, set:key=value, exact-counts or sums-noise=F"
     )

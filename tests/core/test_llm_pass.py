@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import llm_pass, paired
-from benchmarks.bench_low_epsilon import SPLITS, Bench, MemoEmbedder
+from benchmarks.bench_low_epsilon import SPLITS, Bench
 from workers.methods.dpkps.pipeline import SyntheticSequence
 from workers.methods.dpkps.prompting import PromptSpec
-from workers.settings import CoreSettings
-from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
-from workers.text.vocabulary import load_vocabulary
 
 
 def test_doctests() -> None:
@@ -65,19 +62,16 @@ def _tiny_bench(path: Path) -> Bench:
     """AG News's first 240 rows: per class a quarter as test, the rest private."""
     with open(path, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))[:240]
-    bench = Bench.__new__(Bench)
-    bench.split = "ag-tiny"
-    private = [r for i, r in enumerate(rows) if i % 4]
-    test = [r for i, r in enumerate(rows) if not i % 4]
-    bench.texts = [f"{r['title']}. {r['description']}" for r in private]
-    bench.labels = [r["class"] for r in private]
-    bench.test_texts = [f"{r['title']}. {r['description']}" for r in test]
-    bench.test_labels = [r["class"] for r in test]
-    bench.label_set = sorted(set(bench.labels))
-    bench.vocabulary = load_vocabulary("english")
-    bench.embedder = MemoEmbedder(SentenceEmbedder())
-    bench.cache = EmbeddingCache(CoreSettings().embedding_cache_dir)
-    return bench
+    texts = [f"{r['title']}. {r['description']}" for r in rows]
+    labels = [r["class"] for r in rows]
+    private, test = [i for i in range(len(rows)) if i % 4], range(0, len(rows), 4)
+    data = (
+        [texts[i] for i in private],
+        [labels[i] for i in private],
+        [texts[i] for i in test],
+        [labels[i] for i in test],
+    )
+    return Bench("ag-tiny", data=data)
 
 
 @pytest.mark.slow
