@@ -33,17 +33,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
-from workers.text.vocabulary import load_vocabulary
+from workers.text.extraction import KeyphraseExtractor
+from workers.text.vocabulary import Vocabulary, load_vocabulary
 
 REPO = Path(__file__).resolve().parents[1]
 AG_NEWS = (
@@ -212,20 +216,59 @@ def cli_seconds(h: Harness) -> dict[str, Any]:
     return {"cold_seconds": times[0], "warm_seconds": times[1], "records": records}
 
 
+def own_phrases(
+    texts: Sequence[str], extractor: KeyphraseExtractor, keep: int, *, frequent: bool = False
+) -> list[list[int]]:
+    """Each text's first ``keep`` distinct phrases of the extractor's vocabulary (indices);
+    with ``frequent``, its ``keep`` most frequent ones, ties by first occurrence.
+
+    A non-private stand-in for what a sequence of ``keep`` phrases could carry of one
+    document: a diagnostic that reads the texts, never something keyseed releases.
+    """
+    bags = []
+    for text in texts:
+        found = extractor.extract(text)
+        if frequent:
+            bags.append([i for i, _ in Counter(found).most_common(keep)])
+        else:
+            bags.append(list(dict.fromkeys(found))[:keep])
+    return bags
+
+
+def independent_draws(
+    bags: Sequence[Sequence[int]],
+    labels: Sequence[str],
+    wanted: Mapping[str, int],
+    size: int,
+    length: int,
+    rng: np.random.Generator,
+) -> tuple[list[list[int]], list[str]]:
+    """``wanted[c]`` sequences for each class c, each ``length`` distinct phrases drawn
+    independently from the class's exact frequencies of its documents' ``bags`` (each
+    document adding 1 / its bag's length, as the bag KDE weighs it; τ = 1): the method's
+    independence, without its noise or its release (a diagnostic that reads the labels).
+    A class with fewer phrases than ``length`` gets sequences of all of them."""
+    texts: list[list[int]] = []
+    out_labels: list[str] = []
+    for label, count in wanted.items():
+        weight = np.zeros(size)
+        for bag, y in zip(bags, labels, strict=True):
+            if y == label and bag:
+                weight[bag] += 1.0 / len(bag)
+        if not weight.any():
+            continue
+        take = min(length, int(np.count_nonzero(weight)))
+        for _ in range(count):
+            pick = rng.choice(size, size=take, replace=False, p=weight / weight.sum())
+            texts.append([int(i) for i in pick])
+            out_labels.append(label)
+    return texts, out_labels
+
+
 def gap_analysis(h: Harness) -> list[tuple[str, float]]:
     """Accuracy of non-private stand-ins for each stage of the method (diagnostics only)."""
-    from collections import Counter
-
-    import numpy as np
-
-    from workers.text.extraction import KeyphraseExtractor
-    from workers.text.vocabulary import Vocabulary
-
     defaults = config(1.0, 5.0, 0)
     keep = defaults.max_phrases_per_document
-
-    def own_phrases(extractor: KeyphraseExtractor) -> list[list[int]]:
-        return [list(dict.fromkeys(extractor.extract(t)))[:keep] for t in h.texts]
 
     def joined(bags: list[list[int]], names: list[str]) -> list[str]:
         return [" ".join(names[i] for i in bag) for bag in bags]
@@ -235,37 +278,34 @@ def gap_analysis(h: Harness) -> list[tuple[str, float]]:
     out = [
         (
             f"each document's own first {keep} distinct phrases of the public vocabulary",
-            h.score(joined(own_phrases(public), names), h.labels, DEFAULT_CLASSIFIER),
+            h.score(
+                joined(own_phrases(h.texts, public, keep), names), h.labels, DEFAULT_CLASSIFIER
+            ),
         )
     ]
     counts = Counter(
         i for t in h.texts for i in public.extract(t, limit=defaults.max_matches_per_document)
     )
     top = [names[i] for i, _ in counts.most_common(defaults.vocabulary_size)]
-    top_bags = own_phrases(KeyphraseExtractor(Vocabulary.from_phrases("top", top)))
+    top_bags = own_phrases(h.texts, KeyphraseExtractor(Vocabulary.from_phrases("top", top)), keep)
     out.append(
         (
             f"the same, kept to the true top {len(top):,} phrases (exact histogram)",
             h.score(joined(top_bags, top), h.labels, DEFAULT_CLASSIFIER),
         )
     )
-    rng = np.random.default_rng(SEED)
-    texts, labels = [], []
-    for label in h.label_set:
-        weight = np.zeros(len(top))
-        for bag, y in zip(top_bags, h.labels, strict=True):
-            if y == label and bag:
-                weight[bag] += 1.0 / len(bag)  # what a document adds to the bag KDE
-        for _ in range(PER_CLASS):
-            pick = rng.choice(
-                len(top), size=defaults.sequence_length, replace=False, p=weight / weight.sum()
-            )
-            texts.append(" ".join(top[i] for i in pick))
-            labels.append(label)
+    draws, labels = independent_draws(
+        top_bags,
+        h.labels,
+        dict.fromkeys(h.label_set, PER_CLASS),
+        len(top),
+        defaults.sequence_length,
+        np.random.default_rng(SEED),
+    )
     out.append(
         (
             "independent draws from the exact class frequencies of those phrases (τ = 1)",
-            h.score(texts, labels, DEFAULT_CLASSIFIER),
+            h.score(joined(draws, top), labels, DEFAULT_CLASSIFIER),
         )
     )
     for eps_vocab, eps_kde, why in (

@@ -3,11 +3,9 @@ sample of each label's, written out through the packaged SmolLM2 and scored thre
 
 from __future__ import annotations
 
-import csv
 import doctest
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -58,30 +56,14 @@ def test_a_configured_endpoint_is_used_as_the_product_would_with_the_runs_max_to
         assert endpoint.max_tokens == 77
 
 
-def _tiny_bench(path: Path) -> Bench:
-    """AG News's first 240 rows: per class a quarter as test, the rest private."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))[:240]
-    texts = [f"{r['title']}. {r['description']}" for r in rows]
-    labels = [r["class"] for r in rows]
-    private, test = [i for i in range(len(rows)) if i % 4], range(0, len(rows), 4)
-    data = (
-        [texts[i] for i in private],
-        [labels[i] for i in private],
-        [texts[i] for i in test],
-        [labels[i] for i in test],
-    )
-    return Bench("ag-tiny", data=data)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_one_run_writes_the_paired_runs_sequences_out_through_the_packaged_llm(
-    ag_news_path: Path,
+    tiny_bench: Bench,
 ) -> None:
     from workers.llm.local import LocalLLMServer
 
-    bench = _tiny_bench(ag_news_path)
+    bench = tiny_bench
     settings = {"per_class": 6}
     with paired.seeded_noise(4):
         expected = bench.sequences(1.0, 4, settings)

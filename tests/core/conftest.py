@@ -1,0 +1,28 @@
+"""Fixtures of the core tests: a tiny low-ε benchmark on AG News rows."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_low_epsilon import Bench
+
+
+@pytest.fixture
+def tiny_bench(ag_news_path: Path) -> Bench:
+    """The low-ε benchmark on AG News's first 240 rows: per class a quarter as test, the
+    rest private."""
+    with open(ag_news_path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))[:240]
+    texts = [f"{r['title']}. {r['description']}" for r in rows]
+    labels = [r["class"] for r in rows]
+    private, test = [i for i in range(len(rows)) if i % 4], range(0, len(rows), 4)
+    data = (
+        [texts[i] for i in private],
+        [labels[i] for i in private],
+        [texts[i] for i in test],
+        [labels[i] for i in test],
+    )
+    return Bench("ag-tiny", data=data)
