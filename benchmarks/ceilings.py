@@ -1,4 +1,4 @@
-"""What keyphrase sequences could carry of a low-ε split at best (a non-private diagnostic).
+"""What keyphrase sequences carry of a low-ε split without a release (a non-private diagnostic).
 
 Issue 16 asks, where a target is missed, for what limits it. The low-ε benchmark's paired
 diagnostics remove the DP noise (``benchmarks/paired.py``'s ``sums-noise=0``); this one goes
@@ -15,8 +15,9 @@ trained on stand-ins that read the private split directly, with no release at al
   independence without its noise, the split's class counts as the engine's ``total`` would
   split them exactly.
 
-None of these is DP and nothing like them is released; they bound from above what any
-rule for drawing sequences of L phrases from that Ṽ can reach. Run: ``python -m
+None of these is DP and nothing like them is released. They are reference points for
+what sequences of L phrases from that Ṽ carry, not a proven bound: a rule that picks a
+document's most telling phrases could beat its first or most frequent ones. Run: ``python -m
 benchmarks.ceilings SPLIT [--lengths 8 16]``; the accuracies (and the real texts') are
 printed and appended to ``benchmarks/ceilings.jsonl`` (no private text).
 """
