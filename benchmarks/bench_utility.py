@@ -217,22 +217,18 @@ def cli_seconds(h: Harness) -> dict[str, Any]:
 
 
 def own_phrases(
-    texts: Sequence[str], extractor: KeyphraseExtractor, keep: int, *, frequent: bool = False
+    matches: Sequence[Sequence[int]], keep: int, *, frequent: bool = False
 ) -> list[list[int]]:
-    """Each text's first ``keep`` distinct phrases of the extractor's vocabulary (indices);
-    with ``frequent``, its ``keep`` most frequent ones, ties by first occurrence.
+    """Each text's first ``keep`` distinct phrases, from its ``matches`` (vocabulary indices
+    in document order, :meth:`KeyphraseExtractor.extract_many`); with ``frequent``, its
+    ``keep`` most frequent ones, ties by first occurrence.
 
     A non-private stand-in for what a sequence of ``keep`` phrases could carry of one
     document: a diagnostic that reads the texts, never something keyseed releases.
     """
-    bags = []
-    for text in texts:
-        found = extractor.extract(text)
-        if frequent:
-            bags.append([i for i, _ in Counter(found).most_common(keep)])
-        else:
-            bags.append(list(dict.fromkeys(found))[:keep])
-    return bags
+    if frequent:
+        return [[i for i, _ in Counter(found).most_common(keep)] for found in matches]
+    return [list(dict.fromkeys(found))[:keep] for found in matches]
 
 
 def independent_draws(
@@ -273,21 +269,19 @@ def gap_analysis(h: Harness) -> list[tuple[str, float]]:
     def joined(bags: list[list[int]], names: list[str]) -> list[str]:
         return [" ".join(names[i] for i in bag) for bag in bags]
 
-    public = KeyphraseExtractor(h.vocabulary)
+    public = KeyphraseExtractor(h.vocabulary).extract_many(h.texts)
     names = list(h.vocabulary.phrases)
     out = [
         (
             f"each document's own first {keep} distinct phrases of the public vocabulary",
-            h.score(
-                joined(own_phrases(h.texts, public, keep), names), h.labels, DEFAULT_CLASSIFIER
-            ),
+            h.score(joined(own_phrases(public, keep), names), h.labels, DEFAULT_CLASSIFIER),
         )
     ]
-    counts = Counter(
-        i for t in h.texts for i in public.extract(t, limit=defaults.max_matches_per_document)
-    )
+    # a text's first S matches are extract(text, limit=S)
+    counts = Counter(i for found in public for i in found[: defaults.max_matches_per_document])
     top = [names[i] for i, _ in counts.most_common(defaults.vocabulary_size)]
-    top_bags = own_phrases(h.texts, KeyphraseExtractor(Vocabulary.from_phrases("top", top)), keep)
+    top_extractor = KeyphraseExtractor(Vocabulary.from_phrases("top", top))
+    top_bags = own_phrases(top_extractor.extract_many(h.texts), keep)
     out.append(
         (
             f"the same, kept to the true top {len(top):,} phrases (exact histogram)",

@@ -61,7 +61,9 @@ def ceilings(bench: Bench, lengths: Sequence[int], total: int | None = None) -> 
     config = bench.config(1.0, SEED, {})
     size = config.public_size
     phrases = list(bench.vocabulary.phrases)[:size]
-    extractor = KeyphraseExtractor(Vocabulary.from_phrases("public", phrases))
+    matches = KeyphraseExtractor(Vocabulary.from_phrases("public", phrases)).extract_many(
+        bench.texts
+    )
     total = total or config.total or (config.per_class or 0) * len(bench.label_set)
     wanted = wanted_counts(bench.labels, total)
 
@@ -70,8 +72,8 @@ def ceilings(bench: Bench, lengths: Sequence[int], total: int | None = None) -> 
 
     rows: dict[str, float] = {}
     for length in lengths:
-        first = own_phrases(bench.texts, extractor, length)
-        frequent = own_phrases(bench.texts, extractor, length, frequent=True)
+        first = own_phrases(matches, length)
+        frequent = own_phrases(matches, length, frequent=True)
         rows[f"own first {length}"] = bench.score(joined(first), bench.labels)
         rows[f"own frequent {length}"] = bench.score(joined(frequent), bench.labels)
         rng = np.random.default_rng(SEED)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from benchmarks.bench_low_epsilon import Bench
+if TYPE_CHECKING:
+    from benchmarks.bench_low_epsilon import Bench
 
 
 @pytest.fixture
 def tiny_bench(ag_news_path: Path) -> Bench:
     """The low-ε benchmark on AG News's first 240 rows: per class a quarter as test, the
-    rest private."""
+    rest private. The benchmark is imported here, not when every core test is collected."""
+    from benchmarks.bench_low_epsilon import Bench
+
     with open(ag_news_path, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))[:240]
     texts = [f"{r['title']}. {r['description']}" for r in rows]

@@ -23,12 +23,12 @@ def _extractor() -> KeyphraseExtractor:
 
 def test_own_phrases_first_distinct_and_most_frequent() -> None:
     texts = ["beta alpha beta gamma gamma gamma delta", "nothing here", "zeta"]
-    extractor = _extractor()
+    matches = _extractor().extract_many(texts)
     # first distinct, in document order; a text without a phrase gets an empty bag
-    assert own_phrases(texts, extractor, 2) == [[1, 0], [], [5]]
-    assert own_phrases(texts, extractor, 10) == [[1, 0, 2, 3], [], [5]]
+    assert own_phrases(matches, 2) == [[1, 0], [], [5]]
+    assert own_phrases(matches, 10) == [[1, 0, 2, 3], [], [5]]
     # most frequent: gamma (3), beta (2), then the ties by first occurrence (alpha, delta)
-    assert own_phrases(texts, extractor, 3, frequent=True) == [[2, 1, 0], [], [5]]
+    assert own_phrases(matches, 3, frequent=True) == [[2, 1, 0], [], [5]]
 
 
 def test_independent_draws_come_from_each_class_own_bags_in_the_wanted_numbers() -> None:
@@ -73,7 +73,7 @@ def test_ceilings_on_ag_news_rows(tiny_bench: Bench) -> None:
     # own first 4 is the classifier on each private document's own phrases, labelled
     phrases = list(bench.vocabulary.phrases)[: record["public_size"]]
     extractor = KeyphraseExtractor(Vocabulary.from_phrases("public", phrases))
-    bags = own_phrases(bench.texts, extractor, 4)
+    bags = own_phrases(extractor.extract_many(bench.texts), 4)
     own = bench.score([" ".join(phrases[i] for i in bag) for bag in bags], bench.labels)
     assert accuracy["own first 4"] == pytest.approx(own)
     # four balanced topics: each stand-in is well above chance (0.25) on 60 test items
