@@ -269,16 +269,16 @@ def gap_analysis(h: Harness) -> list[tuple[str, float]]:
     def joined(bags: list[list[int]], names: list[str]) -> list[str]:
         return [" ".join(names[i] for i in bag) for bag in bags]
 
-    public = KeyphraseExtractor(h.vocabulary).extract_many(h.texts)
+    matches = KeyphraseExtractor(h.vocabulary).extract_many(h.texts)
     names = list(h.vocabulary.phrases)
     out = [
         (
             f"each document's own first {keep} distinct phrases of the public vocabulary",
-            h.score(joined(own_phrases(public, keep), names), h.labels, DEFAULT_CLASSIFIER),
+            h.score(joined(own_phrases(matches, keep), names), h.labels, DEFAULT_CLASSIFIER),
         )
     ]
     # a text's first S matches are extract(text, limit=S)
-    counts = Counter(i for found in public for i in found[: defaults.max_matches_per_document])
+    counts = Counter(i for found in matches for i in found[: defaults.max_matches_per_document])
     top = [names[i] for i, _ in counts.most_common(defaults.vocabulary_size)]
     top_extractor = KeyphraseExtractor(Vocabulary.from_phrases("top", top))
     top_bags = own_phrases(top_extractor.extract_many(h.texts), keep)
