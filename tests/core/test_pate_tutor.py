@@ -277,7 +277,10 @@ def test_tutor_counts_on_neighbouring_corpora_within_epsilon_delta() -> None:
     loss = estimate_epsilon_at_delta(
         _tutor_draws(base, sigma), _tutor_draws(moved, sigma), delta=AUDIT_DELTA
     )
-    assert 0.7 * TUTOR_AUDIT_EPSILON < loss <= 1.25 * TUTOR_AUDIT_EPSILON
+    # 1.3ε, not 1.25ε: at ε = 0.5 the estimate's spread (SD 0.027, mean 0.52) put 4 of 10,000
+    # simulated runs above 1.25ε and none above 1.3ε (benchmarks/flake_rates.py); the σ/2
+    # control read at least 2.29ε in those runs, so half the noise is still caught
+    assert 0.7 * TUTOR_AUDIT_EPSILON < loss <= 1.3 * TUTOR_AUDIT_EPSILON
     control = estimate_epsilon_at_delta(
         _tutor_draws(base, sigma / 2), _tutor_draws(moved, sigma / 2), delta=AUDIT_DELTA
     )
