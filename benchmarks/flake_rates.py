@@ -84,17 +84,18 @@ def flake_rate(module: str, test: str, runs: int, args: dict[str, Any]) -> dict[
         except AssertionError:
             failures += 1
         seen.append(list(estimates))
-    width = min(len(s) for s in seen)
-    columns = np.array([s[:width] for s in seen]) if width else np.zeros((runs, 0))
+    # a failed run stops at its failing check: each estimate's range is over the runs that
+    # reached it, so one early failure does not hide the controls of the others
+    reached = [
+        [run[k] for run in seen if len(run) > k] for k in range(max(map(len, seen), default=0))
+    ]
     return {
         "test": f"{module}.{test}",
         "args": args,
         "runs": runs,
         "failures": failures,
         "seconds_per_run": round((time.time() - start) / runs, 3),
-        "estimates": [
-            {"min": round(float(c.min()), 4), "max": round(float(c.max()), 4)} for c in columns.T
-        ],
+        "estimates": [{"min": round(min(v), 4), "max": round(max(v), 4)} for v in reached],
     }
 
 
