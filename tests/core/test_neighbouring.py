@@ -164,7 +164,10 @@ def test_class_counts_within_epsilon() -> None:
     x = np.array([count_a(labels) for _ in range(RUNS)])
     y = np.array([count_a([*labels, "a"]) for _ in range(RUNS)])
     loss = estimate_privacy_loss(x, y)
-    assert 0.75 * epsilon < loss <= 1.3 * epsilon
+    # integer counts read coarse ratios: drawn directly 200,000 times
+    # (benchmarks/estimator_tails.py, seeds 4 and 5), the estimate had mean 1.06ε and SD
+    # 0.05ε; 15 draws read above 1.3ε, the highest 1.39ε; the σ/2 control, 1.86ε or more
+    assert 0.75 * epsilon < loss <= 1.4 * epsilon
     assert halved_scale_control(np.array([12]), np.array([13]), 1 / epsilon) > 1.6 * epsilon
 
 
