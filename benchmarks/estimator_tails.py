@@ -24,52 +24,40 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks.flake_rates import numpy_noise
+from tests.core.test_neighbouring import CONTROL_RUNS, DELTA, RUNS
 from tests.privacy_audit import estimate_epsilon_at_delta, estimate_privacy_loss
 from workers.privacy.calibration import analytic_gaussian_sigma
 
-SIDE = 6000  # RUNS of tests/core/test_neighbouring.py
-GAUSSIAN_CONTROL_SIDE = 40_000  # check_gaussian's control
-GAUSSIAN_DELTA = 1e-2
-
-
-def estimator(
-    kind: str, epsilon: float, shift: float, rng: np.random.Generator
-) -> tuple[Callable[[], float], Callable[[], float]]:
-    """``(estimate, control)``: each call draws both samples afresh and returns ε̂ / ε."""
-    if kind == "gaussian":
-        sigma = analytic_gaussian_sigma(epsilon=epsilon, delta=GAUSSIAN_DELTA) * shift
-
-        def gauss(scale: float, side: int) -> float:
-            x, y = rng.normal(0.0, scale, side), rng.normal(shift, scale, side)
-            return estimate_epsilon_at_delta(x, y, delta=GAUSSIAN_DELTA) / epsilon
-
-        return (lambda: gauss(sigma, SIDE)), (lambda: gauss(sigma / 2, GAUSSIAN_CONTROL_SIDE))
-
-    def draw(scale: float) -> np.ndarray:
-        if kind == "laplace":
-            return rng.laplace(0.0, scale, SIDE)
-        if kind == "discrete-laplace":  # P(k) ∝ exp(−|k| / scale)
-            p = 1.0 - np.exp(-1.0 / scale)
-            return (rng.geometric(p, SIDE) - rng.geometric(p, SIDE)).astype(float)
-        raise ValueError(f"unknown kind {kind!r}")
-
-    def pure(scale: float) -> float:
-        return estimate_privacy_loss(draw(scale), shift + draw(scale)) / epsilon
-
-    scale = shift / epsilon
-    return (lambda: pure(scale)), (lambda: pure(scale / 2))
+NOISE = {"gaussian": "gaussian", "laplace": "laplace", "discrete-laplace": "discrete_laplace"}
 
 
 def tails(
     kind: str, *, epsilon: float, shift: float, runs: int, band: tuple[float, float], seed: int
 ) -> dict[str, object]:
-    estimate, control = estimator(kind, epsilon, shift, np.random.default_rng(seed))
-    values = np.array([estimate() for _ in range(runs)])
-    controls = np.array([control() for _ in range(runs)])
+    """``runs`` readings of the estimator and of its σ/2 (b/2) control, in units of ε."""
+    add = numpy_noise(np.random.default_rng(seed))
+    gaussian = kind == "gaussian"
+    unit = analytic_gaussian_sigma(epsilon=epsilon, delta=DELTA) if gaussian else 1 / epsilon
+    scale = unit * shift
+
+    def reading(b: float, side: int) -> float:
+        x = np.array(add(NOISE[kind], np.zeros(side), b))
+        y = np.array(add(NOISE[kind], np.full(side, shift), b))
+        loss = (
+            estimate_epsilon_at_delta(x, y, delta=DELTA)
+            if gaussian
+            else estimate_privacy_loss(x, y)
+        )
+        return loss / epsilon
+
+    values = np.array([reading(scale, RUNS) for _ in range(runs)])
+    controls = np.array(
+        [reading(scale / 2, CONTROL_RUNS if gaussian else RUNS) for _ in range(runs)]
+    )
     low, high = band
     return {
         "kind": kind,
@@ -90,7 +78,7 @@ def tails(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=("gaussian", "laplace", "discrete-laplace"))
+    parser.add_argument("kind", choices=tuple(NOISE))
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--shift", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=10_000)

@@ -181,6 +181,7 @@ def test_class_counts_within_epsilon() -> None:
 
 EPSILON, DELTA = 1.0, 1e-2
 SIGMA_1 = analytic_gaussian_sigma(epsilon=EPSILON, delta=DELTA)  # σ for Δ₂ = 1
+CONTROL_RUNS = 40_000  # one OpenDP call each: the control can afford a sharper estimate
 
 
 def projected(releases: list[np.ndarray], raw: np.ndarray, raw2: np.ndarray) -> np.ndarray:
@@ -199,9 +200,8 @@ def check_gaussian(
     assert 0.7 * EPSILON < loss <= 1.3 * EPSILON
     sampler = discrete_gaussian_noise if integer else gaussian_noise
     n = np.size(raw)
-    runs = 40_000  # one OpenDP call each: the control can afford a sharper estimate
-    cx = sampler(np.tile(raw, runs), scale=sigma / 2).reshape(runs, n)
-    cy = sampler(np.tile(raw2, runs), scale=sigma / 2).reshape(runs, n)
+    cx = sampler(np.tile(raw, CONTROL_RUNS), scale=sigma / 2).reshape(CONTROL_RUNS, n)
+    cy = sampler(np.tile(raw2, CONTROL_RUNS), scale=sigma / 2).reshape(CONTROL_RUNS, n)
     control = estimate_epsilon_at_delta(
         projected(list(cx), raw, raw2), projected(list(cy), raw, raw2), delta=DELTA
     )
