@@ -27,7 +27,7 @@ import json
 
 import numpy as np
 
-from benchmarks.flake_rates import numpy_noise
+from benchmarks.flake_rates import numpy_draw
 from tests.core.test_neighbouring import CONTROL_RUNS, DELTA, RUNS
 from tests.privacy_audit import estimate_epsilon_at_delta, estimate_privacy_loss
 from workers.privacy.calibration import analytic_gaussian_sigma
@@ -39,14 +39,15 @@ def tails(
     kind: str, *, epsilon: float, shift: float, runs: int, band: tuple[float, float], seed: int
 ) -> dict[str, object]:
     """``runs`` readings of the estimator and of its σ/2 (b/2) control, in units of ε."""
-    add = numpy_noise(np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    noise = NOISE[kind]
     gaussian = kind == "gaussian"
     unit = analytic_gaussian_sigma(epsilon=epsilon, delta=DELTA) if gaussian else 1 / epsilon
     scale = unit * shift
 
     def reading(b: float, side: int) -> float:
-        x = np.array(add(NOISE[kind], np.zeros(side), b))
-        y = np.array(add(NOISE[kind], np.full(side, shift), b))
+        x = numpy_draw(rng, noise, side, b)
+        y = shift + numpy_draw(rng, noise, side, b)
         loss = (
             estimate_epsilon_at_delta(x, y, delta=DELTA)
             if gaussian

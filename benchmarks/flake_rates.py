@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 import tests.core.test_neighbouring as neighbouring
 import workers.privacy.noise as noise
@@ -38,25 +39,28 @@ import workers.privacy.noise as noise
 ESTIMATORS = ("estimate_epsilon_at_delta", "estimate_privacy_loss", "halved_scale_control")
 
 
+def numpy_draw(rng: np.random.Generator, kind: str, n: int, scale: float) -> NDArray[Any]:
+    """``n`` draws from ``rng`` of the noise ``noise._add`` adds (OpenDP's distributions)."""
+    if kind == "laplace":
+        return rng.laplace(0.0, scale, n)
+    if kind == "gaussian":
+        return rng.normal(0.0, scale, n)
+    if kind == "discrete_laplace":  # P(k) ∝ exp(−|k| / scale)
+        p = 1.0 - np.exp(-1.0 / scale)
+        return rng.geometric(p, n) - rng.geometric(p, n)
+    if kind == "discrete_gaussian":  # P(k) ∝ exp(−k² / 2σ²), mass beyond 30σ dropped
+        k = np.arange(-int(30 * scale) - 5, int(30 * scale) + 6)
+        mass = np.exp(-(k.astype(float) ** 2) / (2 * scale * scale))
+        return rng.choice(k, size=n, p=mass / mass.sum())
+    raise ValueError(f"unknown noise {kind!r}")
+
+
 def numpy_noise(rng: np.random.Generator) -> Callable[[str, Any, float], list[Any]]:
     """A stand-in for ``noise._add`` drawing the same distributions from ``rng``."""
 
     def add(kind: str, data: Any, scale: float) -> list[Any]:
         n = int(data.size)
-        if n == 0:
-            return []
-        if kind == "laplace":
-            return list(data + rng.laplace(0.0, scale, n))
-        if kind == "gaussian":
-            return list(data + rng.normal(0.0, scale, n))
-        if kind == "discrete_laplace":  # P(k) ∝ exp(−|k| / scale)
-            p = 1.0 - np.exp(-1.0 / scale)
-            return list(data + rng.geometric(p, n) - rng.geometric(p, n))
-        if kind == "discrete_gaussian":  # P(k) ∝ exp(−k² / 2σ²), mass beyond 30σ dropped
-            k = np.arange(-int(30 * scale) - 5, int(30 * scale) + 6)
-            mass = np.exp(-(k.astype(float) ** 2) / (2 * scale * scale))
-            return list(data + rng.choice(k, size=n, p=mass / mass.sum()))
-        raise ValueError(f"unknown noise {kind!r}")
+        return list(data + numpy_draw(rng, kind, n, scale)) if n else []
 
     return add
 
