@@ -30,7 +30,8 @@ Splits (tuning kept disjoint from what is reported):
   disease categories (abstracts; the categories' MeSH names are the declared labels), at
   most 40 private abstracts each from its training part (839 in all), tested on at most 40
   each of its test part; noisy class counts. Reported, never tuned on. Its corpus is not in
-  ``../shared``: ``KEYSEED_OHSUMED`` names its folder (BENCHMARKS.md says where it is from).
+  ``../shared``: ``KEYSEED_OHSUMED`` names its folder (its note in benchmarks/notes/ says
+  where it is from).
 * ``ohsumed-tune``: OHSUMED's training abstracts that ``ohsumed-hospital`` leaves out: the
   12 categories with at least 60 of them, 20 private and at most 40 test each.
 * ``newsgroups-hospital``: long documents in the small hospital's shape: the 20 Newsgroups
@@ -298,7 +299,8 @@ def _folder_corpus(
     (cleaned), in file-name order, under its declared name."""
     if not base.is_dir():
         raise FileNotFoundError(
-            f"the corpus is not at {base} (set {setting}; BENCHMARKS.md says where it comes from)"
+            f"the corpus is not at {base} (set {setting}; benchmarks/notes/ says where it "
+            "comes from)"
         )
     out: dict[str, list[str]] = {}
     for folder, name in names.items():
@@ -545,8 +547,8 @@ def _medical_classes(source: Path) -> dict[str, set[str]]:
     """Each abstract of the medical abstracts' file (whitespace folded), with its classes."""
     if not source.is_file():
         raise FileNotFoundError(
-            f"the corpus is not at {source} (set KEYSEED_MEDICAL_ABSTRACTS; BENCHMARKS.md "
-            "says where it comes from)"
+            f"the corpus is not at {source} (set KEYSEED_MEDICAL_ABSTRACTS; "
+            "benchmarks/notes/ says where it comes from)"
         )
     with open(source, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
