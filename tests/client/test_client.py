@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 
@@ -37,6 +38,7 @@ from keyseed.client import (
     KeyseedError,
     NotFound,
     Release,
+    ServerError,
     Unauthorized,
     UnsupportedMediaType,
     ValidationFailed,
@@ -146,8 +148,12 @@ def flow(service: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     owner.cancel_job(behind)
     with pytest.raises(JobFailed) as cancelled:
         owner.wait(behind, timeout=60, interval=0.1)
-    seen = list(owner.follow(submitted, interval=0.1, max_interval=0.2, timeout=JOB_TIMEOUT))
-    job = owner.wait(submitted, timeout=10)
+    try:
+        seen = list(owner.follow(submitted, interval=0.1, max_interval=0.2, timeout=JOB_TIMEOUT))
+        job = owner.wait(submitted, timeout=10)
+    except (JobFailed, JobTimeout):
+        print(service.worker.text()[-5000:])  # the worker's log: types and ids, never text
+        raise
     release = owner.release(job, [lab], name="cardio v1")
     try:
         yield Flow(
@@ -206,7 +212,8 @@ def test_the_platform_admin_manages_organisations_keys_and_budgets(
 
 
 def test_hospital_it_uploads_plans_submits_and_follows_a_job(service: Service, flow: Flow) -> None:
-    assert Client(service.url, "nobody").ready()
+    with Client(service.url, "no key needed") as anyone:
+        assert anyone.ready()
     dataset = flow.dataset
     assert (dataset.documents, dataset.labels, dataset.text_columns) == (
         4,
@@ -509,3 +516,19 @@ class _Chunks(io.BytesIO):
         self.writes += 1
         self.largest_write = max(self.largest_write, len(data))
         return super().write(data)
+
+
+def test_an_answer_that_is_no_problem_body_still_raises_by_status() -> None:
+    # what a proxy in front of the service may send: an HTML page, or uvicorn's own text
+    page = httpx.Response(
+        502, text="<html>bad gateway</html>", headers={"content-type": "text/html"}
+    )
+    error = KeyseedError.from_response(page)
+    assert isinstance(error, ServerError)
+    assert (error.status, error.title, error.detail, error.extra) == (502, "Bad Gateway", None, {})
+    text = httpx.Response(
+        408, text="the request did not arrive in time\n", headers={"content-type": "text/plain"}
+    )
+    late = KeyseedError.from_response(text)
+    assert type(late) is KeyseedError and late.title == "Request Timeout"
+    assert late.detail == "the request did not arrive in time"
