@@ -647,8 +647,12 @@ class Client:
     # ------------------------------------------------------------------ operations
 
     def ready(self) -> bool:
-        """Whether the service answers and reaches its database and broker (``/readyz``)."""
-        response = self._http.get("/readyz")
+        """Whether the service answers and reaches its database and broker (``/readyz``);
+        False as well when it cannot be reached at all."""
+        try:
+            response = self._http.get("/readyz")
+        except httpx.TransportError:
+            return False
         return response.status_code == 200
 
     # ------------------------------------------------------------------ platform admin

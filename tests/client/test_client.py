@@ -13,6 +13,7 @@ import csv
 import gzip
 import io
 import json
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -532,3 +533,12 @@ def test_an_answer_that_is_no_problem_body_still_raises_by_status() -> None:
     late = KeyseedError.from_response(text)
     assert type(late) is KeyseedError and late.title == "Request Timeout"
     assert late.detail == "the request did not arrive in time"
+
+
+def test_a_service_that_cannot_be_reached_is_not_ready() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}", "any", timeout=2) as nowhere:
+        assert nowhere.ready() is False
+        with pytest.raises(httpx.ConnectError):
+            nowhere.list_releases()
