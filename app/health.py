@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import Celery
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import text
 
 from app import metrics
@@ -17,8 +17,16 @@ router = APIRouter(tags=["operations"])
 
 
 class Health(BaseModel):
-    status: str
-    checks: dict[str, str] = {}
+    status: str = Field(
+        description="ok when the service answers (and, for /readyz, every check passed)"
+    )
+    checks: dict[str, str] = Field(
+        default={},
+        description=(
+            "/readyz: each dependency (database, broker) and whether it is ok or unavailable; "
+            "empty for /healthz"
+        ),
+    )
 
 
 def _database_ok(database: Database) -> bool:

@@ -187,3 +187,25 @@ def test_real_errors_carry_their_type(client: TestClient, world: factories.World
         json=factories.spec(llm="no-such-endpoint"),
     )
     assert _is_problem(unknown_llm, 422, "/problems/unprocessable")["field"] == "llm"
+
+
+# -- descriptions -----------------------------------------------------------------------
+
+
+def test_every_property_of_every_schema_is_described(client: TestClient) -> None:
+    """Every property of every component schema (the job specs of every method, their
+    parameters, every request and response body) says what it is."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    missing = [
+        f"{name}.{prop}"
+        for name, schema in schemas.items()
+        for prop, spec in (schema.get("properties") or {}).items()
+        if not str(spec.get("description", "")).strip()
+    ]
+    assert not missing, missing
+    specs = ("JobSpec", "AugPEJobSpec", "PateTutorJobSpec", "DPEDAJobSpec")
+    assert all(len(schemas[name]["properties"]) >= 16 for name in specs)
+    for field in ("epsilon", "delta"):
+        assert "budget" in schemas["JobSpec"]["properties"][field]["description"] or (
+            "δ" in schemas["JobSpec"]["properties"][field]["description"]
+        )
