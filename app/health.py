@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import Celery
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
 from app import metrics
@@ -17,6 +17,12 @@ router = APIRouter(tags=["operations"])
 
 
 class Health(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"status": "ok", "checks": {"database": "ok", "broker": "ok"}}]
+        }
+    )
+
     status: str = Field(
         description="ok when the service answers (and, for /readyz, every check passed)"
     )

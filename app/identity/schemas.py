@@ -22,7 +22,20 @@ TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 
 
 class OrganisationIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "St Mary's Hospital",
+                    "kind": "owner",
+                    "epsilon_budget": 20.0,
+                    "delta_budget": 1e-05,
+                }
+            ]
+        },
+    )
 
     name: str = Field(
         min_length=1,
@@ -52,7 +65,21 @@ class OrganisationIn(BaseModel):
 
 
 class OrganisationOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "name": "St Mary's Hospital",
+                    "kind": "owner",
+                    "epsilon_budget": 20.0,
+                    "delta_budget": 1e-05,
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                }
+            ]
+        },
+    )
 
     id: uuid.UUID = Field(description="The organisation's id")
     name: str = Field(description="Its name, unique on the server")
@@ -65,7 +92,18 @@ class OrganisationOut(BaseModel):
 
 
 class KeyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "role": "owner",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "name": "ingest",
+                }
+            ]
+        },
+    )
 
     role: Literal["owner", "client", "admin", "auditor"] = Field(
         description=(
@@ -85,7 +123,23 @@ class KeyIn(BaseModel):
 
 
 class KeyOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "ede1d769-15a2-4e80-a6f1-bc2ff5122c2c",
+                    "prefix": "80a3ce03e791",
+                    "name": "ingest",
+                    "role": "owner",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                    "last_used_at": None,
+                    "revoked_at": None,
+                }
+            ]
+        },
+    )
 
     id: uuid.UUID = Field(description="The key's id")
     prefix: str = Field(
@@ -106,4 +160,22 @@ class KeyOut(BaseModel):
 
 
 class KeyCreated(KeyOut):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "ede1d769-15a2-4e80-a6f1-bc2ff5122c2c",
+                    "prefix": "80a3ce03e791",
+                    "name": "ingest",
+                    "role": "owner",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                    "last_used_at": None,
+                    "revoked_at": None,
+                    "key": "ks_80a3ce03e791_EXAMPLE-not-a-real-secret-0000000000000000000",
+                }
+            ]
+        }
+    )
+
     key: str = Field(description="The API key. It is shown once and cannot be recovered.")

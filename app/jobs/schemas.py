@@ -105,7 +105,32 @@ MaxLLMCalls = Annotated[
 class JobSpec(BaseModel):
     """A DP-KPS job (``method`` absent or ``dpkps``)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [
+                {
+                    "vocabulary": "medical",
+                    "llm": "local",
+                    "document_type": "clinical note",
+                    "epsilon": 1.0,
+                    "delta": 1e-06,
+                    "per_class": 50,
+                },
+                {
+                    "vocabulary": "medical",
+                    "llm": "none",
+                    "document_type": "clinical note",
+                    "epsilon_vocab": 0.5,
+                    "epsilon_kde": 0.5,
+                    "epsilon_count": 0.1,
+                    "total": 200,
+                    "vocabulary_size": 2000,
+                },
+            ]
+        },
+    )
 
     method: Literal["dpkps"] = Field(
         default="dpkps",
@@ -488,7 +513,23 @@ class AugPEJobSpec(LLMMethodJob, AugPEParams):
     """An Aug-PE job (``method: aug-pe``): :class:`LLMMethodJob` and every
     :class:`~workers.methods.aug_pe.params.AugPEParams` field."""
 
-    model_config = LLMMethodJob.model_config
+    model_config = ConfigDict(
+        **LLMMethodJob.model_config,
+        json_schema_extra={
+            "examples": [
+                {
+                    "method": "aug-pe",
+                    "llm": "local",
+                    "document_type": "clinical note",
+                    "epsilon": 1.0,
+                    "delta": 1e-06,
+                    "iterations": 5,
+                    "population": 40,
+                    "num_released": 40,
+                }
+            ]
+        },
+    )
     method: Literal["aug-pe"] = Field(
         description="'aug-pe': Private Evolution for text (Xie et al. 2024)"
     )
@@ -498,7 +539,22 @@ class PateTutorJobSpec(LLMMethodJob, PateTutorParams):
     """A PATE-tutor job (``method: pate-tutor``): :class:`LLMMethodJob` and every
     :class:`~workers.methods.pate_tutor.params.PateTutorParams` field."""
 
-    model_config = LLMMethodJob.model_config
+    model_config = ConfigDict(
+        **LLMMethodJob.model_config,
+        json_schema_extra={
+            "examples": [
+                {
+                    "method": "pate-tutor",
+                    "llm": "local",
+                    "document_type": "clinical note",
+                    "epsilon": 2.0,
+                    "delta": 1e-06,
+                    "teachers": 15,
+                    "queries": 100,
+                }
+            ]
+        },
+    )
     method: Literal["pate-tutor"] = Field(
         description="'pate-tutor': a PATE discriminator with a DP label tutor (Song et al. 2024)"
     )
@@ -509,7 +565,22 @@ class DPEDAJobSpec(LLMMethodJob, DPEDAParams):
     :class:`~workers.methods.dp_eda.params.DPEDAParams` field; ``vocabulary`` names a
     vocabulary of this server (built-in or uploaded), as a DP-KPS job's does."""
 
-    model_config = LLMMethodJob.model_config
+    model_config = ConfigDict(
+        **LLMMethodJob.model_config,
+        json_schema_extra={
+            "examples": [
+                {
+                    "method": "dp-eda",
+                    "llm": "local",
+                    "document_type": "clinical note",
+                    "epsilon": 1.0,
+                    "delta": 1e-06,
+                    "vocabulary": "medical",
+                    "iterations": 7,
+                }
+            ]
+        },
+    )
     method: Literal["dp-eda"] = Field(
         description="'dp-eda': DP evolution of embeddings, decoded to text"
     )
@@ -539,9 +610,76 @@ JOB_SPEC: TypeAdapter[AnySpec] = TypeAdapter(AnyJobSpec)
 class JobPlanOut(BaseModel):
     """A dry run: what a job would release and spend (nothing stored, nothing read)."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "dry_run": True,
+                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+                    "method": "DP-KPS (Nagesh et al., 2024) with DP-KDE by the class "
+                    "centroids of the document embeddings (linear kernel); a sequence kept "
+                    "only where its own class's released direction is the nearest to its "
+                    "embedding; Ṽ: the first 30,000 phrases of the public vocabulary",
+                    "epsilon": 0.872469478,
+                    "delta": 1e-05,
+                    "accountant": "pld(dp-accounting 0.6.0)",
+                    "by_mechanism": {"kde": 0.999999289},
+                    "events": [
+                        {
+                            "mechanism": "kde",
+                            "name": None,
+                            "noise": "gaussian",
+                            "scale": 4.224681681995382,
+                            "sensitivity": 1.0,
+                            "norm": "l2",
+                            "dimension": 384,
+                            "partition": "cardio",
+                            "count": 1,
+                            "epsilon": None,
+                        },
+                        {
+                            "mechanism": "kde",
+                            "name": None,
+                            "noise": "gaussian",
+                            "scale": 4.224681681995382,
+                            "sensitivity": 1.0,
+                            "norm": "l2",
+                            "dimension": 384,
+                            "partition": "ortho",
+                            "count": 1,
+                            "epsilon": None,
+                        },
+                    ],
+                    "parameters": {
+                        "kde_method": "centroid",
+                        "vocabulary_method": "public",
+                        "kde_weighting": "l1",
+                        "temperature": 2.0,
+                        "per_class": 50,
+                    },
+                    "noise": [
+                        {
+                            "mechanism": "kde",
+                            "partition": "cardio",
+                            "noise": "gaussian",
+                            "noise_std": 4.224681681995382,
+                            "unit_contribution": 1.0,
+                            "norm": "l2",
+                            "documents": 920,
+                            "noise_share": 0.004592,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
     dry_run: Literal[True] = Field(description="Always true: nothing was stored, reserved or read")
     dataset_id: uuid.UUID = Field(description="The dataset the job would run on")
-    method: str = Field(description="The job's generation method")
+    method: str = Field(
+        description="The method as it would run, in words (for DP-KPS: its density estimate, "
+        "filter and vocabulary as the budget and mode resolve them)"
+    )
     epsilon: float = Field(
         description=(
             "ε of the job's releases composed at delta by the accountant: what submitting the job"
@@ -655,6 +793,60 @@ class JobLLMCosts(BaseModel):
 
 
 class JobOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
+                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "method": "dpkps",
+                    "state": "running",
+                    "stage": "prompts",
+                    "progress": 0.25,
+                    "cancel_requested": False,
+                    "counts": {
+                        "sequences": 100,
+                        "sequences_drawn": 112,
+                        "texts_done": 25,
+                        "texts_failed": 0,
+                        "llm_calls": 26,
+                    },
+                    "llm_costs": {
+                        "calls": 26,
+                        "prompt_tokens": 5720,
+                        "completion_tokens": 4810,
+                        "wall_seconds": 61.4,
+                    },
+                    "error": None,
+                    "epsilon": {
+                        "requested": 0.999999289,
+                        "by_mechanism": {"kde": 0.999999289},
+                        "budget_state": "committed",
+                        "charged": {
+                            "epsilon": 0.872469478,
+                            "delta": 1e-05,
+                            "accountant": "pld(dp-accounting 0.6.0)",
+                        },
+                    },
+                    "spec": {
+                        "vocabulary": "medical",
+                        "llm": "local",
+                        "document_type": "clinical note",
+                        "epsilon": 1.0,
+                        "delta": 1e-06,
+                        "per_class": 50,
+                    },
+                    "submitted_by": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                    "started_at": "2026-12-07T05:31:39.102311Z",
+                    "finished_at": None,
+                    "updated_at": "2026-12-07T05:32:40.511902Z",
+                }
+            ]
+        }
+    )
+
     id: uuid.UUID = Field(description="The job's id")
     dataset_id: uuid.UUID = Field(description="The dataset the job runs on")
     organisation_id: uuid.UUID = Field(description="The owner organisation of the dataset")
@@ -682,7 +874,7 @@ class JobOut(BaseModel):
         description="The job spec as submitted, with its defaults filled in"
     )
     submitted_by: str = Field(
-        description="Who submitted the job: 'key:<prefix>' of an API key, or a dashboard user"
+        description="Who submitted the job: 'key:<key id>' or 'user:<user id>' (a dashboard user)"
     )
     created_at: datetime = Field(description="When the job was submitted (UTC)")
     started_at: datetime | None = Field(

@@ -209,3 +209,109 @@ def test_every_property_of_every_schema_is_described(client: TestClient) -> None
         assert "budget" in schemas["JobSpec"]["properties"][field]["description"] or (
             "δ" in schemas["JobSpec"]["properties"][field]["description"]
         )
+
+
+# -- examples ---------------------------------------------------------------------------
+
+
+def _resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    if ref is None:
+        return schema
+    found: Any = document
+    for part in ref.removeprefix("#/").split("/"):
+        found = found[part]
+    return dict(found)
+
+
+def _missing_examples(document: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """Where ``schema`` (a body's) gives no example: itself, each branch of a union, or
+    the items of an array all need one."""
+    if schema.get("examples") or schema.get("example") is not None:
+        return []
+    branches = schema.get("oneOf") or schema.get("anyOf")
+    if branches:
+        return [m for branch in branches for m in _missing_examples(document, branch)]
+    if "$ref" in schema:
+        resolved = _resolve(document, schema)
+        return [] if resolved.get("examples") else [schema["$ref"]]
+    if schema.get("type") == "array" and "items" in schema:
+        return _missing_examples(document, schema["items"])
+    return [str(schema.get("title", schema))]
+
+
+def test_every_json_body_and_response_has_an_example(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    missing: list[str] = []
+    bodies = responses = 0
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            where = f"{method.upper()} {path}"
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            if body is not None:
+                bodies += 1
+                if not (body.get("example") is not None or body.get("examples")):
+                    missing += [
+                        f"{where} request: {m}" for m in _missing_examples(document, body["schema"])
+                    ]
+            for status, response in operation["responses"].items():
+                content = response.get("content", {}).get("application/json")
+                if not status.startswith("2") or content is None:
+                    continue
+                responses += 1
+                if not (content.get("example") is not None or content.get("examples")):
+                    missing += [
+                        f"{where} {status}: {m}"
+                        for m in _missing_examples(document, content["schema"])
+                    ]
+    assert bodies >= 6 and responses >= 25
+    assert not missing, missing
+
+
+def test_every_example_is_valid_for_its_model() -> None:
+    """An example is what the model accepts (requests: the same validation a client's body
+    gets, so schemathesis's explicit phase sends valid ones) or emits (responses)."""
+    from pydantic import BaseModel
+
+    from app import errors as problem_module
+    from app import health
+    from app.datasets import schemas as datasets
+    from app.identity import schemas as identity
+    from app.jobs import schemas as jobs
+    from app.ledger import schemas as ledger
+    from app.releases import schemas as releases
+    from app.vocabularies import schemas as vocabularies
+
+    checked = 0
+    for module in (jobs, datasets, identity, ledger, releases, vocabularies, health):
+        for model in vars(module).values():
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            extra = model.model_config.get("json_schema_extra")
+            for example in extra.get("examples", []) if isinstance(extra, dict) else []:
+                model.model_validate(example)
+                checked += 1
+    for example in problem_module.ProblemDetail.model_json_schema()["examples"]:
+        problem_module.ProblemDetail.model_validate(example)
+    spec = jobs.JobSpec.model_json_schema()["examples"][0]
+    assert isinstance(jobs.JOB_SPEC.validate_python(spec), jobs.JobSpec)
+    assert checked >= 20
+
+
+def test_job_spec_examples_are_accepted_by_the_api(
+    client: TestClient, world: factories.World
+) -> None:
+    """Every job spec example (one per method) passes the API's own checks: a dry run
+    plans it."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    dataset_id = factories.dataset(client, world.owner, cap=10.0, delta_cap="1e-5")
+    for name in ("JobSpec", "AugPEJobSpec", "PateTutorJobSpec", "DPEDAJobSpec"):
+        for example in schemas[name]["examples"]:
+            planned = client.post(
+                f"/v1/datasets/{dataset_id}/jobs",
+                params={"dry_run": "true"},
+                headers=world.owner.headers,
+                json=example,
+            )
+            assert planned.status_code == 200, (name, planned.text)
+            assert planned.json()["dry_run"] is True
