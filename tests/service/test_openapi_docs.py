@@ -288,7 +288,8 @@ def test_every_example_is_valid_for_its_model() -> None:
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 continue
             extra = model.model_config.get("json_schema_extra")
-            for example in extra.get("examples", []) if isinstance(extra, dict) else []:
+            examples = extra.get("examples") if isinstance(extra, dict) else None
+            for example in examples if isinstance(examples, list) else []:
                 model.model_validate(example)
                 checked += 1
     for example in problem_module.ProblemDetail.model_json_schema()["examples"]:
