@@ -59,7 +59,8 @@ def install(app: FastAPI) -> None:
             swagger_css_url=f"{prefix}{STATIC_URL}/swagger-ui.css",
             swagger_favicon_url=f"{prefix}{STATIC_URL}/favicon.png",
             oauth2_redirect_url=f"{prefix}{OAUTH2_REDIRECT_URL}",
-            swagger_ui_parameters=app.swagger_ui_parameters,
+            # No badge from swagger.io's online validator: nothing leaves this server.
+            swagger_ui_parameters={"validatorUrl": None, **(app.swagger_ui_parameters or {})},
         )
 
     @app.get(OAUTH2_REDIRECT_URL, include_in_schema=False)

@@ -68,6 +68,8 @@ def test_docs_pages_load_every_asset_from_this_server(
         assert not parts.scheme and not parts.netloc, f"{page} loads {url} from another host"
     assert "fonts.googleapis" not in response.text and "cdn." not in response.text
     assert "/openapi.json" in response.text
+    if page == "/docs":
+        assert '"validatorUrl": null' in response.text  # no call to swagger.io's validator
     loaded = {url.rsplit("/", 1)[-1]: url for url in parser.urls}
     for name, marker in needed.items():
         asset = client.get(loaded[name])
@@ -130,8 +132,11 @@ def test_problem_types_are_unique_and_each_resolves(client: TestClient) -> None:
 
 def test_every_problem_type_is_documented() -> None:
     text = DOCS.read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if "| `/" in line}
     for problem in errors.PROBLEM_TYPES.values():
-        assert f"`{problem.uri}`" in text, problem.uri
+        row = rows[f"`{problem.uri}`"]
+        assert problem.title in row and problem.meaning in row, problem.uri
+        assert f"| {problem.status or 'any other'} |" in row, problem.uri
 
 
 def test_no_response_is_about_blank(client: TestClient) -> None:
