@@ -117,8 +117,8 @@ class OrganisationBudgetOut(BaseModel):
     )
     reserved: float | None = Field(
         description=(
-            "ε of the reserved jobs' releases of its datasets, composed as spent is (null: no "
-            "finite ε at the budget's δ)"
+            "ε of the committed and reserved releases of its datasets composed as spent is, "
+            "minus spent (null: no finite ε at the budget's δ)"
         )
     )
     accountant: str = Field(description="What composed spent and reserved")
