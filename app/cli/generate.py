@@ -64,7 +64,7 @@ from workers.methods.dpkps.config import (
     VOCABULARY_METHODS,
 )
 
-HANDLER = "workers.offline_cli"
+HANDLER = "app.cli.generate"
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
 METHODS = ("dpkps", "aug-pe", "pate-tutor", "dp-eda")  # workers.methods.registry's, in order
 

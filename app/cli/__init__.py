@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 REGISTRARS = (
-    "workers.offline_cli",
+    "app.cli.generate",
     "app.identity.cli",
     "app.serve",
     "app.demo",
