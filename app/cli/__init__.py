@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 REGISTRARS = (
-    "app.cli.generate",
+    "app.cli.options",
     "app.identity.cli",
     "app.serve",
     "app.demo",

@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -28,7 +28,9 @@ from workers.methods.checkpoints import Checkpoints
 from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
 from workers.text.corpus import check_corpus
-from workers.text.embeddings import Embedder
+
+if TYPE_CHECKING:  # a type only: the embeddings module imports numpy
+    from workers.text.embeddings import Embedder
 
 DOCUMENT_TYPE_CHARS = 200
 
