@@ -40,11 +40,48 @@ class MethodParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
-    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
-    delta: float = Field(gt=0.0, le=1e-3)
-    concurrency: int = Field(default=8, ge=1, le=1024)
-    seed: int = Field(default=0, ge=0, le=2**53 - 1)
+    document_type: str = Field(
+        description=(
+            "What kind of document the LLM writes, in words ('clinical note'); public, in every "
+            "prompt. One line, 1 to 200 characters"
+        ),
+        min_length=1,
+        max_length=DOCUMENT_TYPE_CHARS,
+    )
+    epsilon: float = Field(
+        description=(
+            "The run's total ε: every release of every class and iteration together, charged to "
+            "the dataset's cap. 0.001 to 100"
+        ),
+        ge=EPSILON_FLOOR,
+        le=EPSILON_CEILING,
+    )
+    delta: float = Field(
+        description=(
+            "The run's total δ (Gaussian noise; > 0 required), at most the dataset's delta_cap. >"
+            " 0 to 0.001"
+        ),
+        gt=0.0,
+        le=1e-3,
+    )
+    concurrency: int = Field(
+        description=(
+            "LLM requests in flight at once; capped by the server's own LLM concurrency. Default "
+            "8, 1 to 1024"
+        ),
+        default=8,
+        ge=1,
+        le=1024,
+    )
+    seed: int = Field(
+        description=(
+            "Seed of the public randomness (sampling, prompts); the DP noise is never seeded. "
+            "Default 0, 0 to 2⁵³ − 1"
+        ),
+        default=0,
+        ge=0,
+        le=2**53 - 1,
+    )
 
     @field_validator("document_type")
     @classmethod
