@@ -238,7 +238,7 @@ def _register_generate(sub: Any) -> None:
     share_help = {
         "vocab": "the private vocabulary's share of a total --epsilon",
         "kde": "the keyphrase densities' share of a total --epsilon",
-        "count": "the noisy class counts' share of a total --epsilon (with --total)",
+        "count": "with --total, the noisy class counts' share of a total --epsilon",
     }
     for name, text in share_help.items():
         priv.add_argument(
@@ -488,10 +488,6 @@ def _register_llm_methods(gen: Any) -> None:
     for name, methods in methods_of_fields().items():
         infos = [METHOD_PARAMS[m].model_fields[name] for m in methods]
         kind, optional = optional_type(infos[0].annotation)
-        defaults = ", ".join(
-            f"{m}: {'required' if i.is_required() else i.default}"
-            for m, i in zip(methods, infos, strict=True)
-        )
         options: dict[str, Any] = {"dest": METHOD_PREFIX + name, "default": None}
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
@@ -500,5 +496,22 @@ def _register_llm_methods(gen: Any) -> None:
             options["choices"] = tuple(dict.fromkeys(choices))
         else:
             options["metavar"] = kind.__name__.upper() + ("|none" if optional else "")
-        about = next((i.description for i in infos if i.description), None) or name
-        group.add_argument(option_name(method_dest(name)), help=f"{about} ({defaults})", **options)
+        group.add_argument(
+            option_name(method_dest(name)), help=_field_help(methods, infos), **options
+        )
+
+
+def _field_help(methods: list[str], infos: list[Any]) -> str:
+    """A generated option's help: each method's description of its field (the field's
+    ``description``, which the API docs show too), once where only the default differs."""
+    described = [
+        (m, (i.description or "").strip().rstrip(".")) for m, i in zip(methods, infos, strict=True)
+    ]
+    texts = {text for _, text in described}
+    if len(texts) == 1:
+        return f"{', '.join(methods)}: {texts.pop()}"
+    bases = {text.split(". Default")[0] for _, text in described}
+    if len(bases) == 1:
+        defaults = ", ".join(f"{m} {i.default}" for m, i in zip(methods, infos, strict=True))
+        return f"{', '.join(methods)}: {bases.pop()} (default: {defaults})"
+    return "; ".join(f"{m}: {text}" for m, text in described)
