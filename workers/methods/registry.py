@@ -4,7 +4,9 @@ Each entry says, from public inputs only, what a caller needs before a run: the 
 parameter model, the events of its releases (reserved before the first private read),
 the LLM calls it will make and the most documents it can release; and, to run it, its
 entry point. The service's job specs, dry runs, manifests and the CLI's options are all
-built from these entries, so a method plugs in here and nowhere else.
+built from these entries, so a method plugs in here and in :mod:`workers.methods.catalog`,
+which names its id and parameter model without loading any numerical library, so that
+validating options and job specs stays fast.
 
 """
 
