@@ -138,13 +138,15 @@ def _endpoint_for(choice: str, settings: Any) -> Any:
 def _prompt(
     args: argparse.Namespace,
     few_shot: tuple[str, ...],
+    endpoint: Any,
     sequences: Sequence[Any],
     settings: Any,
     progress: _Progress,
     costs: LLMCosts,
 ) -> tuple[list[str | None], dict[str, Any]]:
     """Texts for every sequence (None where the LLM failed) and a public summary; what
-    the calls cost is added to ``costs``."""
+    the calls cost is added to ``costs``. ``endpoint``: the one of ``--llm openai``,
+    resolved before the run (None for the packaged model)."""
     from workers.llm.local import LocalLLMServer
     from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
@@ -169,7 +171,6 @@ def _prompt(
             endpoint = server.endpoint
             outcomes = run(endpoint)
     else:
-        endpoint = _endpoint_for(args.llm, settings)
         outcomes = run(endpoint)
     failures = Counter(o.error for o in outcomes if o.text is None)
     summary = {
@@ -222,17 +223,19 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         }
         print(json.dumps(summary, indent=2, ensure_ascii=False))
         return 0
+    from workers.settings import CoreSettings
+
+    settings = CoreSettings()
     few_shot = checks.read_few_shot(args.few_shot) if args.llm != "none" else ()
+    endpoint = _endpoint_for(args.llm, settings) if args.llm == "openai" else None
     corpus = checks.read_input(args, label_set)
     # Every check that needs no model has passed: the engine loads from here on.
     from workers.llm.client import LLMCosts
     from workers.methods.dpkps.pipeline import generate_sequences, shuffled
     from workers.methods.dpkps.plan import plan
-    from workers.settings import CoreSettings
     from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
 
     planned = plan(config, label_set, len(vocabulary))
-    settings = CoreSettings()
     embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
     cache = EmbeddingCache(settings.embedding_cache_dir)
     progress = _Progress()
@@ -257,7 +260,9 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         costs = LLMCosts()
         texts: list[str | None] = [" ".join(s.keyphrases) for s in sequences]
         if args.llm != "none":
-            texts, prompting = _prompt(args, few_shot, sequences, settings, progress, costs)
+            texts, prompting = _prompt(
+                args, few_shot, endpoint, sequences, settings, progress, costs
+            )
     finally:
         progress.close()
     manifest_path = _manifest_path(args.output)

@@ -24,7 +24,9 @@ IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$")
 
 
 def run_cli(*args: str, cwd: Path = REPO) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    unset = ("KEYSEED_LLM_API_KEY", "KEYSEED_LLM_API_KEY_FILE", "OPENAI_API_KEY")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["PYTHONPATH"] = str(REPO)
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "app.cli", *args],
@@ -141,6 +143,11 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
         "undeclared label",
         lambda f: generate(f, input_file="undeclared"),
         "error: --label-column: 1 document(s) carry a label outside the declared set",
+    ),
+    (
+        "no OpenAI key",
+        lambda f: generate(f, "--llm", "openai"),
+        "error: --llm: set KEYSEED_LLM_API_KEY",
     ),
     ("aug-pe epsilon", lambda f: generate(f, *LLM, "--epsilon", "0"), "error: --epsilon:"),
     (
