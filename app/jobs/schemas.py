@@ -131,7 +131,7 @@ class JobSpec(BaseModel):
     epsilon_vocab: MechanismEpsilon | None = None
     epsilon_kde: MechanismEpsilon | None = None
     epsilon_count: MechanismEpsilon | None = None
-    # Defaults are the engine's own (chosen by measurement; see BENCHMARKS.md).
+    # Defaults are the engine's own (chosen by measurement; see benchmarks/notes/README.md).
     per_class: int | None = Field(default=_ENGINE["per_class"], ge=1, le=LIMITS["per_class"])
     total: int | None = Field(default=_ENGINE["total"], ge=1, le=LIMITS["total"])
     vocabulary_size: int = Field(
