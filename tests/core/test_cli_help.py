@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 
 import pytest
 
-from app.cli import build_parser
+from app.cli import COMMANDS, REGISTRARS, build_parser
 from app.cli.options import METHOD_PREFIX, SHARED_OPTIONS, method_dest, option_name
 from workers.methods.catalog import METHOD_PARAMS
 
@@ -99,3 +100,13 @@ def test_the_description_names_all_four_methods() -> None:
         assert method in description
     method_help = next(a.help for a in PARSERS["generate"]._actions if a.dest == "method")
     assert all(m in (method_help or "") for m in ("dpkps", "aug-pe", "pate-tutor", "dp-eda"))
+
+
+@pytest.mark.parametrize("registrar", REGISTRARS)
+def test_commands_name_the_module_that_registers_each(registrar: str) -> None:
+    # main() builds a known command's parser from COMMANDS[command] alone
+    parser = argparse.ArgumentParser(prog="keyseed")
+    sub = parser.add_subparsers()
+    importlib.import_module(registrar).register(sub)
+    assert set(sub.choices) == {c for c, m in COMMANDS.items() if m == registrar}
+    assert set(PARSERS) >= set(COMMANDS)
