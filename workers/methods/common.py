@@ -18,17 +18,19 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workers.errors import ConfigError, InputDataError
-from workers.llm.client import LLMCosts, LLMEndpoint, Messages, complete, run_sync
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
 from workers.text.corpus import check_corpus
-from workers.text.embeddings import Embedder
+
+if TYPE_CHECKING:  # types only: the LLM client loads asyncio and tenacity, embeddings numpy
+    from workers.llm.client import LLMCosts, LLMEndpoint, Messages
+    from workers.text.embeddings import Embedder
 
 DOCUMENT_TYPE_CHARS = 200
 
@@ -170,6 +172,8 @@ def complete_texts(
     requests: Sequence[Messages], *, endpoint: LLMEndpoint, concurrency: int, costs: LLMCosts
 ) -> list[str | None]:
     """One completion per request; ``None`` where the endpoint failed."""
+    from workers.llm.client import complete, run_sync
+
     if not requests:
         return []
     outcomes = run_sync(
