@@ -9,7 +9,8 @@
 * :func:`checkpoint_json`, :func:`run_identity`, :func:`claim_checkpoints`,
   :func:`save_costs`, :func:`load_costs`: how a run writes its checkpoints and refuses
   another run's;
-* :func:`complete_texts`: one completion per public request through the shared client.
+* :func:`complete_texts`: one completion per public request through the shared client,
+  cleaned of the model's talk about the request.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from workers.llm.client import LLMCosts, LLMEndpoint, Messages, complete, run_sy
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
+from workers.text.cleanup import clean_completion
 from workers.text.corpus import check_corpus
 from workers.text.embeddings import Embedder
 
@@ -132,7 +134,9 @@ def no_progress(stage: str, fraction: float) -> None:
 def complete_texts(
     requests: Sequence[Messages], *, endpoint: LLMEndpoint, concurrency: int, costs: LLMCosts
 ) -> list[str | None]:
-    """One completion per request; ``None`` where the endpoint failed."""
+    """One completion per request, cleaned of the model's talk about the request
+    (:func:`workers.text.cleanup.clean_completion`: every request of these methods asks
+    for a document); ``None`` where the endpoint failed."""
     if not requests:
         return []
     outcomes = run_sync(
@@ -144,7 +148,7 @@ def complete_texts(
             costs=costs,
         )
     )
-    return [o.text for o in outcomes]
+    return [None if o.text is None else clean_completion(o.text) for o in outcomes]
 
 
 class RunConfiguration(Protocol):

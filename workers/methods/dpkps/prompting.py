@@ -18,9 +18,10 @@ hold counts and codes only: neither ever quotes a prompt or a completion.
 
 from __future__ import annotations
 
+import inspect
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workers.errors import ConfigError
 from workers.llm.client import (
@@ -33,6 +34,7 @@ from workers.llm.client import (
     complete,
     run_sync,
 )
+from workers.text.cleanup import clean_completion
 
 SYSTEM_MESSAGE = (
     "You write realistic documents. Reply with the document text only: "
@@ -199,6 +201,7 @@ async def prompt_sequences(
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
+    clean: bool = True,
 ) -> list[PromptOutcome]:
     """One completion per keyphrase sequence; outcomes in input order.
 
@@ -220,7 +223,17 @@ async def prompt_sequences(
     )
     for position in positions:
         _check_keyphrases(sequences[position], name=f"sequences[{position}]")
-    return await complete(
+    tidy = _cleaned if clean else _as_is
+    report: OnResult | None = None
+    if on_result is not None:
+        given = on_result
+
+        async def report(outcome: LLMOutcome) -> None:
+            returned = given(tidy(outcome))
+            if inspect.isawaitable(returned):
+                await returned
+
+    outcomes = await complete(
         lambda position: build_messages(sequences[position], spec),
         len(sequences),
         endpoint=endpoint,
@@ -230,10 +243,22 @@ async def prompt_sequences(
         backoff_base=backoff_base,
         backoff_max=backoff_max,
         indices=indices,
-        on_result=on_result,
+        on_result=report,
         progress=progress,
         costs=costs,
     )
+    return [tidy(outcome) for outcome in outcomes]
+
+
+def _cleaned(outcome: LLMOutcome) -> LLMOutcome:
+    """``outcome`` with its text cleaned of the model's meta-talk (:mod:`workers.text.cleanup`)."""
+    if outcome.text is None:
+        return outcome
+    return replace(outcome, text=clean_completion(outcome.text))
+
+
+def _as_is(outcome: LLMOutcome) -> LLMOutcome:
+    return outcome
 
 
 def run_prompts(
@@ -250,6 +275,7 @@ def run_prompts(
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
+    clean: bool = True,
 ) -> list[PromptOutcome]:
     """:func:`prompt_sequences` for synchronous callers (a Celery task, the CLI)."""
     return run_sync(
@@ -266,5 +292,6 @@ def run_prompts(
             on_result=on_result,
             progress=progress,
             costs=costs,
+            clean=clean,
         )
     )
