@@ -40,8 +40,12 @@ SYSTEM_MESSAGE = (
     "You write realistic documents. Reply with the document text only: "
     "no title, no preamble, no notes."
 )
+# Not "uses all of these keyphrases": asked so, the small packaged model opened 57 of 160
+# texts with talk about the keyphrases; asked this way, 5 of 160, and a classifier trained
+# on the texts scored 0.770 instead of 0.729 (benchmarks/notes/2026-12-07-text-cleanup.md).
 DEFAULT_TEMPLATE = (
-    "{examples}Write one {document_type} that naturally uses all of these keyphrases: {keyphrases}."
+    "{examples}Write a short {document_type} about {keyphrases}. "
+    "Reply with the {document_type} itself, starting with its first sentence."
 )
 EXAMPLES_HEADER = "Examples of the style to follow:\n\n"
 PLACEHOLDERS = ("document_type", "keyphrases", "examples")
