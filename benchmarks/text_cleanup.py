@@ -13,8 +13,9 @@ sequences of a ``bench_low_epsilon`` split (AG News by default):
 
 for each prompt template named with ``--template NAME=TEMPLATE`` (``default``: the
 product's :data:`~workers.methods.dpkps.prompting.DEFAULT_TEMPLATE`, measured as ``short``
-in the note; ``before``: the template of the releases the issue measured). The sequences are those of
-:meth:`benchmarks.bench_low_epsilon.Bench.sequences` under :func:`benchmarks.paired.seeded_noise`
+in the note; ``before``: the template of the releases the issue measured). The sequences
+are those of :meth:`benchmarks.bench_low_epsilon.Bench.sequences` under
+:func:`benchmarks.paired.seeded_noise`
 (seeded releases), sampled as :mod:`benchmarks.llm_pass` samples them, each prompted
 once through the packaged model on the batched local server.
 
