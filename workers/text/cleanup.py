@@ -96,6 +96,9 @@ _CLOSER = re.compile(
     re.IGNORECASE | re.VERBOSE,
 )
 
+_HERE = re.compile(
+    r"^\W*here(?:'s|’s|\ is|\ are)\ (?:a|an|the|my|one)\b", re.IGNORECASE | re.VERBOSE
+)
 _ONLY_INTERJECTION = re.compile(rf"^\W*{_INTERJECTION}\W*$", re.IGNORECASE | re.VERBOSE)
 _QUOTES = {'"': '"', "“": "”", "'": "'", "«": "»"}
 _WORD = re.compile(r"\w+")
@@ -125,6 +128,8 @@ def _is_meta_line(line: str) -> bool:
         return True  # "Here's a news article that uses the keyphrases:"
     if _OPENER.match(stripped) and (_TASK.search(stripped) or len(_WORD.findall(stripped)) <= 12):
         return True  # "Sure! Here is a rewritten version." / "Certainly!"
+    if _HERE.match(stripped) and len(stripped) <= 200:
+        return True  # "Here's a news article on the topic of Exxon." above the article
     return bool(_TASK.search(_first_sentence(stripped)) and len(stripped) <= 200)
 
 
