@@ -213,6 +213,9 @@ async def prompt_sequences(
     sequence (see there for ``concurrency``, ``max_calls``, ``indices``, ``on_result``
     and ``costs``). Every argument, and every sequence the run will prompt, is checked
     before any call is made (``ConfigError`` naming ``sequences[i]`` for a bad one).
+    With ``clean`` (the default) each text, as ``on_result`` sees it and as returned, is
+    :func:`workers.text.cleanup.clean_completion` of the completion: the small model's
+    talk about the request removed, never an empty text.
     """
     endpoint.validate()
     spec.validate()
