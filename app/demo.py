@@ -328,7 +328,11 @@ class Demo:
             + ", ".join(f"{k} {v:g}" for k, v in privacy["epsilon_by_mechanism"].items())
         )
         models = manifest["models"]
-        _line(f"embedding model {models['embedding']}; LLM {models['llm']['endpoint']}")
+        llm = models["llm"]
+        _line(
+            f"embedding model {models['embedding']['name']}; LLM {llm['endpoint']}"
+            + (f" ({llm['model']})" if llm["model"] else "")
+        )
         _line(f"→ {path}")
 
     # ------------------------------------------------------------- all of it

@@ -2,7 +2,8 @@
 
 A release carries its manifest: the method and the density estimate that ran (derived
 from the job's configuration), every parameter, the vocabulary (built in or uploaded,
-with its fingerprint), the models, the ε charged by mechanism (and the engine's exact
+with its fingerprint), the models (name, package version and file digest of the packaged
+ones: :mod:`workers.provenance`), the ε charged by mechanism (and the engine's exact
 per-mechanism report when the worker recorded one), and the time. All of it is public:
 DP outputs and settings.
 """
@@ -31,6 +32,7 @@ from app.releases.schemas import ReleaseIn, ReleaseOut
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.registry import LLM_METHODS
 from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
+from workers.provenance import models_section
 
 ADJACENCY = "one row of the uploaded file added or removed"
 VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
@@ -129,10 +131,11 @@ def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict
             "few_shot_examples": len(spec.get("few_shot") or []),
             "template": spec.get("template"),
         },
-        "models": {
-            "embedding": engine.get("embedding_model", settings.embedding_model),
-            "llm": {"endpoint": llm, "model": endpoint.model if endpoint else None},
-        },
+        "models": models_section(
+            llm=llm,
+            llm_model=endpoint.model if endpoint else None,
+            embedding=engine.get("embedding_model", settings.embedding_model),
+        ),
         "privacy": privacy_of(job, engine.get("privacy") or {}),
         "llm_costs": llm_costs_of(job),
         "documents": documents,
@@ -151,6 +154,7 @@ def _llm_method_manifest(job: Job, settings: Settings, documents: int) -> dict[s
     engine = job.manifest or {}
     llm = spec.get("llm", "local")
     endpoint = settings.llm_endpoints.get(llm)
+    ran = engine.get("models") or {}
     shown = {"description", "parameters", "labels", "noise", "released_per_class", "models"}
     own = {k: v for k, v in engine.items() if k not in shown and k != "privacy"}
     return {
@@ -163,14 +167,11 @@ def _llm_method_manifest(job: Job, settings: Settings, documents: int) -> dict[s
         "noise": engine.get("noise", {}),
         "released_per_class": engine.get("released_per_class", {}),
         "prompt": {"document_type": spec.get("document_type")},
-        "models": {
-            "embedding": (engine.get("models") or {}).get("embedding", settings.embedding_model),
-            "llm": {
-                "endpoint": llm,
-                "model": (engine.get("models") or {}).get("llm")
-                or (endpoint.model if endpoint else None),
-            },
-        },
+        "models": models_section(
+            llm=llm,
+            llm_model=ran.get("llm") or (endpoint.model if endpoint else None),
+            embedding=ran.get("embedding", settings.embedding_model),
+        ),
         "privacy": privacy_of(job, engine.get("privacy") or {}),
         "llm_costs": llm_costs_of(job),
         "documents": documents,

@@ -81,8 +81,8 @@ def test_messages_name_document_type_keyphrases_and_examples() -> None:
 def test_default_prompt_without_examples_is_one_instruction() -> None:
     user = build_messages(["stock market", "oil  prices\n"], SPEC)[1]["content"]
     assert user == (
-        "Write one news article that naturally uses all of these keyphrases: "
-        "stock market, oil prices."
+        "Write a short news article about stock market, oil prices. "
+        "Reply with the news article itself, starting with its first sentence."
     )
 
 

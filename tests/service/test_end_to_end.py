@@ -14,6 +14,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -240,8 +241,11 @@ def _run(client: TestClient, world: factories.World, worker: Worker, tmp_path: P
     released = {e["mechanism"] for e in privacy["events_released"]}
     assert charged == released == set(by_mechanism)
     assert manifest["vocabulary"]["name"] == "medical"
-    assert manifest["models"]["embedding"] == "all-MiniLM-L6-v2"
-    assert manifest["models"]["llm"]["endpoint"] == "local"
+    embedding, llm = manifest["models"]["embedding"], manifest["models"]["llm"]
+    assert embedding["name"] == "all-MiniLM-L6-v2" and embedding["version"]
+    assert re.fullmatch(r"[0-9a-f]{64}", embedding["sha256"])
+    assert llm["endpoint"] == "local" and llm["model"] == "SmolLM2-135M-Instruct"
+    assert llm["version"] and re.fullmatch(r"[0-9a-f]{64}", llm["sha256"])
     created = datetime.fromisoformat(manifest["created_at"])
     assert timedelta(0) <= datetime.now(UTC) - created < timedelta(hours=1)
 

@@ -157,7 +157,10 @@ def test_a_pate_tutor_job_runs_on_the_local_llm_is_released_and_downloaded(
     manifest = released["manifest"]
     assert manifest["method_id"] == "pate-tutor" and manifest["method"].startswith("PATE")
     assert manifest["parameters"]["queries"] == 4 and manifest["parameters"]["teachers"] == 2
-    assert manifest["models"]["llm"]["endpoint"] == "local"
+    llm = manifest["models"]["llm"]  # the packaged model that wrote the texts, to the file
+    assert llm["endpoint"] == "local" and llm["model"] == "SmolLM2-135M-Instruct"
+    assert llm["version"] and llm["runs_as"] == "Q8_0" and len(llm["sha256"]) == 64
+    assert manifest["models"]["embedding"]["sha256"]
     assert manifest["llm_costs"] == {"method": "pate-tutor", **job["llm_costs"]}
     assert len(_events_match(manifest)) == 2  # Q votes (one event, count Q) + the tutor
     records = download(client, world, released["id"])

@@ -85,7 +85,7 @@ def test_a_release_carries_its_manifest(
     assert manifest["privacy"]["epsilon_by_mechanism"] == {"vocabulary": 0.5, "kde": 0.5}
     assert manifest["privacy"]["delta"] == 0.0 and manifest["privacy"]["accountant"]
     assert manifest["models"] == {
-        "embedding": "test-model",
+        "embedding": {"name": "test-model"},  # neither packaged nor a local folder
         "llm": {"endpoint": "vllm", "model": "open-model"},
     }
     vocabulary = client.get("/v1/vocabularies", headers=world.owner.headers).json()

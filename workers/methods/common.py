@@ -9,7 +9,8 @@
 * :func:`checkpoint_json`, :func:`run_identity`, :func:`claim_checkpoints`,
   :func:`save_costs`, :func:`load_costs`: how a run writes its checkpoints and refuses
   another run's;
-* :func:`complete_texts`: one completion per public request through the shared client.
+* :func:`complete_texts`: one completion per public request through the shared client,
+  cleaned of the model's talk about the request.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from workers.errors import ConfigError, InputDataError
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
+from workers.text.cleanup import clean_completion
 from workers.text.corpus import check_corpus
 
 if TYPE_CHECKING:  # types only: the LLM client loads asyncio and tenacity, embeddings numpy
@@ -171,7 +173,9 @@ def no_progress(stage: str, fraction: float) -> None:
 def complete_texts(
     requests: Sequence[Messages], *, endpoint: LLMEndpoint, concurrency: int, costs: LLMCosts
 ) -> list[str | None]:
-    """One completion per request; ``None`` where the endpoint failed."""
+    """One completion per request, cleaned of the model's talk about the request
+    (:func:`workers.text.cleanup.clean_completion`: every request of these methods asks
+    for a document); ``None`` where the endpoint failed."""
     from workers.llm.client import complete, run_sync
 
     if not requests:
@@ -185,7 +189,7 @@ def complete_texts(
             costs=costs,
         )
     )
-    return [o.text for o in outcomes]
+    return [None if o.text is None else clean_completion(o.text) for o in outcomes]
 
 
 class RunConfiguration(Protocol):

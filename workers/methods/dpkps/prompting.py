@@ -18,9 +18,10 @@ hold counts and codes only: neither ever quotes a prompt or a completion.
 
 from __future__ import annotations
 
+import inspect
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workers.errors import ConfigError
 from workers.llm.client import (
@@ -33,13 +34,18 @@ from workers.llm.client import (
     complete,
     run_sync,
 )
+from workers.text.cleanup import clean_completion
 
 SYSTEM_MESSAGE = (
     "You write realistic documents. Reply with the document text only: "
     "no title, no preamble, no notes."
 )
+# Not "uses all of these keyphrases": asked so, the small packaged model opened 57 of 160
+# texts with talk about the keyphrases; asked this way, 5 of 160, and a classifier trained
+# on the texts scored 0.770 instead of 0.729 (benchmarks/notes/2026-12-07-text-cleanup.md).
 DEFAULT_TEMPLATE = (
-    "{examples}Write one {document_type} that naturally uses all of these keyphrases: {keyphrases}."
+    "{examples}Write a short {document_type} about {keyphrases}. "
+    "Reply with the {document_type} itself, starting with its first sentence."
 )
 EXAMPLES_HEADER = "Examples of the style to follow:\n\n"
 PLACEHOLDERS = ("document_type", "keyphrases", "examples")
@@ -199,6 +205,7 @@ async def prompt_sequences(
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
+    clean: bool = True,
 ) -> list[PromptOutcome]:
     """One completion per keyphrase sequence; outcomes in input order.
 
@@ -206,6 +213,9 @@ async def prompt_sequences(
     sequence (see there for ``concurrency``, ``max_calls``, ``indices``, ``on_result``
     and ``costs``). Every argument, and every sequence the run will prompt, is checked
     before any call is made (``ConfigError`` naming ``sequences[i]`` for a bad one).
+    With ``clean`` (the default) each text, as ``on_result`` sees it and as returned, is
+    :func:`workers.text.cleanup.clean_completion` of the completion: the small model's
+    talk about the request removed, never an empty text.
     """
     endpoint.validate()
     spec.validate()
@@ -220,7 +230,17 @@ async def prompt_sequences(
     )
     for position in positions:
         _check_keyphrases(sequences[position], name=f"sequences[{position}]")
-    return await complete(
+    tidy = _cleaned if clean else _as_is
+    report: OnResult | None = None
+    if on_result is not None:
+        given = on_result
+
+        async def report(outcome: LLMOutcome) -> None:
+            returned = given(tidy(outcome))
+            if inspect.isawaitable(returned):
+                await returned
+
+    outcomes = await complete(
         lambda position: build_messages(sequences[position], spec),
         len(sequences),
         endpoint=endpoint,
@@ -230,10 +250,22 @@ async def prompt_sequences(
         backoff_base=backoff_base,
         backoff_max=backoff_max,
         indices=indices,
-        on_result=on_result,
+        on_result=report,
         progress=progress,
         costs=costs,
     )
+    return [tidy(outcome) for outcome in outcomes]
+
+
+def _cleaned(outcome: LLMOutcome) -> LLMOutcome:
+    """``outcome`` with its text cleaned of the model's meta-talk (:mod:`workers.text.cleanup`)."""
+    if outcome.text is None:
+        return outcome
+    return replace(outcome, text=clean_completion(outcome.text))
+
+
+def _as_is(outcome: LLMOutcome) -> LLMOutcome:
+    return outcome
 
 
 def run_prompts(
@@ -250,6 +282,7 @@ def run_prompts(
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
+    clean: bool = True,
 ) -> list[PromptOutcome]:
     """:func:`prompt_sequences` for synchronous callers (a Celery task, the CLI)."""
     return run_sync(
@@ -266,5 +299,6 @@ def run_prompts(
             on_result=on_result,
             progress=progress,
             costs=costs,
+            clean=clean,
         )
     )
