@@ -239,8 +239,8 @@ def test_sign_in_read_the_overview_and_a_dataset_as_the_api_has_them(
     expect(page.get_by_role("heading", name="Cardiology notes", exact=True)).to_be_visible()
     ledger = api(live_server, world.auditor, f"/v1/datasets/{seeded.cardiology}/ledger")
     for name in ("epsilon_cap", "spent", "reserved", "remaining", "delta_cap"):
-        shown = exact(page.locator(f'#budget dd[data-field="{name}"]'))
-        assert float(shown) == ledger["budget"][name], name
+        figure = exact(page.locator(f'#budget dd[data-field="{name}"]'))
+        assert float(figure) == ledger["budget"][name], name
     expect(page.locator("#accountant")).to_have_text(ledger["budget"]["accountant"])
     page.get_by_text("ledger entries (as").click()  # open the <details>
     entries = page.locator("#ledger-entries tbody tr")
