@@ -294,6 +294,43 @@ def overview(
         sort=sort,
         descending=descending,
         near_cap_share=service.NEAR_CAP_SHARE,
+        accountants=[r.budget.figures.accountant for r in rows],
+    )
+
+
+@router.get("/organisations")
+def organisations(
+    request: Request,
+    session: SessionDep,
+    me: Annotated[SignedIn, may(Action.ORGANISATION_LIST)],
+) -> Response:
+    rows = service.organisations(session, me.principal)
+    return _page(
+        request,
+        me,
+        "organisations.html",
+        "organisations",
+        rows=rows,
+        accountants=[r.figures.accountant for r in rows if r.figures.datasets],
+    )
+
+
+@router.get("/organisations/{organisation_id}")
+def organisation(
+    request: Request,
+    organisation_id: uuid.UUID,
+    session: SessionDep,
+    me: Annotated[SignedIn, may(Action.ORGANISATION_READ_BUDGET)],
+) -> Response:
+    policy.authorize(me.principal, Action.DATASET_READ)
+    page = service.organisation_page(session, me.principal, organisation_id)
+    return _page(
+        request,
+        me,
+        "organisation.html",
+        "organisations",
+        page=page,
+        accountants=page.accountants,
     )
 
 
@@ -307,7 +344,15 @@ def dataset(
 ) -> Response:
     policy.authorize(me.principal, Action.JOB_READ)
     page = service.dataset_page(session, me.principal, dataset_id)
-    return _page(request, me, "dataset.html", "overview", page=page, changed=changed)
+    return _page(
+        request,
+        me,
+        "dataset.html",
+        "overview",
+        page=page,
+        changed=changed,
+        accountants=page.accountants,
+    )
 
 
 def _cap_form(
@@ -330,6 +375,7 @@ def _cap_form(
         error=error,
         cap=cap,
         reason=reason,
+        accountants=page.accountants,
         status_code=error.status if error is not None else 200,
     )
 

@@ -23,14 +23,15 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.admin import formatting, repository
-from app.admin.chart import Chart, cumulative_chart
+from app.admin.chart import Chart, cumulative_chart, organisation_chart
 from app.datasets import service as datasets
 from app.datasets.schemas import CapChange
 from app.db import Database
-from app.errors import Unprocessable
+from app.errors import NotFound, Unprocessable
+from app.identity import policy
 from app.identity import repository as identity_repo
 from app.identity import service as identity
-from app.identity.policy import Principal
+from app.identity.policy import Action, Principal
 from app.jobs import service as jobs
 from app.ledger import audit
 from app.ledger import service as ledger
@@ -43,6 +44,7 @@ from app.models import (
     Job,
     LedgerEntry,
     LedgerReport,
+    Organisation,
     Release,
 )
 from app.releases import export
@@ -177,6 +179,67 @@ def overview(
     return rows
 
 
+# -- organisations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OrganisationRow:
+    organisation: Organisation
+    figures: ledger.OrganisationBudget
+
+
+def organisations(session: Session, principal: Principal) -> list[OrganisationRow]:
+    """Every owner organisation with its budget figures (the ledger service's)."""
+    policy.authorize(principal, Action.ORGANISATION_LIST)
+    owners = identity.list_organisations(session, "owner")
+    rows = [OrganisationRow(o, ledger.organisation_budget(session, o)) for o in owners]
+    rows.sort(key=lambda r: (r.organisation.name.casefold(), str(r.organisation.id)))
+    return rows
+
+
+@dataclass(frozen=True)
+class OrganisationPage:
+    """An organisation's budget (ε, δ), each dataset's cap and spend, and its spend over
+    time. Only budget figures: no raw count of any upload."""
+
+    organisation: Organisation
+    figures: ledger.OrganisationBudget
+    datasets: Sequence[DatasetRow]
+    chart: Chart | None
+    entries: int  # ledger entries the chart follows
+
+    @property
+    def accountants(self) -> list[str]:
+        names = [self.figures.accountant] if self.entries else []
+        return names + [r.budget.figures.accountant for r in self.datasets]
+
+
+def organisation_page(
+    session: Session, principal: Principal, organisation_id: uuid.UUID
+) -> OrganisationPage:
+    policy.authorize(principal, Action.ORGANISATION_READ_BUDGET)
+    policy.ensure_visible(principal, organisation_id, "organisation")
+    organisation = identity_repo.get_organisation(session, organisation_id)
+    if organisation is None:
+        raise NotFound("no such organisation")
+    figures = ledger.organisation_budget(session, organisation)
+    rows = [
+        DatasetRow(d, organisation.name, BudgetView(ledger.budget(session, d)))
+        for d in datasets.list_datasets(session, principal)
+        if d.organisation_id == organisation.id
+    ]
+    rows.sort(key=SORTS["name"])
+    history = ledger.organisation_history(session, organisation)
+    names = {r.dataset.id: r.dataset.name for r in rows}
+    return OrganisationPage(
+        organisation=organisation,
+        figures=figures,
+        datasets=rows,
+        chart=organisation_chart(ledger.budget_of(organisation), history, names),
+        entries=len(history),
+    )
+
+
 # -- one dataset ------------------------------------------------------------------------
 
 
@@ -191,10 +254,10 @@ class LedgerJob:
     submitted_by: str
     reserved_at: datetime
     committed_at: datetime | None
-    released_at: datetime | None
+    freed_at: datetime | None  # the reservation freed (the job ended before any read)
     job: Job | None
     events: Sequence[Mapping[str, Any]] = ()  # planned: what the job is charged for
-    report: LedgerReport | None = None  # what the engine reports it released
+    report: LedgerReport | None = None  # the noisy releases the engine reports it made
     differences: Sequence[str] | None = None  # None: no report yet
 
     @property
@@ -208,8 +271,8 @@ class LedgerJob:
 
 @dataclass(frozen=True)
 class EventRow:
-    """One release of a job, as charged (planned, on its ledger entries) or as made (in
-    the engine's report)."""
+    """One noisy release (measurement) of a job, as charged (planned, on its ledger
+    entries) or as made (in the engine's report)."""
 
     job_id: uuid.UUID
     source: str  # "charged" | "made"
@@ -255,6 +318,22 @@ class DatasetPage:
     cap_changes: Sequence[AuditEvent]
     labels: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def accountants(self) -> list[str]:
+        """The accountants behind the page's figures: the budget's and each entry's."""
+        return [self.budget.figures.accountant, *(e.accountant for e in self.entries)]
+
+    @property
+    def parallel(self) -> dict[str, int]:
+        """Mechanisms charged per class, and over how many classes (public inputs: the
+        planned events' partitions), for the words on parallel composition."""
+        classes: dict[str, set[str]] = {}
+        for row in self.events:
+            partition = row.event.get("partition")
+            if row.source == "charged" and partition:
+                classes.setdefault(str(row.event.get("mechanism")), set()).add(str(partition))
+        return {name: len(found) for name, found in sorted(classes.items()) if len(found) > 1}
+
 
 def _ledger_jobs(
     entries: Sequence[LedgerEntry],
@@ -277,7 +356,7 @@ def _ledger_jobs(
                 submitted_by=job.submitted_by if job is not None else first.actor,
                 reserved_at=first.created_at,
                 committed_at=kinds["commit"].created_at if "commit" in kinds else None,
-                released_at=kinds["release"].created_at if "release" in kinds else None,
+                freed_at=kinds["release"].created_at if "release" in kinds else None,
                 job=job,
                 events=first.events,
                 report=reports.get(job_id),

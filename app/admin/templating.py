@@ -42,6 +42,13 @@ environment = jinja2.Environment(
 )
 environment.filters.update(
     eps=formatting.epsilon,
+    fig=formatting.figure,
+    sig=formatting.significant,
+    exact=formatting.exact_text,
+    entry_kind=formatting.entry_kind,
+    budget_state=formatting.budget_state,
+    audit_kind=formatting.audit_kind,
+    accountant=formatting.accountant,
     pct=formatting.percent,
     when=formatting.when,
     iso=formatting.iso,
@@ -66,6 +73,10 @@ def render(
 ) -> HTMLResponse:
     values: dict[str, Any] = {"root": root(request), "badge": None, "section": ""}
     values.update(context)
+    # the footer names the accountants behind the page's figures (the ledger's own names)
+    in_force = list(context.get("accountants", ()))
+    values["accountants"] = formatting.accountants(in_force)
+    values["accountant_scope"] = "this page's figures" if in_force else "the ledger"
     html = environment.get_template(template).render(values)
     return secured(HTMLResponse(html, status_code=status_code, headers=headers))
 

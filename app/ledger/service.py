@@ -155,6 +155,7 @@ class Budget:
     reserved: Decimal  # the committed and reserved jobs' releases, composed, minus spent
     remaining: Decimal  # the cap minus spent and reserved (negative: a cap lowered below)
     accountant: str
+    spent_delta: Decimal = Decimal(0)  # the δ spent is stated at (0: every release pure)
 
 
 def _by_job(entries: Iterable[LedgerEntry]) -> dict[uuid.UUID, dict[str, LedgerEntry]]:
@@ -188,6 +189,7 @@ def _figures(cap: Amount, jobs: Mapping[uuid.UUID, Mapping[str, LedgerEntry]]) -
         reserved=held.epsilon - spent.epsilon,
         remaining=cap.epsilon - held.epsilon,
         accountant=held.accountant,
+        spent_delta=spent.delta,
     )
 
 
@@ -535,6 +537,43 @@ def organisation_budget(
         held_figure.epsilon - spent_figure.epsilon,
         held_figure.accountant,
     )
+
+
+@dataclass(frozen=True)
+class OrganisationMoment:
+    """An organisation's figures right after one ledger entry of its datasets (its spend
+    over time, e.g. for a chart): ε at the budget's δ, as :func:`organisation_budget`
+    composes them."""
+
+    entry: LedgerEntry
+    spent: Decimal
+    held: Decimal  # spent + reserved
+    spent_delta: Decimal  # the δ spent is stated at (0: every release pure)
+    accountant: str
+
+
+def organisation_history(session: Session, organisation: Organisation) -> list[OrganisationMoment]:
+    """The organisation's figures after each ledger entry of its datasets, oldest first;
+    the last are :func:`organisation_budget`'s ``spent`` and ``spent + reserved``."""
+    budget = budget_of(organisation)
+    jobs: dict[uuid.UUID, dict[uuid.UUID, dict[str, LedgerEntry]]] = {}
+    moments = []
+    for entry in repository.entries_of_organisation(session, organisation.id):
+        jobs.setdefault(entry.dataset_id, {}).setdefault(entry.job_id, {})[entry.kind] = entry
+        spent = [e for d, by_job in jobs.items() for e in _of_dataset(_spent(by_job), d)]
+        held = [e for d, by_job in jobs.items() for e in _of_dataset(_held(by_job), d)]
+        spent_figure = composed(spent, budget.delta)
+        held_figure = composed(held, budget.delta)
+        moments.append(
+            OrganisationMoment(
+                entry,
+                spent_figure.epsilon,
+                held_figure.epsilon,
+                spent_figure.delta,
+                held_figure.accountant,
+            )
+        )
+    return moments
 
 
 def _of_dataset(events: Iterable[PrivacyEvent], dataset_id: uuid.UUID) -> list[PrivacyEvent]:

@@ -29,6 +29,7 @@ from tests.service import factories
 from tests.service.conftest import make_settings
 
 HTML = "text/html; charset=utf-8"
+KINDS = {"reserve": "reserve", "commit": "commit (spent)", "release": "reservation freed"}
 
 
 @pytest.fixture
@@ -58,14 +59,27 @@ def _events(db: Database, kind: str) -> list[AuditEvent]:
         return list(session.scalars(query))
 
 
+def _cell(text: str) -> str:
+    """A cell's text, or the exact value of the one figure in it (``data-exact``)."""
+    exact = re.fullmatch(
+        r'\s*<span class="fig" title="[^"]*" data-exact="([^"]*)">[^<]*</span>\s*', text
+    )
+    return exact.group(1) if exact else re.sub(r"<[^>]+>", "", text).strip()
+
+
 def _fields(html: str, row_attribute: str) -> dict[str, dict[str, str]]:
-    """``{row id: {data-field: text}}`` of the table rows marked ``row_attribute``."""
+    """``{row id: {data-field: text}}`` of the table rows marked ``row_attribute`` (a
+    figure's exact value, as the API has it, where the cell is one figure)."""
     rows: dict[str, dict[str, str]] = {}
     pattern = rf'<tr[^>]*{row_attribute}="([^"]+)"[^>]*>(.*?)</tr>'
     for row_id, body in re.findall(pattern, html, flags=re.S):
         cells = re.findall(r'data-field="([a-z_]+)"[^>]*>(.*?)</t[dh]>', body, flags=re.S)
-        rows[row_id] = {name: re.sub(r"<[^>]+>", "", text).strip() for name, text in cells}
+        rows[row_id] = {name: _cell(text) for name, text in cells}
     return rows
+
+
+def _text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
 
 
 # -- signing in and out -------------------------------------------------------------------
@@ -330,7 +344,7 @@ def test_the_admin_changes_a_cap_with_a_reason_and_revokes_a_key(
     assert changed.status_code == 303
     assert changed.headers["location"] == f"/admin/datasets/{seeded.cardiology}?changed=true"
     page = admin.get(changed.headers["location"])
-    assert 'data-field="epsilon_cap">7.5<' in page.text
+    assert re.search(r'data-field="epsilon_cap"><span class="fig" title="7.5"', page.text)
     assert "approved by the DPO" in page.text
     api = client.get(f"/v1/datasets/{seeded.cardiology}", headers=world.owner.headers).json()
     assert api["budget"]["epsilon_cap"] == 7.5 and api["budget"]["remaining"] == 6.0
@@ -460,27 +474,33 @@ def test_every_figure_is_the_apis(
         page = admin.get(f"/admin/datasets/{dataset_id}").text
         ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.auditor.headers)
         body = ledger.json()
-        budget = dict(re.findall(r'<dd data-field="([a-z_]+)">([^<]*)</dd>', page))
+        budget = dict(
+            re.findall(r'<dd data-field="([a-z_]+)">\s*<span [^>]*data-exact="([^"]*)"', page)
+        )
         for name in ("epsilon_cap", "spent", "reserved", "remaining", "delta_cap"):
             assert float(budget[name]) == body["budget"][name], (dataset_id, name)
         accountant = re.search(r'id="accountant" data-field="accountant">([^<]*)<', page)
+        assert f'data-accountant="{body["budget"]["accountant"]}"' in page  # the footer's
         assert accountant is not None and accountant.group(1) == body["budget"]["accountant"]
         entries = _fields(page, "data-entry-id")
         assert list(entries) == [str(e["id"]) for e in body["entries"]]
         for entry in body["entries"]:
             shown = entries[str(entry["id"])]
-            assert shown["kind"] == entry["kind"] and float(shown["epsilon"]) == entry["epsilon"]
+            assert shown["kind"] == KINDS[entry["kind"]]  # the API's kind, in words
+            assert float(shown["epsilon"]) == entry["epsilon"]
+        kinds = re.findall(r'data-field="kind" data-value="([a-z]+)"', page)
+        assert kinds == [e["kind"] for e in body["entries"]]
         spent = re.search(r'data-final-spent="([^"]+)"', page)
         assert spent is not None and float(spent.group(1)) == body["budget"]["spent"]
 
     cardiology = admin.get(f"/admin/datasets/{seeded.cardiology}").text
     ledger_jobs = _fields(cardiology, "data-ledger-job")
-    assert sorted(j["budget_state"] for j in ledger_jobs.values()) == ["committed", "reserved"]
+    assert sorted(j["budget_state"] for j in ledger_jobs.values()) == ["reserved", "spent"]
     assert sorted(j["state"] for j in _fields(cardiology, "data-job-id").values()) == [
         "queued",
         "succeeded",
     ]
-    assert "vocabulary 0.5 · kde 0.5" in cardiology
+    assert "vocabulary 0.5 · kde 0.5" in _text(cardiology)
     releases = _fields(cardiology, "data-release-id")
     assert releases[seeded.release]["grantees"] == "Research Lab, Vendor Inc"
     assert releases[seeded.release]["downloads"] == "2"
@@ -489,7 +509,7 @@ def test_every_figure_is_the_apis(
     assert 'value="0.4"' in discharge and "embed" in discharge  # the running job's progress
     oncology = _fields(admin.get(f"/admin/datasets/{seeded.oncology}").text, "data-ledger-job")
     assert [(j["budget_state"], j["state"]) for j in oncology.values()] == [
-        ("released", "cancelled")
+        ("reservation freed", "cancelled")
     ]
 
 
@@ -640,7 +660,7 @@ def test_the_dataset_page_shows_the_organisation_budget_the_cap_is_carved_from(
     api = client.get(
         f"/v1/organisations/{world.owner.organisation_id}/budget", headers=world.auditor.headers
     ).json()
-    shown = dict(re.findall(r'<span data-field="(organisation_[a-z]+)">([^<]*)</span>', page))
+    shown = dict(re.findall(r'data-field="(organisation_[a-z]+)" [^>]*data-exact="([^"]*)"', page))
     assert float(shown["organisation_epsilon"]) == api["budget"]["epsilon"]
     assert float(shown["organisation_delta"]) == api["budget"]["delta"]
     assert float(shown["organisation_allocated"]) == api["allocated"]["epsilon"] == 6.5
@@ -684,7 +704,10 @@ def test_the_dataset_page_lists_every_release_as_charged_and_as_made(
         + [(matched, "made")] * 3
     )
     cells = [
-        dict(re.findall(r'data-field="([a-z_]+)"[^>]*>([^<]*)<', body))
+        {
+            name: _cell(text)
+            for name, text in re.findall(r'data-field="([a-z_]+)"[^>]*>(.*?)</t[dh]>', body, re.S)
+        }
         for job, source, body in rows
         if (job, source) == (matched, "made")
     ]

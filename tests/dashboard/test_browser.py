@@ -170,10 +170,24 @@ def sign_in(page: Any, live_server: str, username: str, password: str = dash.PAS
     expect(page.get_by_role("heading", name="Privacy budget by dataset")).to_be_visible()
 
 
+KINDS = {"reserve": "reserve", "commit": "commit (spent)", "release": "reservation freed"}
+
+
+def exact(element: Any) -> str:
+    """The exact value of the figure in ``element`` (its ``data-exact``, also its hover
+    ``title``), else the element's text."""
+    figure = element.locator(".fig")
+    if figure.count() == 1:
+        value = figure.get_attribute("data-exact")
+        assert figure.get_attribute("title") == value
+        return str(value)
+    return str(element.inner_text()).strip()
+
+
 def cells(row: Any) -> dict[str, str]:
     values = {}
     for cell in row.locator("[data-field]").all():
-        values[cell.get_attribute("data-field")] = cell.inner_text().strip()
+        values[cell.get_attribute("data-field")] = exact(cell)
     return values
 
 
@@ -225,8 +239,8 @@ def test_sign_in_read_the_overview_and_a_dataset_as_the_api_has_them(
     expect(page.get_by_role("heading", name="Cardiology notes", exact=True)).to_be_visible()
     ledger = api(live_server, world.auditor, f"/v1/datasets/{seeded.cardiology}/ledger")
     for name in ("epsilon_cap", "spent", "reserved", "remaining", "delta_cap"):
-        shown = page.locator(f'#budget dd[data-field="{name}"]').inner_text()
-        assert float(shown) == ledger["budget"][name], name
+        figure = exact(page.locator(f'#budget dd[data-field="{name}"]'))
+        assert float(figure) == ledger["budget"][name], name
     expect(page.locator("#accountant")).to_have_text(ledger["budget"]["accountant"])
     page.get_by_text("ledger entries (as").click()  # open the <details>
     entries = page.locator("#ledger-entries tbody tr")
@@ -234,11 +248,11 @@ def test_sign_in_read_the_overview_and_a_dataset_as_the_api_has_them(
     for row, entry in zip(entries.all(), ledger["entries"], strict=True):
         assert row.get_attribute("data-entry-id") == str(entry["id"])
         shown = cells(row)
-        assert shown["kind"] == entry["kind"] and float(shown["epsilon"]) == entry["epsilon"]
+        assert shown["kind"] == KINDS[entry["kind"]] and float(shown["epsilon"]) == entry["epsilon"]
     by_job = page.locator("#ledger-jobs tbody tr")
     expect(by_job).to_have_count(2)
-    expect(by_job.filter(has_text="committed")).to_contain_text("vocabulary 0.5 · kde 0.5")
-    expect(by_job.filter(has_text="committed")).to_contain_text("owner key")
+    expect(by_job.filter(has_text="spent")).to_contain_text("vocabulary 0.5 · kde 0.5")
+    expect(by_job.filter(has_text="spent")).to_contain_text("owner key")
     expect(by_job.filter(has_text="reserved")).to_contain_text("vocabulary 0.25 · kde 0.25")
     chart = page.locator("#epsilon-chart")
     expect(chart).to_be_visible()
@@ -287,7 +301,9 @@ def test_filter_and_export_the_audit_log(
     rows = page.locator("#events tbody tr")
     expect(rows).to_have_count(2)
     assert [r.get_attribute("data-event-id") for r in rows.all()] == [str(e["id"]) for e in events]
-    expect(rows.locator('[data-field="kind"]')).to_have_text(["release.downloaded"] * 2)
+    expect(rows.locator('[data-field="kind"]')).to_have_text(
+        ["release.downloaded (released corpus downloaded by a client)"] * 2
+    )
     expect(rows.first).to_contain_text("client key")
 
     with page.expect_download() as download_info:
@@ -423,3 +439,69 @@ def test_sign_out_and_the_old_cookie_no_longer_works(
     )
     assert replay.status_code == 303
     assert replay.headers["location"].startswith("/admin/sign-in")
+
+
+def test_the_organisation_page_draws_its_spend_and_shows_exact_values_on_hover(
+    browser: Callable,
+    live_server: str,
+    seeded: dash.Seeded,
+    world: factories.World,
+    client: TestClient,
+    db: Database,
+) -> None:
+    gaussian = {"epsilon_vocab": None, "epsilon_kde": None, "epsilon": 1.0, "delta": 1e-6}
+    radiology = factories.dataset(
+        client, world.owner, cap=3.0, delta_cap="1e-6", name="Radiology reports"
+    )
+    factories.run_job(db, factories.job(client, world.owner, radiology, **gaussian))
+    page = browser()
+    sign_in(page, live_server, "audrey")  # an auditor reads it
+    row = page.locator(f'#datasets tr[data-dataset-id="{radiology}"]')
+    row.get_by_role("link", name="St Mary's Hospital").click()
+    expect(page.get_by_role("heading", name="St Mary's Hospital", exact=True)).to_be_visible()
+    owner = world.owner.organisation_id
+    budget = api(live_server, world.auditor, f"/v1/organisations/{owner}/budget")
+
+    spent = page.locator('.fig[data-field="spent"]')
+    spent.hover()
+    assert spent.get_attribute("title") == repr(budget["spent"])  # exact, as the JSON has it
+    assert float(spent.get_attribute("data-exact")) == budget["spent"]
+    assert len(spent.inner_text().replace(".", "").lstrip("0")) <= 3  # 3 significant figures
+    expect(page.locator("#organisation-accountant")).to_have_text(budget["accountant"])
+    expect(page.locator("footer")).to_contain_text(budget["accountant"])
+
+    chart = page.locator("#organisation-chart")
+    expect(chart).to_be_visible()
+    box = chart.bounding_box()
+    assert box is not None and box["width"] > 300 and box["height"] > 100
+    assert float(chart.get_attribute("data-final-spent")) == budget["spent"]
+    expect(chart.locator("polyline.spent")).to_have_count(1)
+    expect(chart.locator("polyline.delta")).to_have_count(1)
+    expect(chart.locator(".delta-axis text").last).to_have_text("δ")
+    markers = chart.locator("circle.marker")
+    expect(markers).to_have_count(4)  # the four jobs that spent
+    markers.last.hover()
+    title = markers.last.locator("title").text_content()
+    assert title is not None and f"exact {budget['spent']!r}" in title
+    assert "Radiology reports" in title
+
+    datasets = page.locator("#organisation-datasets tbody tr")
+    expect(datasets).to_have_count(4)
+    listed = {d["id"]: d for d in api(live_server, world.owner, "/v1/datasets")}
+    for dataset_row in datasets.all():
+        shown = cells(dataset_row)
+        figures = listed[dataset_row.get_attribute("data-dataset-id")]["budget"]
+        for name in ("epsilon_cap", "delta_cap", "spent", "reserved", "remaining"):
+            assert float(shown[name]) == figures[name], name
+    screenshot(page, "dashboard-organisation.png", full_page=True)
+
+    page.get_by_role("link", name="Radiology reports").click()
+    ledger = api(live_server, world.auditor, f"/v1/datasets/{radiology}/ledger")
+    figure = page.locator('#budget dd[data-field="spent"] .fig')
+    expect(figure).to_have_text("1.00")
+    assert figure.get_attribute("title") == repr(ledger["budget"]["spent"]) != "1.0"
+    expect(page.locator("#why-parallel")).to_contain_text("cost as one")
+    chart = page.locator("#epsilon-chart")
+    assert chart.get_attribute("data-final-delta") == "1e-06"
+    expect(chart.locator("polyline.delta")).to_have_count(1)
+    screenshot(page, "dashboard-dataset-pld.png", full_page=True)
