@@ -531,7 +531,7 @@ def build(session: Session, principal: Principal, release_id: uuid.UUID) -> Rele
             owner_organisation=organisation(release.organisation_id),
             released_at=release.created_at,
             released_by=release.created_by,
-            grantees=[organisation(g) for g in shown_ids],
+            grantees=sorted((organisation(g) for g in shown_ids), key=lambda g: g.name),
             documents_asked=asked,
             documents_released=released_total,
             classes=classes,
