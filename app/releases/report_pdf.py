@@ -8,6 +8,7 @@ set in the PDF's built-in Helvetica with those characters spelled out ("epsilon"
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fpdf import FPDF
@@ -28,6 +29,10 @@ def _font_dir() -> Path | None:
         if (folder / "DejaVuSans.ttf").is_file() and (folder / "DejaVuSans-Bold.ttf").is_file():
             return folder
     return None
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _eps(value: float | None) -> str:
@@ -203,8 +208,8 @@ def render(report: ReleaseReport) -> bytes:
     pdf.para("Vocabulary: " + "; ".join(f"{k} {val}" for k, val in v.vocabulary.items()))
     if v.density:
         pdf.para("Density: " + "; ".join(f"{k} {val}" for k, val in v.density.items()))
-    parameters = [[k, str(val)] for k, val in v.parameters.items()]
-    parameters += [[f"prompt: {k}", str(val)] for k, val in v.prompt.items()]
+    parameters = [[k, _json(val)] for k, val in v.parameters.items()]
+    parameters += [[f"prompt: {k}", _json(val)] for k, val in v.prompt.items()]
     if parameters:
         pdf.rows(["Parameter", "Value"], parameters, [60, 114])
 
