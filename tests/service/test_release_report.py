@@ -261,3 +261,13 @@ def test_the_pdf_renders_with_the_guarantee(
         assert f"ε = {body['protection']['epsilon']:g}, δ = 0" in text
         assert "What is protected" in text and "Sample documents" in text
         assert "NO DOCUMENTS" in text and "ortho" in text
+
+
+def test_a_total_split_by_noisy_counts_asks_no_fixed_number_per_class(
+    client: TestClient, world: factories.World, db: Database
+) -> None:
+    release_id = _released(client, world, db, total=6, epsilon_count=0.2)
+    released = _report(client, world.owner, release_id)["released"]
+    assert released["documents_asked"] == 6 and released["documents_released"] == 3
+    assert [c["asked"] for c in released["classes"]] == [None, None]
+    assert "3 documents released of 6 asked" in released["summary"]
