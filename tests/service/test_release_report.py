@@ -271,3 +271,26 @@ def test_a_total_split_by_noisy_counts_asks_no_fixed_number_per_class(
     assert released["documents_asked"] == 6 and released["documents_released"] == 3
     assert [c["asked"] for c in released["classes"]] == [None, None]
     assert "3 documents released of 6 asked" in released["summary"]
+
+
+def test_without_a_unicode_font_the_pdf_spells_epsilon_out(
+    client: TestClient,
+    world: factories.World,
+    db: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if shutil.which("pdftotext") is None:
+        pytest.skip("poppler-utils (pdftotext) is not installed")
+    from app.releases import report_pdf
+
+    release_id = _released(client, world, db)
+    built = report.ReleaseReport.model_validate(_report(client, world.client, release_id))
+    monkeypatch.setattr(report_pdf, "FONT_DIRS", (tmp_path / "no fonts here",))
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(report_pdf.render(built))
+    text = subprocess.run(
+        ["pdftotext", str(pdf), "-"], check=True, capture_output=True, text=True
+    ).stdout
+    assert f"epsilon = {built.protection.epsilon:g}, delta = 0" in text
+    assert "What is protected" in text and "Helvetica" in pdf.read_text("latin-1")
