@@ -40,9 +40,10 @@ RUN pip install --no-deps /src \
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE} AS runtime
-# libgomp1: OpenMP runtime of llama.cpp (torch bundles its own).
+# libgomp1: OpenMP runtime of llama.cpp (torch bundles its own); fonts-dejavu-core: the
+# Unicode font (ε, δ) of release reports as PDF (app/releases/report_pdf.py).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libgomp1 \
+ && apt-get install -y --no-install-recommends libgomp1 fonts-dejavu-core \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 keyseed \
  && useradd --system --uid 10001 --gid keyseed --create-home --home-dir /home/keyseed keyseed \

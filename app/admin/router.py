@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -38,6 +38,7 @@ from app.identity import policy
 from app.identity import service as identity
 from app.identity.policy import Action
 from app.ledger import audit
+from app.releases import report, report_pdf
 
 SESSION_COOKIE = "keyseed_admin"
 SIGN_IN_COOKIE = "keyseed_admin_sign_in"
@@ -407,6 +408,27 @@ def change_cap(
             raise
         return _cap_form(request, session, me, dataset_id, error=exc, cap=cap, reason=reason)
     return RedirectResponse(f"{root(request)}/admin/datasets/{dataset_id}?changed=true", 303)
+
+
+@router.get("/releases/{release_id}/report")
+def release_report(
+    request: Request,
+    release_id: uuid.UUID,
+    session: SessionDep,
+    me: Annotated[SignedIn, may(Action.RELEASE_READ)],
+    format: Annotated[Literal["html", "pdf", "json"], Query()] = "html",
+) -> Response:
+    """The release report (app/releases/report.py) in the platform roles' view: the page
+    the API serves at ``/v1/releases/{id}/report?format=html``, with the dashboard's
+    navigation, and its PDF and JSON."""
+    built = report.build(session, me.principal, release_id)
+    if format == "pdf":
+        return Response(report_pdf.render(built), media_type="application/pdf")
+    if format == "json":
+        return Response(built.model_dump_json(), media_type="application/json")
+    base = request.url.path
+    links = {"json_link": f"{base}?format=json", "pdf_link": f"{base}?format=pdf"}
+    return _page(request, me, "report.html", "overview", report=built, **links)
 
 
 @router.get("/audit")

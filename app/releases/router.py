@@ -5,13 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, status
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Query, Request, status
+from fastapi.responses import Response, StreamingResponse
 
+from app.admin.templating import render
 from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed, writing
 from app.errors import problems
 from app.identity.policy import Action, Principal
-from app.releases import export, service
+from app.releases import export, report, report_pdf, service
 from app.releases.schemas import ReleaseIn, ReleaseOut
 
 router = APIRouter(prefix="/v1", tags=["releases"], responses=problems(401, 403, 404, 413, 422))
@@ -84,3 +85,44 @@ def download_release(
         media_type=export.FORMATS[format],
         headers={"Content-Disposition": f'attachment; filename="release-{release.id}.{format}"'},
     )
+
+
+@router.get(
+    "/releases/{release_id}/report",
+    response_model=report.ReleaseReport,
+    responses={
+        200: {
+            "description": "The release report: JSON (default), an HTML page or a PDF",
+            "content": {
+                "text/html": {"schema": {"type": "string"}},
+                "application/pdf": {"schema": {"type": "string", "format": "binary"}},
+            },
+        },
+    },
+)
+def release_report(
+    release_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    principal: Annotated[Principal, allowed(Action.RELEASE_READ)],
+    format: Annotated[Literal["json", "html", "pdf"], Query()] = "json",
+) -> Response | report.ReleaseReport:
+    """What a privacy officer signs: what is protected and the guarantee in words, the
+    spend, what was released to whom and when (per class, classes without documents
+    flagged), provenance and sample documents. The owner organisation, the grantees and
+    the platform roles read it, each in its own view (the JSON's ``view``)."""
+    built = report.build(session, principal, release_id)
+    if format == "pdf":
+        return Response(
+            report_pdf.render(built),
+            media_type="application/pdf",
+            headers={"Content-Disposition": f'inline; filename="report-{release_id}.pdf"'},
+        )
+    if format == "html":
+        base = request.url.path
+        return render(
+            request,
+            "report.html",
+            {"report": built, "json_link": base, "pdf_link": f"{base}?format=pdf"},
+        )
+    return built

@@ -181,6 +181,7 @@ MATRIX: tuple[Row, ...] = (
     ),
     ("GET", "/v1/releases", "200 200 200 200 401 401", _none),
     ("GET", "/v1/releases/{release_id}", "200 200 200/404 200/404 401 401", _release),
+    ("GET", "/v1/releases/{release_id}/report", "200 200 200/404 200/404 401 401", _release),
     (
         "GET",
         "/v1/releases/{release_id}/download",
@@ -217,6 +218,7 @@ MATRIX: tuple[Row, ...] = (
         lambda s, scope: Call({"key_id": s.spare_key(scope)}),
     ),
     ("GET", "/admin/datasets/{dataset_id}", "403 403 403 403 303 401", _dataset),
+    ("GET", "/admin/releases/{release_id}/report", "403 403 403 403 303 401", _release),
     ("GET", "/admin/datasets/{dataset_id}/cap", "403 403 403 403 303 401", _dataset),
     ("POST", "/admin/datasets/{dataset_id}/cap", "403 403 403 403 401 401", _dataset),
 )

@@ -300,3 +300,77 @@ def test_neighbouring_uploads_look_alike_to_everyone_but_their_owner(
     assert one["private stages timed"] == [], "the private stages' durations are exported"
     differing = [key for key in one if one[key] != other.get(key)]
     assert differing == [], _first_differences(one, other, differing)
+
+
+# -- the release report (issue 66, item 1) ----------------------------------------------
+
+
+def _report_views(
+    client: TestClient,
+    world: factories.World,
+    worker: WorkerContext,
+    rows: Rows,
+    labels: tuple[str, ...],
+    vocabulary_id: str,
+) -> dict[str, Any]:
+    """Upload ``rows``, run a job on them to a release, and record the release report as
+    each non-owner reads it (JSON, and whether the HTML and the PDF are served). Sample
+    documents are DP outputs (texts written from the released sequences): their classes
+    stay compared, their words are left out."""
+    dataset_id = factories.dataset(
+        client, world.owner, content=factories.csv_bytes(rows), labels=labels
+    )
+    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    budget_path = f"/v1/organisations/{world.owner.organisation_id}/budget"
+    budget_before = client.get(budget_path, headers=world.admin.headers).json()
+    stages.run_sequences(worker, uuid.UUID(job_id))
+    assert stages.run_prompts(worker, uuid.UUID(job_id)) == "succeeded"
+    released = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(world.client.organisation_id)]},
+    )
+    assert released.status_code == 201, released.text
+    path = f"/v1/releases/{released.json()['id']}/report"
+    seen: dict[str, Any] = {}
+    for role, caller in _others(world).items():
+        body = client.get(path, headers=caller.headers).json()
+        body["released"].pop("released_at")
+        if body["spend"]["organisation_budget"] is not None:  # the flow's change to it: the
+            # organisation's figures also hold the datasets of the flows before this one
+            body["spend"]["organisation_budget"] = _change(
+                budget_before, body["spend"]["organisation_budget"]
+            )
+        for sample in body.get("samples") or []:
+            sample["text"] = sample["keyphrases"] = "<DP output>"
+        seen[role] = body
+        for fmt in ("html", "pdf"):
+            response = client.get(path, params={"format": fmt}, headers=caller.headers)
+            seen[f"{role} {fmt}"] = (response.status_code, response.headers["content-type"])
+    _without_dp_outputs(seen)
+    normalised: dict[str, Any] = _normalised(seen, {})
+    return normalised
+
+
+def _change(before: Any, after: Any) -> Any:
+    """``after`` with each number replaced by how much it grew since ``before``."""
+    if isinstance(after, dict):
+        return {k: _change(before.get(k), v) for k, v in after.items()}
+    if isinstance(after, int | float) and isinstance(before, int | float):
+        return round(after - before, 9)
+    return after
+
+
+@pytest.mark.parametrize("case", ["a row with a new label", "a duplicate text with another label"])
+def test_the_release_report_looks_alike_to_everyone_but_the_owner(
+    case: str, client: TestClient, world: factories.World, worker: WorkerContext
+) -> None:
+    rows, neighbour, labels = CASES[case]
+    vocabulary_id = vocabulary(client, world.owner)
+    one = _report_views(client, world, worker, rows, labels, vocabulary_id)
+    other = _report_views(client, world, worker, neighbour, labels, vocabulary_id)
+    assert one["admin"]["view"] == "platform" and one["client"]["view"] == "grantee"
+    assert one["admin"]["released"]["dataset_raw_counts"] is None
+    assert one["admin"]["samples"] is None and one["client"]["samples"]
+    differing = [key for key in one if one[key] != other.get(key)]
+    assert differing == [], _first_differences(one, other, differing)

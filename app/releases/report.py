@@ -1,0 +1,562 @@
+"""A release report: what a privacy officer signs, in words and figures (issue 66, item 1).
+
+One model (:class:`ReleaseReport`) is built from the release, its manifest (method,
+parameters, models, privacy block), the ledger (the dataset's spend after this release,
+the organisation's budget) and the job's released documents; the JSON, the HTML page
+and the PDF are three renderings of it. The words are generated from the data: the
+unit of protection from the manifest's ``unit``, the meaning of (ε, δ) from the figures,
+the parallel composition from the events' partitions.
+
+Who sees what (docs/privacy.md): the report is built for a *view*:
+
+* ``owner`` (the releasing organisation) sees everything below, and its dataset's raw
+  counts (documents stored, rows skipped), which are not DP;
+* ``platform`` (admins, auditors) sees every figure that is a function of DP outputs
+  and public inputs: the guarantee, the ledger and the budget, the grantees, the
+  documents asked and released per class; never a document (released corpora are read
+  by the owner and the grantees only);
+* ``grantee`` (a client organisation granted the release) sees the guarantee, the spend
+  of this release, its own grant, the per-class counts and sample documents; not the
+  owner's ledger or budget (which clients never read) nor the other grantees.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from math import exp
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.datasets import repository as datasets_repo
+from app.errors import NotFound
+from app.identity import repository as identity_repo
+from app.identity.policy import Principal
+from app.jobs import repository as jobs_repo
+from app.jobs import service as jobs
+from app.ledger import repository as ledger_repo
+from app.ledger import service as ledger
+from app.ledger.schemas import OrganisationBudgetOut
+from app.models import Dataset, Job, KeyphraseSequence, Release
+from app.releases import service as releases
+
+View = Literal["owner", "grantee", "platform"]
+NOT_RECORDED = "not recorded"
+SAMPLES = 5  # sample documents at most: one a class, in the declared order
+SAMPLE_CHARACTERS = 600  # of each sample's text
+
+# -- the model -------------------------------------------------------------------------
+
+
+class Protection(BaseModel):
+    unit: str = Field(description="The unit of protection as the manifest names it")
+    unit_in_words: str
+    adjacency: str
+    epsilon: float
+    delta: float
+    guarantee_in_words: str
+    accountant: str
+    accountant_in_words: str
+    parallel_composition: str
+
+
+class MechanismSpend(BaseModel):
+    mechanism: str
+    epsilon: float | None
+    events: int = Field(description="Noisy releases of this mechanism")
+    per_class: bool = Field(description="Released class by class (composed in parallel)")
+    delta_spent_outright: float = 0.0
+
+
+class DatasetSpend(BaseModel):
+    epsilon_cap: float
+    delta_cap: float
+    spent_after_this_release: float | None = Field(
+        description="ε spent by the dataset's committed jobs up to and including this "
+        "release's job, composed at the cap's δ (null: no finite ε)"
+    )
+    spent_now: float | None
+    reserved_now: float | None
+    remaining_now: float | None
+    accountant: str
+
+
+class Spend(BaseModel):
+    epsilon: float
+    delta: float
+    by_mechanism: list[MechanismSpend]
+    dataset: DatasetSpend | None = Field(
+        description="The dataset's ledger (owner and platform roles; null for a grantee)"
+    )
+    organisation_budget: OrganisationBudgetOut | None = Field(
+        description="The owner organisation's budget (owner and platform roles)"
+    )
+    note: str
+
+
+class Grantee(BaseModel):
+    organisation_id: uuid.UUID
+    name: str
+
+
+class ClassCount(BaseModel):
+    label: str
+    asked: int | None = Field(
+        description="Documents asked for the class (null: a total split by DP counts)"
+    )
+    drawn: int = Field(description="Keyphrase sequences the DP releases yielded for the class")
+    released: int = Field(description="Documents released for the class")
+    flagged: bool = Field(description="The class received no documents")
+
+
+class Released(BaseModel):
+    release_id: uuid.UUID
+    name: str
+    job_id: uuid.UUID
+    dataset_id: uuid.UUID
+    dataset_name: str
+    owner_organisation: Grantee
+    released_at: datetime
+    released_by: str
+    grantees: list[Grantee]
+    documents_asked: int
+    documents_released: int
+    classes: list[ClassCount]
+    classes_without_documents: list[str]
+    summary: str
+    dataset_raw_counts: dict[str, int] | None = Field(
+        description="The upload's raw counts (not DP): the owner's view only"
+    )
+
+
+class ModelInfo(BaseModel):
+    role: str
+    name: str
+    version: str
+    file_digest: str
+    endpoint: str | None = None
+
+
+class Provenance(BaseModel):
+    method: str
+    method_id: str
+    keyseed_version: str
+    models: list[ModelInfo]
+    vocabulary: dict[str, Any]
+    density: dict[str, Any] | None
+    parameters: dict[str, Any]
+    prompt: dict[str, Any]
+
+
+class Sample(BaseModel):
+    label: str
+    text: str
+    keyphrases: list[str]
+
+
+class ReleaseReport(BaseModel):
+    report: Literal["keyseed release report"] = "keyseed release report"
+    view: View = Field(description="Whose view this is (owner, grantee or platform)")
+    view_in_words: str
+    protection: Protection
+    spend: Spend
+    released: Released
+    provenance: Provenance
+    samples: list[Sample] | None = Field(
+        description="A few released documents (owner and grantees; null for platform roles)"
+    )
+    what_the_data_is_good_for: str
+
+
+# -- words -----------------------------------------------------------------------------
+
+
+def unit_in_words(unit: str) -> str:
+    """What one neighbouring upload adds or removes, from the manifest's unit."""
+    if unit == "row":
+        return (
+            "one row of the uploaded file (one document, e.g. one clinical note) added or "
+            "removed; a person with several rows is protected note by note"
+        )
+    return (
+        f"one patient (all rows sharing a unit id, the unit column '{unit}') added or "
+        "removed: every document of that patient at once"
+    )
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def guarantee_in_words(epsilon: float, delta: float, unit: str) -> str:
+    who = "one document" if unit == "row" else "one patient"
+    text = (
+        f"Whether or not {who} is in the private corpus, every output of this release is "
+        f"at most e^ε = {_number(exp(min(epsilon, 700)))} times as likely (ε = "
+        f"{_number(epsilon)}), so no one who sees the release can tell with confidence "
+        f"whether that {who.split()[1]} was used."
+    )
+    if delta > 0:
+        text += (
+            f" δ = {delta:.3g} is the probability, at most, that this bound fails; it is "
+            "far below one in the number of people in any corpus."
+        )
+    else:
+        text += " δ = 0: the bound holds without exception (pure ε-differential privacy)."
+    return text
+
+
+def accountant_in_words(accountant: str) -> str:
+    if accountant == "exact-sum":
+        return (
+            "exact-sum: every release is pure ε-DP and their ε add up exactly (releases "
+            "made class by class count once)"
+        )
+    return (
+        f"{accountant}: a privacy-loss-distribution accountant, which composes the "
+        "releases' noise exactly (tighter than adding ε up) and states ε at the δ asked"
+    )
+
+
+def parallel_in_words(by_mechanism: Sequence[MechanismSpend], unit: str, classes: int) -> str:
+    per_class = [m.mechanism for m in by_mechanism if m.per_class]
+    who = "document" if unit == "row" else "patient"
+    if not per_class:
+        return "No release of this job is made class by class: all of them compose in sequence."
+    return (
+        f"{', '.join(per_class)} {'is' if len(per_class) == 1 else 'are'} released once "
+        f"per class ({classes} classes). Each {who} belongs to exactly one class"
+        f"{'' if unit == 'row' else ' (a patient with notes of several classes is kept in one)'}"
+        f", so adding or removing one {who} changes the "
+        "releases of one class only: the per-class releases compose in parallel and cost "
+        "what one class's release costs, not the sum over classes."
+    )
+
+
+# -- building --------------------------------------------------------------------------
+
+
+def _view(principal: Principal, release: Release) -> View:
+    if principal.platform:
+        return "platform"
+    if principal.organisation_id == release.organisation_id:
+        return "owner"
+    return "grantee"
+
+
+VIEWS: dict[str, str] = {
+    "owner": "The owner organisation's view: every figure, and its dataset's raw counts.",
+    "grantee": (
+        "A grantee's view: figures that are functions of the DP outputs and public inputs, "
+        "this grant and sample documents; the owner's ledger and budget are not shown."
+    ),
+    "platform": (
+        "A platform role's view (admin, auditor): figures that are functions of the DP "
+        "outputs and public inputs; no released document."
+    ),
+}
+
+
+def _float(value: Any, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _by_mechanism(job: Job, events: Sequence[Mapping[str, Any]]) -> list[MechanismSpend]:
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for event in events:
+        grouped.setdefault(str(event.get("mechanism")), []).append(event)
+    figures = job.epsilon_by_mechanism or {}
+    names = list(dict.fromkeys([*figures, *grouped]))
+    out = []
+    for name in names:
+        group = grouped.get(name, [])
+        value = figures.get(name)
+        out.append(
+            MechanismSpend(
+                mechanism=name,
+                epsilon=None if value is None else _float(value),
+                events=sum(int(e.get("count") or 1) for e in group),
+                per_class=any(e.get("partition") is not None for e in group),
+                delta_spent_outright=sum(
+                    _float(e.get("delta")) * int(e.get("count") or 1) for e in group
+                ),
+            )
+        )
+    return out
+
+
+def _shown(value: Decimal) -> float | None:
+    return None if value.is_infinite() else float(value)
+
+
+def _dataset_spend(session: Session, dataset: Dataset, job_id: uuid.UUID) -> DatasetSpend:
+    now, entries = ledger.ledger_of(session, dataset)
+    upto: list[Any] = []
+    for entry in entries:
+        upto.append(entry)
+        if entry.job_id == job_id and entry.kind == "commit":
+            break
+    after = ledger.budget_from(ledger.cap_of(dataset), upto)
+    return DatasetSpend(
+        epsilon_cap=float(dataset.epsilon_cap),
+        delta_cap=float(dataset.delta_cap),
+        spent_after_this_release=_shown(after.spent),
+        spent_now=_shown(now.spent),
+        reserved_now=_shown(now.reserved),
+        remaining_now=_shown(now.remaining),
+        accountant=now.accountant,
+    )
+
+
+def _counts_by_label(session: Session, job_id: uuid.UUID, *, texts: bool) -> dict[str, int]:
+    query = select(KeyphraseSequence.label, func.count()).where(KeyphraseSequence.job_id == job_id)
+    if texts:
+        query = query.where(KeyphraseSequence.text.is_not(None))
+    query = query.group_by(KeyphraseSequence.label)
+    return {label: int(count) for label, count in session.execute(query).all()}
+
+
+def _classes(session: Session, job: Job, labels: Sequence[str]) -> tuple[list[ClassCount], int]:
+    texts_only = job.spec.get("llm", "local") != "none"
+    drawn = _counts_by_label(session, job.id, texts=False)
+    released = _counts_by_label(session, job.id, texts=texts_only)
+    per_class = job.spec.get("per_class")
+    total = job.spec.get("total")
+    asked_each = int(per_class) if per_class and total is None else None
+    classes = [
+        ClassCount(
+            label=label,
+            asked=asked_each,
+            drawn=drawn.get(label, 0),
+            released=released.get(label, 0),
+            flagged=released.get(label, 0) == 0,
+        )
+        for label in labels
+    ]
+    asked = int(total) if total is not None else (asked_each or 0) * len(labels)
+    return classes, asked
+
+
+def _samples(session: Session, job: Job, labels: Sequence[str]) -> list[Sample]:
+    texts_only = job.spec.get("llm", "local") != "none"
+    found: list[Sample] = []
+    for label in labels:
+        if len(found) >= SAMPLES:
+            break
+        query = select(KeyphraseSequence).where(
+            KeyphraseSequence.job_id == job.id, KeyphraseSequence.label == label
+        )
+        if texts_only:
+            query = query.where(KeyphraseSequence.text.is_not(None))
+        row = session.scalars(query.order_by(KeyphraseSequence.position).limit(1)).first()
+        if row is not None:
+            found.append(
+                Sample(
+                    label=row.label,
+                    text=(row.text or "")[:SAMPLE_CHARACTERS],
+                    keyphrases=list(row.keyphrases),
+                )
+            )
+    return found
+
+
+def _text(value: Any) -> str:
+    return NOT_RECORDED if value in (None, "") else str(value)
+
+
+def _model(role: str, found: Any, endpoint: str | None = None) -> ModelInfo:
+    """A model as the manifest records it: a name, or an object with whatever of name
+    (or model), version and file digest (or digest, sha256) it holds."""
+    if isinstance(found, Mapping):
+        return ModelInfo(
+            role=role,
+            name=_text(found.get("name") or found.get("model")),
+            version=_text(found.get("version") or found.get("revision")),
+            file_digest=_text(
+                found.get("file_digest") or found.get("digest") or found.get("sha256")
+            ),
+            endpoint=found.get("endpoint") or endpoint,
+        )
+    return ModelInfo(
+        role=role,
+        name=_text(found),
+        version=NOT_RECORDED,
+        file_digest=NOT_RECORDED,
+        endpoint=endpoint,
+    )
+
+
+def _models(manifest: Mapping[str, Any]) -> list[ModelInfo]:
+    models = manifest.get("models") or {}
+    out = [_model("embedding model", models.get("embedding"))]
+    llm = models.get("llm")
+    endpoint = llm.get("endpoint") if isinstance(llm, Mapping) else None
+    if endpoint == "none":
+        out.append(
+            ModelInfo(
+                role="LLM",
+                name="none: the release is keyphrase sequences, no LLM wrote texts",
+                version="-",
+                file_digest="-",
+                endpoint="none",
+            )
+        )
+    else:
+        out.append(_model("LLM that wrote the texts", llm, endpoint))
+    return out
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("keyseed")
+    except PackageNotFoundError:
+        return NOT_RECORDED
+
+
+def _good_for(method: str, classes: list[ClassCount], released: int, llm: bool) -> str:
+    kind = "synthetic documents written by an LLM" if llm else "keyphrase sequences"
+    text = (
+        f"{released} {kind}, each labelled with one of {len(classes)} declared classes, "
+        f"made by {method}. They are suited to training and testing text classifiers and "
+        "to exploring the vocabulary of each class; they are not records of real patients "
+        "and must not be used to make decisions about any individual. Their fidelity is "
+        "limited by the privacy noise: rare phrases and small classes are the first to be "
+        "blurred."
+    )
+    empty = [c.label for c in classes if c.flagged]
+    if empty:
+        text += (
+            f" {len(empty)} class{'es' if len(empty) > 1 else ''} received no documents "
+            f"({', '.join(empty)}): a model trained on this release cannot learn "
+            f"{'them' if len(empty) > 1 else 'it'}."
+        )
+    return text
+
+
+def build(session: Session, principal: Principal, release_id: uuid.UUID) -> ReleaseReport:
+    """The report of one release for ``principal`` (who must reach it: else 404)."""
+    release, grantee_ids = releases.get_release(session, principal, release_id)
+    job = jobs_repo.get(session, release.job_id)
+    dataset = datasets_repo.get(session, release.dataset_id)
+    if job is None or dataset is None:
+        raise NotFound("no such release")
+    view = _view(principal, release)
+    manifest: dict[str, Any] = release.manifest or {}
+    privacy: dict[str, Any] = manifest.get("privacy") or {}
+    # the engine's manifest names the unit column it ran with; without one, the dataset's
+    ran = ((job.manifest or {}).get("privacy") or {}).get("unit")
+    unit = str(ran or dataset.unit_column or "row")
+    epsilon = _float(privacy.get("epsilon_charged", job.epsilon))
+    delta = _float(privacy.get("delta"))
+    accountant = str(privacy.get("accountant") or NOT_RECORDED)
+    labels = list(dataset.labels)
+    # the releases the ledger charged the job (its commit, else its reservation)
+    entries = ledger_repo.entries_of_job(session, job.id)
+    charged = entries.get("commit") or entries.get("reserve")
+    events = charged.events if charged is not None else privacy.get("events_charged") or []
+    by_mechanism = _by_mechanism(job, events)
+
+    shown_ids = grantee_ids if view != "grantee" else [principal.organisation_id]
+    organisations = identity_repo.organisations_by_id(
+        session, [release.organisation_id, *shown_ids]
+    )
+
+    def organisation(org_id: uuid.UUID) -> Grantee:
+        found = organisations.get(org_id)
+        return Grantee(organisation_id=org_id, name=found.name if found else NOT_RECORDED)
+
+    classes, asked = _classes(session, job, labels)
+    released_total = sum(c.released for c in classes)
+    empty = [c.label for c in classes if c.flagged]
+    summary = f"{released_total} documents released of {asked} asked, over {len(labels)} classes"
+    summary += (
+        f"; {len(empty)} class{'es' if len(empty) > 1 else ''} received none: {', '.join(empty)}"
+        if empty
+        else "; every class received documents"
+    )
+
+    owner_or_platform = view in ("owner", "platform")
+    spend = Spend(
+        epsilon=epsilon,
+        delta=delta,
+        by_mechanism=by_mechanism,
+        dataset=_dataset_spend(session, dataset, job.id) if owner_or_platform else None,
+        organisation_budget=(
+            ledger.organisation_budget_out(
+                ledger.get_organisation_budget(session, release.organisation_id)
+            )
+            if owner_or_platform
+            else None
+        ),
+        note=(
+            "Each mechanism's ε is its releases composed alone; the job's ε is all of them "
+            "composed by the accountant, which is less than their sum when noise is Gaussian."
+        ),
+    )
+    method = str(manifest.get("method") or jobs.method_of(job.spec))
+    llm_used = job.spec.get("llm", "local") != "none"
+    return ReleaseReport(
+        view=view,
+        view_in_words=VIEWS[view],
+        protection=Protection(
+            unit=unit,
+            unit_in_words=unit_in_words(unit),
+            adjacency=(
+                releases.ADJACENCY if unit == "row" else f"one unit ({unit}) added or removed"
+            ),
+            epsilon=epsilon,
+            delta=delta,
+            guarantee_in_words=guarantee_in_words(epsilon, delta, unit),
+            accountant=accountant,
+            accountant_in_words=accountant_in_words(accountant),
+            parallel_composition=parallel_in_words(by_mechanism, unit, len(labels)),
+        ),
+        spend=spend,
+        released=Released(
+            release_id=release.id,
+            name=release.name,
+            job_id=release.job_id,
+            dataset_id=dataset.id,
+            dataset_name=dataset.name,
+            owner_organisation=organisation(release.organisation_id),
+            released_at=release.created_at,
+            released_by=release.created_by,
+            grantees=sorted((organisation(g) for g in shown_ids), key=lambda g: g.name),
+            documents_asked=asked,
+            documents_released=released_total,
+            classes=classes,
+            classes_without_documents=empty,
+            summary=summary,
+            dataset_raw_counts=(
+                {
+                    "documents": dataset.documents,
+                    "skipped_empty": dataset.skipped_empty,
+                    "skipped_duplicate": dataset.skipped_duplicate,
+                }
+                if view == "owner"
+                else None
+            ),
+        ),
+        provenance=Provenance(
+            method=method,
+            method_id=str(manifest.get("method_id") or jobs.method_of(job.spec)),
+            keyseed_version=_version(),
+            models=_models(manifest),
+            vocabulary=manifest.get("vocabulary") or {"source": NOT_RECORDED},
+            density=manifest.get("density"),
+            parameters=manifest.get("parameters") or {},
+            prompt=manifest.get("prompt") or {},
+        ),
+        samples=None if view == "platform" else _samples(session, job, labels),
+        what_the_data_is_good_for=_good_for(method, classes, released_total, llm_used),
+    )
