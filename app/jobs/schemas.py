@@ -435,6 +435,35 @@ class JobLLMCosts(BaseModel):
     wall_seconds: float = 0.0
 
 
+class JobStage(BaseModel):
+    """The stage a running job is in, as stage ``number`` of ``count``; the stage where a
+    failed or cancelled job stopped."""
+
+    name: str = Field(description="the stage that runs now (not the one that ended)")
+    title: str = Field(description="what the stage does, in words")
+    number: int = Field(description="k in 'stage k of n': this stage's place in the run")
+    count: int = Field(
+        description="n in 'stage k of n': the stages of the job's method and parameters"
+    )
+    public_work: bool = Field(
+        description="whether the stage's amount of work is public (embedding public "
+        "phrases, sampling from DP releases, prompting the DP sequences); a stage that "
+        "reads the private corpus shows no fraction and no time estimate"
+    )
+    fraction: float | None = Field(
+        description="share of the stage done (public-work stages only; null in a stage "
+        "that reads the private corpus, whose share would depend on its size)"
+    )
+    seconds_left: float | None = Field(
+        description="estimated seconds left in the stage, while it runs: the rate over "
+        "its public work so far times the work left (public-work stages only)"
+    )
+    started_at: datetime | None = Field(
+        description="when the stage started; to the owning organisation only (a private "
+        "stage's start times the private work before it)"
+    )
+
+
 class JobOut(BaseModel):
     id: uuid.UUID
     dataset_id: uuid.UUID
@@ -443,6 +472,11 @@ class JobOut(BaseModel):
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
     stage: str | None
     progress: float
+    current_stage: JobStage | None = Field(
+        default=None,
+        description="the running stage as stage k of n, with its fraction and a time "
+        "estimate where its work is public (null before the first stage and after success)",
+    )
     cancel_requested: bool
     counts: JobCounts
     llm_costs: JobLLMCosts
@@ -452,5 +486,11 @@ class JobOut(BaseModel):
     submitted_by: str
     created_at: datetime
     started_at: datetime | None
-    finished_at: datetime | None
-    updated_at: datetime
+    finished_at: datetime | None = Field(
+        description="when the job ended; to the owning organisation only (null for "
+        "others: it would time the private stages)"
+    )
+    updated_at: datetime | None = Field(
+        description="the job's last change; to the owning organisation only (null for "
+        "others: during a private stage it is that stage's start)"
+    )
