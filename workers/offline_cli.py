@@ -63,6 +63,8 @@ from workers.methods.dpkps.config import (
     SUGGESTED_SUBSPACE,
     VOCABULARY_METHODS,
 )
+from workers.methods.progress import run_stages
+from workers.progress_bars import StageBars
 
 HANDLER = "workers.offline_cli"
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
@@ -512,39 +514,6 @@ def _atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
         os.replace(tmp, final)
 
 
-class _Progress:
-    """One tqdm bar per stage, on stderr."""
-
-    def __init__(self) -> None:
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self._bars: dict[str, Any] = {}
-
-    def __call__(self, stage: str, fraction: float) -> None:
-        bar = self._bars.get(stage)
-        if bar is None:
-            for other in self._bars.values():
-                other.close()
-            bar = self._tqdm(
-                total=1000,
-                desc=stage,
-                file=sys.stderr,
-                leave=False,
-                bar_format="{desc:>20}: {percentage:3.0f}%|{bar}| {elapsed}",
-            )
-            self._bars[stage] = bar
-        bar.n = round(1000 * min(max(fraction, 0.0), 1.0))
-        bar.refresh()
-
-    def prompts(self, done: int, total: int) -> None:
-        self("prompts", done / total if total else 1.0)
-
-    def close(self) -> None:
-        for bar in self._bars.values():
-            bar.close()
-
-
 def _read_few_shot(path: Path | None) -> tuple[str, ...]:
     if path is None:
         return ()
@@ -648,7 +617,7 @@ def _prompt(
     args: argparse.Namespace,
     sequences: Sequence[Any],
     settings: Any,
-    progress: _Progress,
+    progress: StageBars,
     costs: LLMCosts,
 ) -> tuple[list[str | None], dict[str, Any]]:
     """Texts for every sequence (None where the LLM failed) and a public summary; what
@@ -765,7 +734,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     )
     embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
     cache = EmbeddingCache(settings.embedding_cache_dir)
-    progress = _Progress()
+    progress = StageBars(run_stages("dpkps", mode=config.mode, llm=args.llm))
     try:
         result = generate_sequences(
             corpus.texts,
@@ -887,7 +856,7 @@ def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
     if checkpoint_dir.is_dir():
         print(f"resuming from {checkpoint_dir}", file=sys.stderr)
     embedder = SentenceEmbedder(settings.embedding_model, device=args.device)
-    progress = _Progress()
+    progress = StageBars(run_stages(args.method))
 
     def run(llm: Any) -> Any:
         return method.run(

@@ -43,7 +43,7 @@ from app.jobs import recovery, repository
 from app.ledger import service as ledger
 from app.models import Dataset, Job, utcnow
 from workers.llm.client import LLMCosts
-from workers.methods.progress import Stage, run_stages
+from workers.methods.progress import Stage, run_stages, stage_number
 
 WORKER = Actor.system("worker")
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -203,27 +203,24 @@ def private_documents(
         )
 
 
-def report_progress(
-    session: Session,
-    job_id: uuid.UUID,
-    stage: str,
-    fraction: float,
-    *,
-    number: int | None = None,
-    count: int | None = None,
-    public_work: bool = False,
-) -> None:
-    """The job is in ``stage`` (stage ``number`` of ``count``, when given), ``fraction``
-    of it done. ``fraction`` is stored as the stage's share done only for a stage whose
-    work is public (``public_work``); the caller passes 0 or 1 for any other stage (its
-    start and its end: a share within it would depend on the private corpus)."""
+def report_progress(session: Session, job_id: uuid.UUID, stage: str, fraction: float) -> None:
+    """The job is in ``stage``, ``fraction`` of it done: stage k of n of its method's
+    stages (:func:`stages_of`; none for a name that is not one of them). A share within a
+    stage is kept only where the stage's work is public; any other stage records its
+    start (0) and its end (1) only, whatever is passed (a share of it would depend on
+    the private corpus)."""
     job = _held_job(session, job_id)
-    fraction = min(max(float(fraction), 0.0), 1.0)
-    entered = stage != job.stage or (number is not None and number != job.stage_number)
+    stages = stages_of(job.spec)
+    number = stage_number(stages, stage)
+    public = number is not None and stages[number - 1].public_work
+    fraction = min(max(float(fraction), 0.0), 1.0) if public else float(fraction >= 1.0)
+    entered = stage != job.stage or number != job.stage_number
     job.stage, job.progress = stage, fraction
-    if number is not None and count is not None and entered:
-        _enter(job, number, count, public_work=public_work, fraction=fraction)
-    elif public_work:
+    if number is None:
+        job.stage_number = job.stage_count = job.stage_fraction = None
+    elif entered:
+        _enter(job, number, len(stages), public_work=public, fraction=fraction)
+    elif public:
         job.stage_fraction = fraction
 
 

@@ -5,8 +5,9 @@
 1. :func:`app.jobs.runner.start_sequences` commits the job's ε before anything private
    is read, or says the job must not run;
 2. the documents are decrypted into memory, the engine runs with a progress callback
-   that writes the job's stage at its boundaries only (:class:`StageTracker`) and stops
-   the run when the job was cancelled;
+   that writes the stage that runs as stage k of n, with a fraction only in the stages
+   whose work is public (:class:`StageTracker`), and stops the run when the job was
+   cancelled;
 3. the ε the engine reports, by mechanism, must be the ε the ledger holds for the job;
    otherwise the job fails and nothing is saved (a bug, logged as such);
 4. the DP keyphrase sequences are saved, and the prompting stage is queued once that
@@ -204,7 +205,7 @@ class StageTracker:
         shown = min(max(float(fraction), 0.0), 1.0) if public else float(fraction >= 1.0)
         if number != self.number or (shown != self.shown and (due or shown >= 1.0 or not public)):
             self.stage, self.number, self.shown = stage, number, shown
-            self.write(stage, shown, number=number, public_work=public)
+            self.write(stage, shown)
         elif due:
             self.check_cancelled()
 
@@ -215,21 +216,11 @@ class StageTracker:
         if cancelled:
             raise JobCancelled
 
-    def write(
-        self, stage: str, fraction: float, *, number: int | None = None, public_work: bool = False
-    ) -> None:
+    def write(self, stage: str, fraction: float) -> None:
         with self.ctx.database.transaction() as session:
             cancelled = runner.cancel_requested(session, self.job_id)
             if not cancelled:
-                runner.report_progress(
-                    session,
-                    self.job_id,
-                    stage,
-                    fraction,
-                    number=number,
-                    count=len(self.stages) if number is not None else None,
-                    public_work=public_work,
-                )
+                runner.report_progress(session, self.job_id, stage, fraction)
         self.last_check = time.monotonic()
         if cancelled:
             raise JobCancelled
