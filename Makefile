@@ -5,21 +5,29 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+SHELL  := /bin/bash
 
-.PHONY: install test test-fast proof lint demo bench serve clean
+.PHONY: install llama-cpp test test-fast proof lint demo bench serve clean
 
 # llama.cpp is compiled at install, as in the Dockerfiles, for the portable x86-64 set
 # (AVX2, FMA, F16C) rather than -march=native: on a VM whose CPU reports AMX but whose
-# kernel does not grant it, a native build dies with SIGILL on the first decode. It is
-# built apart and never from pip's wheel cache, which may hold a native build; a venv that
-# already has it keeps it (no rebuild when only pyproject.toml changed).
+# kernel does not grant it, a native build dies with SIGILL on the first decode. PyPI has
+# no llama-cpp-python wheel (README, "The local LLM"), so this one step needs a C++
+# compiler and CMake; it prints its progress. It is built apart and never from pip's
+# wheel cache, which may hold a native build; a venv that already has it keeps it (no
+# rebuild when only pyproject.toml changed).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install --quiet --no-cache-dir --no-deps \
-		llama-cpp-python
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(MAKE) --no-print-directory llama-cpp
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+llama-cpp:
+	@echo "== compiling llama.cpp for the packaged LLM (llama-cpp-python ships no wheel):"
+	@echo "   about 5 minutes on 2 quiet cores; needs a C++ compiler and CMake"
+	@set -o pipefail; CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -v --no-cache-dir \
+		--no-deps llama-cpp-python 2>&1 | $(PYTHON) scripts/build_progress.py
 
 install: $(STAMP)
 

@@ -33,6 +33,9 @@ import httpx
 HANDLER = "app.demo"
 DEFAULT_OUT = Path("out/demo")
 CAP = 10.0
+DELTA_CAP = 1e-6  # the whole of a new organisation's default δ budget
+EPSILON = 1.0  # the default total budget README recommends
+DELTA = 1e-6
 # Variables that would point the demo at another deployment: the demo is self-contained.
 FOREIGN = (
     "DATABASE_URL",
@@ -205,6 +208,7 @@ class Demo:
                         "label_column": "label",
                         "labels": labels,
                         "epsilon_cap": str(CAP),
+                        "delta_cap": str(DELTA_CAP),
                     },
                     files={"file": (corpus.name, handle, "text/csv")},
                 ),
@@ -218,19 +222,15 @@ class Demo:
     def run_job(self, owner: str, dataset_id: str, labels: list[str]) -> dict[str, Any]:
         _section("Hospital: submit a DP-KPS job (local LLM) and follow it")
         headers = {"Authorization": f"Bearer {owner}"}
+        # The default a user should copy: a total (ε, δ), split by the engine among its
+        # releases (Gaussian noise since δ > 0); every other parameter at its default.
         spec = {
             "vocabulary": "medical",
             "llm": "local",
             "document_type": "short clinical definition of a phenotype",
-            "epsilon_vocab": 2.0,
-            "epsilon_kde": 4.0,
+            "epsilon": EPSILON,
+            "delta": DELTA,
             "per_class": self.per_class,
-            # a small private vocabulary of phrases seen often, each document counting for
-            # at most two of them (the histogram's sensitivity): few phrases stand out of
-            # the noise in a corpus of this size
-            "vocabulary_size": 100,
-            "max_matches_per_document": 2,
-            "sequence_length": 5,
         }
         job = _check(
             self.http.post(f"/v1/datasets/{dataset_id}/jobs", headers=headers, json=spec), 202

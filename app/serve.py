@@ -14,9 +14,13 @@ process group:
 * a real Celery worker on every queue (``--workers`` processes);
 * the API (``keyseed api``: uvicorn with the settings' limits; ``--host``, ``--port``).
 
+A child that dies (its main process killed by the OOM killer, say) is started again with
+the same command after a back-off (1 s, doubling up to 30 s), and the restart is logged; a
+job its worker was running is taken up again by the new worker (``app.jobs.recovery``).
+A child that dies a sixth time within a minute is a crash loop, not a mishap: the others
+are stopped too and the command exits with status 1, for whoever runs the service to see.
 SIGINT or SIGTERM stops them in order (API, worker, LLM), each first asked politely and
-killed after a grace period; if one child dies, the others are stopped too and the
-command exits with status 1.
+killed after a grace period.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -126,12 +131,18 @@ def _say(message: str) -> None:
     print(f"keyseed serve: {message}", file=sys.stderr, flush=True)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @dataclass
 class Child:
     name: str
-    process: subprocess.Popen[bytes]
+    argv: list[str]
     stop_signal: signal.Signals
     grace: float  # seconds between the polite signal and the kill
+    process: subprocess.Popen[bytes]
+    restarted: deque[float] = field(default_factory=deque)  # when (monotonic), recent ones
+    due: float | None = None  # when a dead child is to be started again
 
     @property
     def pid(self) -> int:
@@ -156,13 +167,46 @@ class Child:
 
 
 class Supervisor:
-    """Children started in order, stopped in reverse order."""
+    """Children started in order and stopped in reverse order; one that dies is started
+    again after a back-off, unless it died ``max_restarts`` times within ``window`` seconds.
 
-    def __init__(self, env: dict[str, str], output: IO[bytes] | None = None) -> None:
+    Built on the standard library's ``subprocess`` rather than a process manager: this is
+    the whole of what ``keyseed serve`` needs, and supervisord or circus would add a daemon
+    with a configuration file of its own, yet gate no start on another child's readiness
+    (the worker needs the local LLM's address) and keep restarting a crash loop (supervisord
+    caps retries only for a child that dies while starting) instead of stopping the
+    service with an exit status.
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        output: IO[bytes] | None = None,
+        *,
+        backoff_base: float = 1.0,
+        backoff_max: float = 30.0,
+        max_restarts: int = 5,
+        window: float = 60.0,
+    ) -> None:
         self.env = env
         self.output = output
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_restarts = max_restarts
+        self.window = window
         self.children: list[Child] = []
-        self.stopping = False
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
+            list(argv),
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.output,
+            stderr=self.output,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only: it stops in order
+        )
+        _say(f"started {name} (pid {process.pid})")
+        return process
 
     def start(
         self,
@@ -172,21 +216,40 @@ class Supervisor:
         stop_signal: signal.Signals = signal.SIGTERM,
         grace: float = 30.0,
     ) -> Child:
-        process = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
-            list(argv),
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=self.output,
-            stderr=self.output,
-            start_new_session=True,  # Ctrl-C reaches the supervisor only: it stops in order
-        )
-        child = Child(name, process, stop_signal, grace)
+        child = Child(name, list(argv), stop_signal, grace, self._spawn(name, argv))
         self.children.append(child)
-        _say(f"started {name} (pid {process.pid})")
         return child
 
-    def dead(self) -> Child | None:
-        return next((c for c in self.children if not c.alive()), None)
+    def check(self) -> Child | None:
+        """Note the children that died, start again those whose back-off is over; the
+        child that died once too often, if one did (the caller then stops the rest)."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.alive():
+                continue
+            if child.due is None:  # found dead just now
+                status = child.process.returncode
+                child.stop()  # what is left of its process group goes
+                while child.restarted and now - child.restarted[0] > self.window:
+                    child.restarted.popleft()
+                count = len(child.restarted)
+                if count >= self.max_restarts:
+                    _say(
+                        f"{child.name} (pid {child.pid}) exited with status {status}, "
+                        f"after {count} restarts within {self.window:g} s; giving up"
+                    )
+                    return child
+                delay = min(self.backoff_max, self.backoff_base * 2.0**count)
+                child.due = now + delay
+                _say(
+                    f"{child.name} (pid {child.pid}) exited with status {status}; "
+                    f"restarting it in {delay:g} s"
+                )
+            elif now >= child.due:
+                child.restarted.append(now)
+                child.due = None
+                child.process = self._spawn(child.name, child.argv)
+        return None
 
     def stop_all(self) -> None:
         for child in reversed(self.children):
@@ -196,25 +259,22 @@ class Supervisor:
         self.children.clear()
 
 
-def _wait_http(url: str, *, timeout: float, child: Child) -> bool:
-    """Poll ``url`` until it answers 200; False when ``child`` dies or time runs out."""
+def _wait_http(url: str, *, timeout: float, child: Child, stopping: Callable[[], bool]) -> bool:
+    """Poll ``url`` until it answers 200; False when ``child`` dies, a stop is asked for
+    or time runs out."""
     import httpx
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping():
         if not child.alive():
             return False
         try:
-            if httpx.get(url, timeout=5.0).status_code == 200:
+            if httpx.get(url, timeout=2.0).status_code == 200:
                 return True
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
     return False
-
-
-class _Stop(Exception):
-    pass
 
 
 def main(args: argparse.Namespace) -> int:
@@ -255,10 +315,17 @@ def main(args: argparse.Namespace) -> int:
     broker = settings.celery_broker_url.split(":", 1)[0]
     _say(f"data in {data_dir} ({database}, broker {broker})")
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        raise _Stop
+    # The handler only notes the signal, so that no start or restart is cut in two (a
+    # child started but not recorded would outlive the service); every wait checks it.
+    signalled: list[int] = []
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        signalled.append(signum)
+
+    def stopping() -> bool:
+        return bool(signalled)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     supervisor = Supervisor(env)
     python = sys.executable
     status = 0
@@ -271,7 +338,9 @@ def main(args: argparse.Namespace) -> int:
                 grace=20.0,
             )
             base_url = f"http://127.0.0.1:{llm_port}/v1"
-            if not _wait_http(f"{base_url}/models", timeout=300.0, child=llm):
+            if not _wait_http(f"{base_url}/models", timeout=300.0, child=llm, stopping=stopping):
+                if stopping():
+                    return 0
                 _say("the local LLM server did not start")
                 return 1
             env["KEYSEED_LOCAL_LLM_URL"] = base_url
@@ -288,17 +357,21 @@ def main(args: argparse.Namespace) -> int:
         )
         api = supervisor.start("API", api_command(args.host, args.port, python=python))
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host  # noqa: S104
-        if not _wait_http(f"http://{host}:{args.port}/readyz", timeout=180.0, child=api):
+        ready_url = f"http://{host}:{args.port}/readyz"
+        if not _wait_http(ready_url, timeout=180.0, child=api, stopping=stopping):
+            if stopping():
+                return 0
             _say("the API did not become ready")
             return 1
         _say(f"ready: http://{host}:{args.port} (OpenAPI at /docs); Ctrl-C stops")
-        while (dead := supervisor.dead()) is None:
-            time.sleep(0.5)
-        _say(f"{dead.name} exited with status {dead.process.returncode}; stopping")
-        status = 1
-    except _Stop:
-        _say("stopping")
+        while not stopping():
+            if supervisor.check() is not None:
+                status = 1
+                break
+            time.sleep(0.2)
     finally:
+        if stopping():
+            _say("stopping")
         # a second Ctrl-C must not interrupt the orderly stop
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)

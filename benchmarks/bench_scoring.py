@@ -103,7 +103,8 @@ def markdown(r: dict[str, Any]) -> str:
     ratio = r["direct_madds"] / r["gemm_madds"]
     return "\n".join(
         [
-            "## Speed: iterative sequences, GEMM scorer vs direct formula",
+            "### Iterative sequences (`mode: iterative`, not the default): GEMM scorer vs direct "
+            "formula (`benchmarks/bench_scoring.py`)",
             "",
             f"|Ṽ| = {r['vocabulary']:,}, I = {r['features']:,}, L = {r['length']}, "
             f"d = {r['dim']}, log ensemble (block counts {r['structures']}), "

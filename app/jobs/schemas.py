@@ -131,7 +131,7 @@ class JobSpec(BaseModel):
     epsilon_vocab: MechanismEpsilon | None = None
     epsilon_kde: MechanismEpsilon | None = None
     epsilon_count: MechanismEpsilon | None = None
-    # Defaults are the engine's own (chosen by measurement; see BENCHMARKS.md).
+    # Defaults are the engine's own (chosen by measurement; see benchmarks/notes/README.md).
     per_class: int | None = Field(default=_ENGINE["per_class"], ge=1, le=LIMITS["per_class"])
     total: int | None = Field(default=_ENGINE["total"], ge=1, le=LIMITS["total"])
     vocabulary_size: int = Field(
@@ -388,6 +388,19 @@ class JobPlanOut(BaseModel):
         "unit adds (unit_contribution); for the dataset's owner, also the documents of "
         "its partition and noise_share = noise_std ÷ documents: a phrase, feature or class "
         "held by fewer than about 3 × noise_share of them is lost in the noise",
+    )
+    budget_after: dict[str, Any] = Field(
+        description="The dataset's figures as they would stand with this job reserved "
+        "(cap, spent, reserved, remaining ε at the cap's δ, and the accountant). A job that "
+        "would not fit is answered 409 instead, with the same problem a submission gets",
+    )
+    verdict: dict[str, Any] | None = Field(
+        default=None,
+        description="For the dataset's owner and a DP-KPS spec: the class signal against "
+        "the noise (signal_to_noise = documents per class ÷ the density release's noise σ), "
+        "its band (strong ≥ 25, moderate ≥ 10, weak), the fraction of real-text accuracy "
+        "the benchmark corpora kept in that band, the smallest ε that would make it strong "
+        "(total budgets only) and a summary in words",
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -37,12 +36,14 @@ from app.jobs.schemas import (
     JobStage,
     LLMMethodJob,
 )
-from app.ledger import audit
+from app.jobs.verdict import noise_std, verdict
+from app.ledger import amounts, audit
 from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from app.worker import RUN_SEQUENCES
+from workers.errors import ConfigError
 from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.plan import Plan, plan
@@ -198,8 +199,10 @@ def dry_run(
     """What a job of ``spec`` would release and spend, checked like a submission but with
     no job, no reservation and no private read: the planned releases with their noise,
     the composed (ε, δ) and the accountant that composed them."""
-    dataset, _, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    dataset, vocabulary, the_plan = _prepare(session, principal, dataset_id, spec, settings)
     owner = principal.organisation_id == dataset.organisation_id
+    # the same 409 a submission would get, before anything runs
+    after = ledger.check_fits(session, dataset, the_plan.events)
     return {
         "dry_run": True,
         "dataset_id": str(dataset.id),
@@ -213,7 +216,41 @@ def dry_run(
         "noise": noise_report(
             the_plan.events, dataset.documents if owner else None, len(dataset.labels)
         ),
+        "budget_after": {
+            "epsilon_cap": amounts.shown(after.epsilon_cap),
+            "delta_cap": amounts.shown(after.delta_cap),
+            "spent": amounts.shown(after.spent),
+            "reserved": amounts.shown(after.reserved),
+            "remaining": amounts.shown(after.remaining),
+            "accountant": after.accountant,
+        },
+        "verdict": _verdict(spec, the_plan, dataset, vocabulary) if owner else None,
     }
+
+
+def _verdict(spec: AnySpec, the_plan: Plan, dataset: Any, vocabulary: Any) -> dict[str, Any] | None:
+    """The owner's verdict on the class signal against the noise (:mod:`app.jobs.verdict`);
+    None for the LLM methods, whose releases are votes rather than class densities."""
+    if isinstance(spec, LLMMethodJob):
+        return None
+    labels = list(dataset.labels)
+    total = spec.epsilon is not None and spec.epsilon_vocab is None and spec.epsilon_kde is None
+
+    def replan(epsilon: float) -> Sequence[PrivacyEvent]:
+        again = spec.model_copy(update={"epsilon": epsilon})
+        try:
+            return planned(again.generation_config(), labels, vocabulary.size).events
+        except ConfigError:  # an ε this spec's noise cannot be calibrated for
+            return ()
+
+    found = verdict(
+        the_plan.events,
+        documents=dataset.documents,
+        classes=len(labels),
+        epsilon=spec.epsilon,
+        replan=replan if total else None,
+    )
+    return found.to_dict() if found is not None else None
 
 
 def _resolved_parameters(spec: AnySpec, classes: int) -> dict[str, Any] | None:
@@ -242,7 +279,7 @@ def noise_report(
     count of the upload: it (and the shares) are given to the dataset's owner only."""
     out: list[dict[str, Any]] = []
     for event in events:
-        std = event.scale * _STD_PER_SCALE.get(event.noise, 1.0)
+        std = noise_std(event)
         row: dict[str, Any] = {
             "mechanism": event.mechanism,
             "partition": event.partition,
@@ -257,13 +294,6 @@ def noise_report(
             row["noise_share"] = std / share
         out.append(row)
     return out
-
-
-_STD_PER_SCALE = {
-    "laplace": math.sqrt(2.0),
-    "discrete_laplace": math.sqrt(2.0),
-    "gumbel_top_k": math.pi / math.sqrt(6.0),
-}
 
 
 def submit(

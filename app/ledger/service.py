@@ -251,18 +251,43 @@ def reserve(
     read), or raise :class:`BudgetExceeded`: the accountant's ε at the cap's δ over
     every committed, reserved and new release must stay within the cap's ε."""
     dataset = _locked_dataset(session, job.dataset_id)
+    _check_fits(session, dataset, events)
+    asked = composed(events, cap_of(dataset).delta)
+    jobs_repo.add(session, job)
+    return repository.add_entry(
+        session, _entry(job, "reserve", actor, [e.to_dict() for e in events], asked)
+    )
+
+
+def _check_fits(session: Session, dataset: Dataset, events: Sequence[PrivacyEvent]) -> Composed:
+    """The dataset's composed figure with ``events`` added (ε at the cap's δ), or the
+    :class:`BudgetExceeded` that a submission of them gets: the accountant's ε over every
+    committed, reserved and new release must stay within the cap's ε. Since a dataset's cap
+    is carved out of its organisation's budget, a job within the cap is within the
+    organisation's budget too."""
     if dataset.deleted_at is not None:
         raise Conflict("the dataset was deleted; it takes no new job")
     cap = cap_of(dataset)
     jobs = _by_job(repository.entries_of_dataset(session, dataset.id))
-    held = _held(jobs)
     asked = composed(events, cap.delta)
-    after = composed([*held, *events], cap.delta)
+    after = composed([*_held(jobs), *events], cap.delta)
     if after.epsilon > cap.epsilon:
         raise _refuse_job(asked, after, _figures(cap, jobs), events)
-    jobs_repo.add(session, job)
-    return repository.add_entry(
-        session, _entry(job, "reserve", actor, [e.to_dict() for e in events], asked)
+    return after
+
+
+def check_fits(session: Session, dataset: Dataset, events: Sequence[PrivacyEvent]) -> Budget:
+    """What a dry run answers (issue 66, item 5): the same refusal as :func:`reserve`
+    (409, naming what was asked and what remains) when ``events`` would not fit the
+    dataset's cap, else the dataset's figures as they would stand with them reserved.
+    Nothing is locked or written."""
+    after = _check_fits(session, dataset, events)
+    now = budget(session, dataset)
+    return replace(
+        now,
+        reserved=after.epsilon - now.spent,
+        remaining=now.epsilon_cap - after.epsilon,
+        accountant=after.accountant,
     )
 
 

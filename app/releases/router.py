@@ -60,7 +60,8 @@ def get_release(
     response_class=StreamingResponse,
     responses={
         200: {
-            "description": "The corpus, one synthetic document a line (JSONL) or row (CSV)",
+            "description": "The corpus, one synthetic document a line (JSONL) or row (CSV, "
+            "Parquet: columns label, text, keyphrases)",
             "content": {media: {"schema": {"type": "string"}} for media in export.FORMATS.values()},
         },
     },
@@ -71,16 +72,15 @@ def download_release(
     session: SessionDep,
     database: DatabaseDep,
     principal: Annotated[Principal, allowed(Action.RELEASE_DOWNLOAD)],
-    format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl",
+    format: Annotated[Literal["jsonl", "csv", "parquet"], Query()] = "jsonl",
 ) -> StreamingResponse:
     """Only the owner organisation and the grantees download; every download is an audit
     event, recorded before the first byte is sent."""
     release, grantees = service.get_release(session, principal, release_id)
     service.ensure_downloadable(principal, release, grantees)
     job_id, texts_only = service.record_download(session, principal, release, format)
-    chunks = export.csv_chunks if format == "csv" else export.jsonl_chunks
     return StreamingResponse(
-        chunks(database, job_id, texts_only=texts_only),
+        export.CHUNKS[format](database, job_id, texts_only=texts_only),
         media_type=export.FORMATS[format],
         headers={"Content-Disposition": f'attachment; filename="release-{release.id}.{format}"'},
     )

@@ -20,10 +20,11 @@ from typing import TypedDict
 
 import pytest
 from pydantic import SecretStr
+from tenacity import AsyncRetrying, RetryCallState
 
 from tests.fake_llm import Behaviour, FakeLLM, ok
 from workers.errors import ConfigError
-from workers.llm.client import LLMEndpoint, backoff_delay, parse_retry_after
+from workers.llm.client import LLMEndpoint, parse_retry_after, retry_wait
 from workers.methods.dpkps.prompting import (
     DEFAULT_TEMPLATE,
     LIMITS,
@@ -438,13 +439,21 @@ def test_parse_retry_after_forms() -> None:
     assert parse_retry_after({"retry-after": date}, now=now) == pytest.approx(7.0)
 
 
-def test_backoff_grows_exponentially_with_jitter_and_cap() -> None:
-    for attempt, full in [(1, 0.5), (2, 1.0), (3, 2.0), (10, 30.0)]:
-        delays = [backoff_delay(attempt, base=0.5, cap=30.0) for _ in range(200)]
-        assert full / 2 <= min(delays) and max(delays) <= full
-        assert max(delays) - min(delays) > full / 10  # jittered
-    assert 2.0 <= backoff_delay(1, base=0.5, cap=30.0, retry_after=2.0) <= 2.2
-    assert backoff_delay(1, base=0.5, cap=1.0, retry_after=60.0) == 1.0
+def _failed_try(number: int) -> RetryCallState:
+    """tenacity's record of a try that raised, as the client's wait sees it."""
+    state = RetryCallState(AsyncRetrying(), None, (), {})
+    state.attempt_number = number
+    state.set_exception((OSError, OSError("refused"), None))
+    return state
+
+
+def test_backoff_grows_exponentially_with_full_jitter_and_cap() -> None:
+    wait = retry_wait(0.5, 30.0)
+    for attempt, window in [(1, 0.5), (2, 1.0), (3, 2.0), (10, 30.0)]:
+        delays = [wait(_failed_try(attempt)) for _ in range(200)]
+        assert min(delays) >= 0.0 and max(delays) <= window
+        assert max(delays) - min(delays) > window / 2  # spread over the window: jittered
+    assert retry_wait(0.0, 0.0)(_failed_try(5)) == 0.0
 
 
 # ----------------------------------------------------------------- the packaged model

@@ -1,15 +1,15 @@
 """The public Ṽ's extension: a larger public Ṽ for the classes whose released count is large.
 
-An option, off by default (BENCHMARKS.md says why). With class centroids, one cell and a
-total split by released class counts, a class whose released (shrunk) count is at least
-``extension_ratio`` times its class sum's noise σ samples from the vocabulary's first
-``public_extension`` phrases; every other class keeps the first ``public_vocabulary_size``.
-The rule reads released counts, the plan's σ and public phrases only: post-processing, so a
-run with it makes exactly the releases of a run without it. Checked here: it is off unless
-asked for, and refused where it cannot apply; the class shares on Ṽ are unchanged by the
-extension; on a corpus of one large and two small classes only the large one draws from the
-extension; and where no class reaches the ratio the run's sequences are exactly those of a
-run without the extension (the same seeded releases).
+An option, off by default (benchmarks/notes/2026-12-01-public-extension.md says why). With
+class centroids, one cell and a total split by released class counts, a class whose released
+(shrunk) count is at least ``extension_ratio`` times its class sum's noise σ samples from
+the vocabulary's first ``public_extension`` phrases; every other class keeps the first
+``public_vocabulary_size``. The rule reads released counts, the plan's σ and public phrases
+only: post-processing, so a run with it makes exactly the releases of a run without it.
+Checked here: it is off unless asked for, and refused where it cannot apply; the class
+shares on Ṽ are unchanged by the extension; on a corpus of one large and two small classes
+only the large one draws from the extension; and where no class reaches the ratio the run's
+sequences are exactly those of a run without the extension (the same seeded releases).
 """
 
 from __future__ import annotations

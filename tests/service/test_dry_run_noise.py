@@ -60,3 +60,71 @@ def test_a_laplace_plan_reports_its_standard_deviation(
         assert row["noise"] == event["noise"]
         if event["noise"] in ("laplace", "discrete_laplace"):
             assert abs(row["noise_std"] - 2**0.5 * event["scale"]) < 1e-12
+
+
+# -- the verdict and the budget's answer (issue 66, item 5) ------------------------------
+
+
+def test_a_dry_run_that_would_not_fit_is_refused_as_the_submission_would_be(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=2, delta_cap="1e-5")
+    spec = factories.spec(epsilon_vocab=None, epsilon_kde=None, epsilon=3.0, delta=1e-6)
+    dry = client.post(
+        f"/v1/datasets/{dataset_id}/jobs?dry_run=true", headers=world.owner.headers, json=spec
+    )
+    real = client.post(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec)
+    assert dry.status_code == real.status_code == 409
+    assert dry.headers["content-type"].startswith("application/problem+json")
+    assert dry.json()["detail"] == real.json()["detail"]
+    assert dry.json()["remaining"] == real.json()["remaining"] == {"epsilon": 2.0, "delta": 1e-5}
+    # a job that fits shows the figures as they would stand with it reserved
+    fits = _dry_run(
+        client,
+        world.owner,
+        dataset_id,
+        epsilon_vocab=None,
+        epsilon_kde=None,
+        epsilon=1.0,
+        delta=1e-6,
+    )
+    after = fits["budget_after"]
+    assert after["epsilon_cap"] == 2.0 and after["spent"] == 0.0
+    # the job is ε = 1 at its δ = 1e-6; the ledger states it at the cap's δ = 1e-5: less
+    assert 0.5 < after["reserved"] < 1.0
+    assert abs(after["remaining"] - (2.0 - after["reserved"])) < 1e-9
+    # and nothing was reserved by either dry run
+    ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers).json()
+    assert ledger["budget"]["reserved"] == 0 and ledger["entries"] == []
+
+
+def test_the_owner_gets_a_verdict_in_words_and_others_none(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+    plan = _dry_run(
+        client,
+        world.owner,
+        dataset_id,
+        epsilon_vocab=None,
+        epsilon_kde=None,
+        epsilon=1.0,
+        delta=1e-6,
+    )
+    verdict = plan["verdict"]
+    # two documents a class against σ = 4.22: weak, and no ε up to 10 makes it strong
+    assert verdict["level"] == "weak"
+    kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
+    assert abs(verdict["signal_to_noise"] - 2 / max(e["scale"] for e in kde)) < 1e-3
+    assert verdict["epsilon_for_strong"] is None
+    assert "weak class separation" in verdict["summary"]
+    assert "too few documents a class" in verdict["summary"]
+    admin = client.post(
+        f"/v1/datasets/{dataset_id}/jobs?dry_run=true",
+        headers=world.admin.headers,
+        json=factories.spec(epsilon_vocab=None, epsilon_kde=None, epsilon=1.0, delta=1e-6),
+    )
+    if admin.status_code == 200:  # platform roles may plan; they get no raw-count verdict
+        assert admin.json()["verdict"] is None
+    else:
+        assert admin.status_code in (403, 404)

@@ -8,13 +8,16 @@ SIGTERM stops every child.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,8 @@ import httpx
 import pytest
 
 from app.cli import build_parser
-from app.serve import free_port
+from app.serve import Child, Supervisor, free_port
+from tests.fake_llm import FakeLLM
 from tests.service import factories
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,15 +97,17 @@ class Server:
         }
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
+@contextlib.contextmanager
+def serving(tmp_path: Path, *args: str, **env: str) -> Iterator[Server]:
+    """``keyseed serve ARGS`` on a fresh data folder, once its API is ready; SIGTERM at
+    the end."""
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args],
             cwd=REPO,
-            env=_env(tmp_path),
+            env={**_env(tmp_path), **env},
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=output,
@@ -129,6 +135,12 @@ def server(tmp_path: Path) -> Iterator[Server]:
                 process.wait()
 
 
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with serving(tmp_path) as handle:
+        yield handle
+
+
 def _bootstrap(tmp_path: Path) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "app.cli", "admin", "bootstrap"],
@@ -148,13 +160,16 @@ def _ok(response: httpx.Response, status: int) -> Any:
     return response.json()
 
 
-@pytest.mark.slow
-@pytest.mark.llm
-def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_path: Path) -> None:
-    started = time.monotonic()
-    data = tmp_path / "data"
-    assert {p.name for p in data.iterdir()} >= {"keyseed.sqlite3", "broker.sqlite3", "data.key"}
-    http = httpx.Client(base_url=server.base, timeout=120)
+@dataclass(frozen=True)
+class Tenants:
+    admin: dict[str, str]  # the Authorization header of each key
+    owner: dict[str, str]
+    client: dict[str, str]
+    client_organisation: str
+
+
+def _tenants(http: httpx.Client, tmp_path: Path) -> Tenants:
+    """A bootstrapped admin, and an owner and a client organisation with a key each."""
     admin = {"Authorization": f"Bearer {_bootstrap(tmp_path)}"}
     keys: dict[str, dict[str, str]] = {}
     orgs: dict[str, str] = {}
@@ -167,7 +182,12 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
             201,
         )
         orgs[kind], keys[kind] = org["id"], {"Authorization": f"Bearer {key['key']}"}
-    owner = keys["owner"]
+    return Tenants(admin, keys["owner"], keys["client"], orgs["client"])
+
+
+def _submit_job(http: httpx.Client, owner: dict[str, str], *, llm: str) -> tuple[str, Any]:
+    """Upload the factories' corpus and a vocabulary, submit a job of two documents with
+    ``llm``; the dataset's id and the job."""
     dataset = _ok(
         http.post(
             "/v1/datasets",
@@ -194,18 +214,36 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
     )
     spec = factories.spec(
         vocabulary=vocabulary["id"],
-        llm="local",
+        llm=llm,
         per_class=1,
         vocabulary_size=8,
         sequence_length=3,
         num_features=64,
     )
     job = _ok(http.post(f"/v1/datasets/{dataset['id']}/jobs", headers=owner, json=spec), 202)
+    return str(dataset["id"]), job
+
+
+def _until_ended(http: httpx.Client, owner: dict[str, str], job: Any) -> Any:
     deadline = time.monotonic() + 900
     while job["state"] in ("queued", "running"):
         assert time.monotonic() < deadline, f"the job is still {job['state']}"
         time.sleep(0.5)
         job = _ok(http.get(f"/v1/jobs/{job['id']}", headers=owner), 200)
+    return job
+
+
+@pytest.mark.slow
+@pytest.mark.llm
+def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_path: Path) -> None:
+    started = time.monotonic()
+    data = tmp_path / "data"
+    assert {p.name for p in data.iterdir()} >= {"keyseed.sqlite3", "broker.sqlite3", "data.key"}
+    http = httpx.Client(base_url=server.base, timeout=120)
+    tenants = _tenants(http, tmp_path)
+    admin, owner, client = tenants.admin, tenants.owner, tenants.client
+    dataset_id, job = _submit_job(http, owner, llm="local")
+    job = _until_ended(http, owner, job)
     assert job["state"] == "succeeded", (job, server.text()[-4000:])
     assert job["counts"]["texts_done"] == 2 and job["epsilon"]["budget_state"] == "committed"
 
@@ -213,15 +251,15 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
         http.post(
             f"/v1/jobs/{job['id']}/release",
             headers=owner,
-            json={"client_organisations": [orgs["client"]]},
+            json={"client_organisations": [tenants.client_organisation]},
         ),
         201,
     )
-    download = http.get(f"/v1/releases/{release['id']}/download", headers=keys["client"])
+    download = http.get(f"/v1/releases/{release['id']}/download", headers=client)
     assert download.status_code == 200
     lines = download.text.splitlines()
     assert len(lines) == 2 and all('"text": "' in line for line in lines)
-    budget = _ok(http.get(f"/v1/datasets/{dataset['id']}", headers=owner), 200)["budget"]
+    budget = _ok(http.get(f"/v1/datasets/{dataset_id}", headers=owner), 200)["budget"]
     assert (budget["spent"], budget["reserved"], budget["remaining"]) == (1.0, 0.0, 4.0)
 
     # what the worker process counted is on the API's /metrics (one folder for all)
@@ -242,3 +280,112 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
     for pid in children.values():
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)  # the child's whole process group is gone
+
+
+# ------------------------------------------------------------------ restarts
+
+
+def _until(condition: Callable[[], object], what: str, timeout: float) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    """Whether nothing of process ``pid`` is left (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"
+
+
+def _pool(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+# a main process with a child of its own in its group, as a Celery worker and its pool
+WITH_A_CHILD = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+    "time.sleep(600)"
+)
+
+
+def test_a_child_whose_main_process_dies_is_started_again_after_a_back_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    supervisor = Supervisor(dict(os.environ), backoff_base=0.5, backoff_max=0.5)
+    child = supervisor.start("sleeper", [sys.executable, "-c", WITH_A_CHILD], grace=5.0)
+    try:
+        first = child.pid
+        _until(lambda: _pool(first), "the child starts its own child", 30)
+        [grandchild] = _pool(first)
+        os.kill(first, signal.SIGKILL)
+        killed = time.monotonic()
+        _until(lambda: supervisor.check() is None and child.pid != first, "a restart", 30)
+        assert time.monotonic() - killed >= 0.5  # the back-off
+        assert child.alive() and _gone(first)
+        _until(lambda: _gone(grandchild), "what was left of the dead child's group goes", 10)
+        said = capsys.readouterr().err
+        assert f"sleeper (pid {first}) exited with status -9; restarting it in 0.5 s" in said
+        assert f"started sleeper (pid {child.pid})" in said
+    finally:
+        supervisor.stop_all()
+    assert _gone(child.pid)
+
+
+def test_a_crash_loop_is_given_up_after_the_restarts_allowed_a_minute(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    supervisor = Supervisor(dict(os.environ), backoff_base=0.01, backoff_max=0.04, max_restarts=3)
+    child = supervisor.start("crasher", [sys.executable, "-c", "raise SystemExit(3)"])
+    given_up: list[Child] = []
+
+    def gave_up() -> bool:
+        dead = supervisor.check()
+        given_up.extend([dead] if dead is not None else [])
+        return dead is not None
+
+    try:
+        _until(gave_up, "the supervisor gives the crash loop up", 60)
+    finally:
+        supervisor.stop_all()
+    assert given_up == [child] and len(child.restarted) == 3
+    said = capsys.readouterr().err
+    assert said.count("started crasher") == 4  # the start and 3 restarts
+    delays = re.findall(r"exited with status 3; restarting it in ([\d.]+) s", said)
+    assert delays == ["0.01", "0.02", "0.04"]  # doubling, capped
+    assert "exited with status 3, after 3 restarts within 60 s; giving up" in said
+
+
+@pytest.mark.slow
+def test_the_embedded_worker_is_restarted_when_its_main_process_dies(tmp_path: Path) -> None:
+    """Issue 65: a killed worker main process no longer stops the embedded service; a new
+    worker comes up and runs the next job."""
+    with FakeLLM() as llm:
+        endpoints = {"fake": {"base_url": llm.base_url, "model": llm.model}}
+        with serving(tmp_path, "--no-llm", KEYSEED_LLM_ENDPOINTS=json.dumps(endpoints)) as server:
+            first = server.children()["worker"]
+            _until(lambda: server.text().count(" ready.") == 1, "the worker is ready", 300)
+            pool = _pool(first)
+            assert pool, "the worker has no pool process"
+            os.kill(first, signal.SIGKILL)  # its main process alone, as the OOM killer would
+
+            _until(lambda: server.children()["worker"] != first, "a new worker is started", 60)
+            assert f"worker (pid {first}) exited with status -9; restarting it in 1 s" in (
+                server.text()
+            )
+            _until(lambda: all(map(_gone, [first, *pool])), "the old worker is gone", 30)
+            _until(lambda: server.text().count(" ready.") == 2, "the new worker is ready", 300)
+
+            http = httpx.Client(base_url=server.base, timeout=120)
+            owner = _tenants(http, tmp_path).owner
+            _, job = _submit_job(http, owner, llm="fake")
+            job = _until_ended(http, owner, job)
+            assert job["state"] == "succeeded", (job, server.text()[-4000:])
+            assert job["counts"]["texts_done"] == 2 == len(llm.chat_requests)
+            assert server.process.poll() is None
+            http.close()

@@ -6,13 +6,21 @@ Any endpoint that speaks ``POST /v1/chat/completions`` will do: OpenAI, Azure th
 callers hand it the chat messages of each request (built lazily, by position).
 
 Reliability. Endpoints fail in ordinary ways (rate limits, 5xx, timeouts, dropped
-connections, a proxy answering HTML, an empty completion), so every call is retried with
-exponential back-off and jitter, honouring ``Retry-After``; a client error that no retry
-can mend (400, 401, 403, 404, 422 …) is not retried. The openai client's own retries are
-switched off, so every HTTP call is one of ours: counted in ``LLMOutcome.attempts`` and
-against ``max_calls``, the hard cap on what one run may spend at a paid endpoint.
-Outcomes are handed to ``on_result`` as they finish, so a caller can persist each one
-at once and, after a crash, resume with ``indices`` = the positions still missing.
+connections, a proxy answering HTML, an empty completion), so every call is retried by
+tenacity with exponential back-off and full jitter, honouring ``Retry-After``; a client
+error that no retry can mend (400, 401, 403, 404, 422 …) is not retried. Outcomes are
+handed to ``on_result`` as they finish, so a caller can persist each one at once and,
+after a crash, resume with ``indices`` = the positions still missing.
+
+Why not the openai client's own retries (they are switched off): they cannot retry a 200
+whose body is empty or not a completion (a small local model or a proxy gives those);
+they cannot be stopped by ``max_calls``, the hard cap on what one run may spend at a paid
+endpoint, which counts every HTTP call, retries included; a failed request does not say
+how many calls it made (``LLMOutcome.attempts``, the job's ``llm_calls``); and their
+back-off is fixed (0.5 s to 8 s, or up to 60 s on ``Retry-After``) where the settings'
+``llm_backoff_base`` and ``llm_backoff_max`` bound it. So one tenacity policy covers every
+fault, and only what no library does stays here: the call cap (:class:`_CallBudget`),
+the mapping of faults to codes and reading ``Retry-After`` (:func:`parse_retry_after`).
 
 Costs. :class:`LLMCosts` adds up what a run spent: HTTP calls (retries and failures
 included), the prompt and completion tokens the endpoint reported in ``usage`` (an
@@ -35,6 +43,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    wait_random_exponential,
+)
 
 from workers.errors import ConfigError
 
@@ -109,7 +124,8 @@ class LLMEndpoint:
         return self
 
     def client(self) -> AsyncOpenAI:
-        """An async client whose own retries are off: :func:`complete` retries."""
+        """An async client whose own retries are off: :func:`complete` retries (the
+        module's docstring says why)."""
         from openai import AsyncOpenAI
 
         return AsyncOpenAI(
@@ -228,27 +244,6 @@ def parse_retry_after(headers: Any, *, now: float | None = None) -> float | None
     return value if math.isfinite(value) and value >= 0 else None
 
 
-def backoff_delay(
-    attempt: int,
-    *,
-    base: float,
-    cap: float,
-    retry_after: float | None = None,
-    rng: random.Random | None = None,
-) -> float:
-    """Seconds to sleep before retry number ``attempt`` (1-based).
-
-    Exponential with "equal jitter" (half fixed, half uniform) so that many requests
-    failing together do not retry together; a server's ``Retry-After`` wins, plus up to
-    10 % jitter, and everything is capped at ``cap``.
-    """
-    draw = (rng or random).random()
-    if retry_after is not None:
-        return min(cap, retry_after * (1.0 + 0.1 * draw))
-    exponential = min(cap, base * 2.0 ** (attempt - 1))
-    return exponential / 2.0 + exponential / 2.0 * draw
-
-
 @dataclass(frozen=True)
 class _Answer:
     text: str
@@ -314,11 +309,36 @@ async def _call_once(client: AsyncOpenAI, endpoint: LLMEndpoint, messages: Messa
     return _completion_answer(completion)
 
 
+def retry_wait(backoff_base: float, backoff_max: float) -> Callable[[RetryCallState], float]:
+    """The wait before the next try, as a tenacity ``wait``: a server's ``Retry-After``
+    (plus up to 10 % jitter, so that requests refused together do not return together),
+    else tenacity's exponential back-off with full jitter (uniform in 0 … ``backoff_base``
+    · 2^(try − 1)); never more than ``backoff_max``, so that no answer of a server can
+    stall a run for long."""
+    backoff = wait_random_exponential(multiplier=backoff_base, max=backoff_max)
+
+    def wait(state: RetryCallState) -> float:
+        failure = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(failure, _CallFailed) and failure.retry_after is not None:
+            return min(backoff_max, failure.retry_after * (1.0 + 0.1 * random.random()))
+        return backoff(state)
+
+    return wait
+
+
 @dataclass(frozen=True)
 class _Retry:
     max_retries: int
     backoff_base: float
     backoff_max: float
+
+
+def _log_retry(state: RetryCallState) -> None:
+    """A retry's log line: the fault's code, the try's number and the wait, no text."""
+    failure = state.outcome.exception() if state.outcome is not None else None
+    code = failure.code if isinstance(failure, _CallFailed) else type(failure).__name__
+    wait = state.next_action.sleep if state.next_action is not None else 0.0
+    logger.debug("llm call failed (%s); retry %d in %.2f s", code, state.attempt_number, wait)
 
 
 async def _request_one(
@@ -332,35 +352,35 @@ async def _request_one(
 ) -> LLMOutcome:
     started = time.monotonic()
     attempts = 0
-    tokens = [0, 0]
 
-    def outcome(text: str | None, error: str | None) -> LLMOutcome:
+    def outcome(answer: _Answer | None, error: str | None) -> LLMOutcome:
         elapsed = time.monotonic() - started
-        return LLMOutcome(index, text, error, attempts, elapsed, tokens[0], tokens[1])
+        if answer is None:  # a failed call reports no usage
+            return LLMOutcome(index, None, error, attempts, elapsed)
+        tokens = answer.prompt_tokens, answer.completion_tokens
+        return LLMOutcome(index, answer.text, None, attempts, elapsed, *tokens)
 
-    while True:
+    async def call() -> _Answer:
+        nonlocal attempts
         if not budget.take():
-            return outcome(None, "call_cap_reached")
+            raise _CallFailed("call_cap_reached", retryable=False)
         attempts += 1
-        try:
-            answer = await _call_once(client, endpoint, messages)
-        except _CallFailed as failure:
-            if not failure.retryable or attempts > retry.max_retries:
-                return outcome(None, failure.code)
-            if budget.exhausted:
-                return outcome(None, "call_cap_reached")
-            delay = backoff_delay(
-                attempts,
-                base=retry.backoff_base,
-                cap=retry.backoff_max,
-                retry_after=failure.retry_after,
-            )
-            logger.debug("llm call failed (%s); retry %d in %.2f s", failure.code, attempts, delay)
-            await asyncio.sleep(delay)
-        else:
-            tokens[0] += answer.prompt_tokens
-            tokens[1] += answer.completion_tokens
-            return outcome(answer.text, None)
+        return await _call_once(client, endpoint, messages)
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(lambda exc: isinstance(exc, _CallFailed) and exc.retryable),
+        # after the last retry allowed, or at once when the run's call cap is reached (no
+        # back-off is slept for a call that will not be made)
+        stop=lambda state: state.attempt_number > retry.max_retries or budget.exhausted,
+        wait=retry_wait(retry.backoff_base, retry.backoff_max),
+        before_sleep=_log_retry,
+        reraise=True,  # the last fault itself, not tenacity's RetryError
+    )
+    try:
+        return outcome(await retrying(call), None)
+    except _CallFailed as failure:
+        capped = failure.retryable and attempts <= retry.max_retries
+        return outcome(None, "call_cap_reached" if capped else failure.code)
 
 
 # ----------------------------------------------------------------------- a run

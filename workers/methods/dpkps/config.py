@@ -24,12 +24,12 @@ KDE_METHODS = ("exact", "random_features", "centroid", "moments")
 # phrase scored by the degree-2 polynomial kernel density (build_moment_structures).
 EMBEDDING_DIMENSION = 384  # the packaged sentence model (all-MiniLM-L6-v2)
 # Temperatures chosen by measurement for each way of estimating the density (see the
-# GenerationConfig docstring and BENCHMARKS.md).
+# GenerationConfig docstring and benchmarks/notes/2026-11-23-ag-ablation-why-the-defaults.md).
 DEFAULT_TEMPERATURE = {"exact": 0.7, "random_features": 0.3, "centroid": 2.0, "moments": 2.0}
 EXACT_KERNEL_LIMIT = 20_000  # |Ṽ| for the exact kernel, computed in blocks of rows
 # Cells (class centroids only; workers/methods/dpkps/kde.py, build_cell_structures): a
 # class sum places up to K_max cells, whose sums a second release gives; chosen on the
-# tuning splits of BENCHMARKS.md ("Cells"). Below CELLS_FROM_EPSILON the default is one
+# tuning splits (benchmarks/notes/2026-11-28-cells.md). Below CELLS_FROM_EPSILON the default is one
 # cell (the class sum alone, one release): there, splitting a class cost accuracy.
 DEFAULT_CELLS = 8
 CELLS_FROM_EPSILON = 4.0
@@ -38,23 +38,23 @@ DEFAULT_CELL_SHARE = 0.3  # of the KDE's share of μ², to the first release (th
 DEFAULT_CELL_KAPPA = 1.0  # a cell's expected sum ≥ κ noise norms
 # The declared label names as a prior for each class's direction (class centroids only;
 # kde.py, with_label_prior): κ of w = κ·g·σ²·d/ŝ, chosen on a tuning split in the small
-# hospital's shape (BENCHMARKS.md, "The declared label names as a prior"); 0 turns it off.
+# hospital's shape (benchmarks/notes/2026-11-28-label-names-prior.md); 0 turns it off.
 DEFAULT_LABEL_PRIOR = 0.5
 MAX_LABEL_PRIOR = 100.0
 # Sequence selection (class centroids; sampling.py, sample_near_direction): F× the
 # sequences are drawn and the 1/F whose phrases lie nearest the released direction kept;
 # by default with cells (each cell's sequences near that cell), chosen on the tuning
-# splits (BENCHMARKS.md, "Sequences kept near their cell").
+# splits (benchmarks/notes/2026-11-28-sequences-kept-near-their-cell.md).
 DEFAULT_SELECTION = 8
 MAX_SELECTION = 16
 # The release subspace (class centroids; subspace.py): each unit's vector projected on the
 # top k principal directions of Ṽ's public phrase embeddings and rescaled there to its own
 # norm, so the class sums are released in k coordinates with the same L2 Δ = 1. k = 128
-# gained on small classes and lost on Yelp's ten business categories (BENCHMARKS.md, "A
-# public subspace for the release"), so by default (None) it is used where the declared
-# label set has SUBSPACE_FROM_CLASSES or more classes (issue 16's small-hospital regime,
-# "20 or more classes"; a public input, so the plan knows it) and a class has one cell;
-# 0: the whole space.
+# gained on small classes and lost on Yelp's ten business categories
+# (benchmarks/notes/2026-11-29-public-subspace.md), so by default (None) it is used where
+# the declared label set has SUBSPACE_FROM_CLASSES or more classes (issue 16's
+# small-hospital regime, "20 or more classes"; a public input, so the plan knows it) and a
+# class has one cell; 0: the whole space.
 DEFAULT_SUBSPACE: int | None = None
 SUGGESTED_SUBSPACE = 128  # the k chosen on the tuning splits, for corpora of small classes
 SUBSPACE_FROM_CLASSES = 20
@@ -282,8 +282,9 @@ class GenerationConfig:
     threshold leaves at most a handful (0 at ε = 0.25); a centroid is 384 numbers per
     class whatever Ṽ is, with L2 Δ = 1. τ: 0.5 / 1 / 2 / 4 gave 0.74 / 0.78 / 0.84 / 0.83
     at ε = 1. A public Ṽ of 30,000 phrases instead of 5,000 then gave 0.795 / 0.845 / 0.857
-    (5 runs each), and no worse on two Yelp tuning splits. BENCHMARKS.md, "DP-KPS at small
-    ε", has every measurement. The older Gaussian path stays selectable
+    (5 runs each), and no worse on two Yelp tuning splits.
+    benchmarks/notes/2026-11-24-ag-tune-how-the-defaults-were-chosen.md and the notes after it
+    have every measurement. The older Gaussian path stays selectable
     (``kde_method="exact"``: the noisy histogram then);
     ``vocabulary_method`` selects the thresholded or public Ṽ and ``kde_weighting`` the
     L2 weights explicitly. Laplace runs keep the defaults below.
@@ -316,7 +317,7 @@ class GenerationConfig:
     0.594 → 0.613 at ε = 1, paired; names replaced by codes unchanged) but not on the reported
     ones at ε = 1 (fresh runs: Yelp hospital 0.187 → 0.182, Yelp small 0.309 → 0.303, OHSUMED
     0.433 → 0.425, Newsgroups 0.547 → 0.555; Yelp hospital at ε = 0.25 0.148 → 0.166), so it
-    is off by default (BENCHMARKS.md, "The names' lead for many small classes").
+    is off by default (benchmarks/notes/2026-12-01-names-lead-many-small-classes.md).
 
     Sequence selection (``sequence_selection``,
     :func:`workers.methods.dpkps.sampling.sample_near_direction`): with cells, each cell
@@ -338,8 +339,8 @@ class GenerationConfig:
     nothing at ε = 0.25. With cells, judged by the class sums it cost the Yelp categories
     0.02; judged by the cells it gained on the Yelp tuning split at ε = 6 (+0.010, all five
     pairs) and kept the medical tuning split (+0.001), so it is on with cells too
-    (BENCHMARKS.md, "The consistency filter as a default" and "A medical corpus of the
-    larger shape").
+    (benchmarks/notes/2026-11-30-consistency-filter.md and
+    benchmarks/notes/2026-11-30-medical-abstracts-filter-with-cells.md).
 
     Release subspace (``subspace`` = k, :mod:`workers.methods.dpkps.subspace`): each
     unit's vector is projected on the top k principal directions of Ṽ's public phrase
@@ -368,12 +369,12 @@ class GenerationConfig:
     −0.001 over seeds 5–14, and −0.018 / −0.010 at ε = 0.5 / 2; nothing at all where no
     class reaches r (the small hospital's and OHSUMED's twins); +0.003 / +0.007 / −0.008 on
     the Yelp categories', medical abstracts' and twenty newsgroups' twins at ε = 1. So it is
-    not a default (BENCHMARKS.md, "A larger public vocabulary for the classes whose released
-    count is large").
+    not a default (benchmarks/notes/2026-12-01-public-extension.md).
 
     The defaults were chosen by measurement on AG News (6,000 private documents, 4
     classes, ε = 1 + 5, keyphrase sequences only, classifier on sentence embeddings);
-    BENCHMARKS.md has the ablation that justifies each one. In short:
+    benchmarks/notes/2026-11-23-ag-ablation-why-the-defaults.md has the ablation behind each.
+    In short:
 
     * independent mode: the iterative ensemble splits ε_kde over ⌈log₂ L⌉ + 1
       structures in 384·B dimensions and its noise swamps the prefix signal at this
@@ -762,7 +763,8 @@ class GenerationConfig:
     @property
     def cells(self) -> int:
         """K_max: ``centroid_cells``, or by default (class centroids, a total budget) 8
-        from ε = 4 on and 1 below it, where one cell did better (BENCHMARKS.md)."""
+        from ε = 4 on and 1 below it, where one cell did better
+        (benchmarks/notes/2026-11-28-cells.md)."""
         if self.centroid_cells is not None:
             return self.centroid_cells
         if self.density_method != "centroid" or self.epsilon is None:
@@ -782,8 +784,7 @@ class GenerationConfig:
     def filters_sequences(self) -> bool:
         """Whether the consistency filter runs: ``consistency_filter``, or by default with
         class centroids (released directions to compare each sequence with; with cells, every
-        class's cells: BENCHMARKS.md, "A medical corpus of the larger shape, and the consistency
-        filter with cells")."""
+        class's cells: benchmarks/notes/2026-11-30-medical-abstracts-filter-with-cells.md)."""
         if self.consistency_filter is not None:
             return self.consistency_filter
         return self.density_method == "centroid"

@@ -15,7 +15,7 @@ What leaves :func:`generate_sequences` in :class:`GenerationResult`:
   line. They are NOT differentially private and must never reach a log, a response, a
   manifest or a prompt; the service discards them.
 
-Defaults were chosen by measurement on AG News; see ``benchmarks/`` and BENCHMARKS.md.
+Defaults were chosen by measurement on AG News; see ``benchmarks/notes/`` and BENCHMARKS.md.
 """
 
 from __future__ import annotations
