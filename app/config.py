@@ -21,6 +21,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from workers.settings import CoreSettings
 
 DATA_KEY_FILE = "data.key"
+DATABASE_FILE = "keyseed.sqlite3"  # the embedded database, in the data folder
 BUILTIN_LLMS = ("none", "local")  # no prompting; the packaged model served locally
 LEASE_SECONDS = 60.0  # default of job_lease_seconds
 
@@ -129,6 +130,21 @@ class Settings(CoreSettings):
         return not self.database_url
 
     @property
+    def data_path(self) -> Path:
+        """The data folder, absolute: ``KEYSEED_DATA_DIR`` (default ``var``) taken from the
+        current directory, as every process of the service (``keyseed serve``, its API and
+        workers, ``keyseed admin``) resolves it."""
+        return self.data_dir.resolve()
+
+    def database_source(self) -> str:
+        """Where the database's location came from, in words, for a message."""
+        if self.database_url:
+            return "the database URL (KEYSEED_DATABASE_URL or DATABASE_URL)"
+        if os.environ.get("KEYSEED_DATA_DIR"):
+            return f"the data folder KEYSEED_DATA_DIR={os.environ['KEYSEED_DATA_DIR']}"
+        return "the default data folder ./var, under the current directory"
+
+    @property
     def sqlalchemy_url(self) -> str:
         if self.database_url:
             url = self.database_url
@@ -137,7 +153,7 @@ class Settings(CoreSettings):
             if url.startswith("postgresql://"):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
             return url
-        return f"sqlite:///{self.data_dir.resolve() / 'keyseed.sqlite3'}"
+        return f"sqlite:///{self.data_path / DATABASE_FILE}"
 
     @property
     def keyring_path(self) -> Path:
@@ -145,7 +161,7 @@ class Settings(CoreSettings):
 
     @property
     def celery_broker_url(self) -> str:
-        return self.broker_url or f"sqla+sqlite:///{self.data_dir.resolve() / 'broker.sqlite3'}"
+        return self.broker_url or f"sqla+sqlite:///{self.data_path / 'broker.sqlite3'}"
 
     @property
     def llm_names(self) -> tuple[str, ...]:

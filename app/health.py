@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import Celery
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
 from app import metrics
@@ -17,8 +17,22 @@ router = APIRouter(tags=["operations"])
 
 
 class Health(BaseModel):
-    status: str
-    checks: dict[str, str] = {}
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"status": "ok", "checks": {"database": "ok", "broker": "ok"}}]
+        }
+    )
+
+    status: str = Field(
+        description="ok when the service answers (and, for /readyz, every check passed)"
+    )
+    checks: dict[str, str] = Field(
+        default={},
+        description=(
+            "/readyz: each dependency (database, broker) and whether it is ok or unavailable; "
+            "empty for /healthz"
+        ),
+    )
 
 
 def _database_ok(database: Database) -> bool:

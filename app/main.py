@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import admin, errors, health, metrics
+from app import admin, docs, errors, health, metrics
 from app.config import Settings, get_settings
 from app.crypto import DocumentCipher
 from app.datasets import service as datasets_service
@@ -43,6 +43,23 @@ submit generation jobs that reserve privacy budget against each dataset's cap, a
 release the synthetic corpora to client organisations. Every error is
 `application/problem+json` (RFC 9457).
 """
+
+
+def _description() -> str:
+    """The API's description, ending with the table of problem types."""
+    rows = "\n".join(
+        f"| [`{t.uri}`]({t.uri}) | {t.status or 'any other'} | {t.title} |"
+        for t in errors.PROBLEM_TYPES.values()
+    )
+    return (
+        f"{DESCRIPTION}\n"
+        "## Problem types\n\n"
+        "An error's `type` is one of these URIs, relative to the API's root; each is a page "
+        "of this server saying what the error means (`GET /problems` lists them all; send "
+        "`Accept: application/json` for JSON). They never change once published.\n\n"
+        "| `type` | status | title |\n| --- | --- | --- |\n"
+        f"{rows}\n"
+    )
 
 
 def _version() -> str:
@@ -123,7 +140,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         database.dispose()
 
-    app = FastAPI(title="keyseed", version=_version(), description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="keyseed",
+        version=_version(),
+        description=_description(),
+        lifespan=lifespan,
+        docs_url=None,  # served from the installed package by app.docs, not from a CDN
+        redoc_url=None,
+    )
     app.state.settings = settings
     app.state.database = database
     app.state.celery = celery
@@ -140,6 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ):
         app.include_router(router)
     admin.install(app)
+    docs.install(app)
     app.add_middleware(
         BodyLimitMiddleware,
         json_limit=settings.max_json_bytes,

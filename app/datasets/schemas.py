@@ -32,13 +32,18 @@ Epsilon = Annotated[
 class BudgetOut(BaseModel):
     """Every ε is the accountant's composition at the cap's δ."""
 
-    epsilon_cap: float
-    delta_cap: float
+    epsilon_cap: float = Field(description="The dataset's cap ε: what its jobs may spend in all")
+    delta_cap: float = Field(description="The cap's δ, at which every ε here is composed")
     spent: float = Field(description="ε of the committed jobs' releases, composed")
     reserved: float = Field(
         description="ε of the committed and reserved jobs' releases composed, minus spent"
     )
-    remaining: float
+    remaining: float = Field(
+        description=(
+            "ε left for new jobs: the cap minus spent and reserved (may be below 0 after an admin"
+            " lowered the cap)"
+        )
+    )
     accountant: str = Field(description="What composed the figures")
 
 
@@ -47,64 +52,129 @@ RAW_COUNTS = ("documents", "skipped_empty", "skipped_duplicate", "upload_bytes")
 
 
 class DatasetOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "name": "cardiology notes 2025",
+                    "format": "csv",
+                    "text_columns": ["text"],
+                    "label_column": "label",
+                    "labels": ["cardio", "ortho"],
+                    "unit_column": "patient_id",
+                    "documents": 1840,
+                    "skipped_empty": 3,
+                    "skipped_duplicate": 12,
+                    "upload_bytes": 2351904,
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                    "deleted_at": None,
+                    "budget": {
+                        "epsilon_cap": 5.0,
+                        "delta_cap": 1e-05,
+                        "spent": 0.0,
+                        "reserved": 0.872469478,
+                        "remaining": 4.127530522,
+                        "accountant": "pld(dp-accounting 0.6.0)",
+                    },
+                }
+            ]
+        },
+    )
 
-    id: uuid.UUID
-    organisation_id: uuid.UUID
-    name: str
-    format: str
-    text_columns: list[str]
-    label_column: str
-    labels: list[str]
-    unit_column: str | None
+    id: uuid.UUID = Field(description="The dataset's id")
+    organisation_id: uuid.UUID = Field(description="The owner organisation")
+    name: str = Field(description="The name given at upload")
+    format: str = Field(description="csv or jsonl")
+    text_columns: list[str] = Field(
+        description="The columns whose text makes each document (joined in this order)"
+    )
+    label_column: str = Field(description="The column holding each row's label")
+    labels: list[str] = Field(description="The declared label set (public schema)")
+    unit_column: str | None = Field(
+        description="The column naming each row's privacy unit; null: each row is its own unit"
+    )
     # Raw facts about the private upload (not DP): shown to the owning organisation only,
     # null for everyone else (docs/privacy.md).
     documents: int | None = Field(description=_RAW)
     skipped_empty: int | None = Field(description=_RAW)
     skipped_duplicate: int | None = Field(description=_RAW)
     upload_bytes: int | None = Field(description=_RAW)
-    created_at: datetime
-    deleted_at: datetime | None
-    budget: BudgetOut
+    created_at: datetime = Field(description="When the dataset was uploaded (UTC)")
+    deleted_at: datetime | None = Field(
+        description="When its documents were destroyed (UTC); null while it is live"
+    )
+    budget: BudgetOut = Field(description="The cap and what jobs have spent and reserved of it")
 
 
 class CapChange(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [{"epsilon_cap": 8.0, "reason": "second study approved by the board"}]
+        },
+    )
 
-    epsilon_cap: Epsilon
-    delta_cap: Annotated[float | None, Field(ge=0, lt=1), BeforeValidator(not_a_boolean)] = None
-    reason: str = Field(min_length=3, max_length=1000, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]+$")
+    epsilon_cap: Epsilon = Field(
+        description=(
+            "The new cap ε, 0.001 to 1000; lowering it below what is spent and reserved refuses "
+            "new jobs, raising it takes from the organisation's budget"
+        )
+    )
+    delta_cap: Annotated[float | None, Field(ge=0, lt=1), BeforeValidator(not_a_boolean)] = Field(
+        default=None, description="The new cap δ, 0 to < 1; null, the default: unchanged"
+    )
+    reason: str = Field(
+        description="Why the cap changes, recorded in the audit trail (3 to 1000 characters)",
+        min_length=3,
+        max_length=1000,
+        pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]+$",
+    )
 
 
 class LedgerEntryOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
-    id: int
-    job_id: uuid.UUID
-    kind: str
+    id: int = Field(description="The entry's id (entries are appended, never edited)")
+    job_id: uuid.UUID = Field(description="The job the entry charges")
+    kind: str = Field(
+        description=(
+            "reserve (held at submission), commit (spent at the first private read) or release (a"
+            " reservation handed back)"
+        )
+    )
     epsilon: float = Field(description="The job's releases composed at delta")
-    delta: float
-    epsilon_by_mechanism: dict[str, Any]
+    delta: float = Field(description="The δ at which epsilon is composed (the cap's)")
+    epsilon_by_mechanism: dict[str, Any] = Field(
+        description="ε of each mechanism of the job (vocabulary, kde, count, …)"
+    )
     events: list[dict[str, Any]] = Field(
         description="Every release the entry stands for: mechanism, noise and its scale, "
         "sensitivity and its norm, dimension, partition, count and the ε of each"
     )
     accountant: str = Field(description="What composed epsilon")
-    actor: str
-    created_at: datetime
+    actor: str = Field(
+        description="Who caused the entry: 'key:<id>', 'user:<id>' or 'system:<name>'"
+    )
+    created_at: datetime = Field(description="When the entry was written (UTC)")
 
 
 class LedgerReportOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
-    id: int
-    job_id: uuid.UUID
-    epsilon: float
-    delta: float
-    events: list[dict[str, Any]]
-    accountant: str
-    actor: str
-    created_at: datetime
+    id: int = Field(description="The report's id")
+    job_id: uuid.UUID = Field(description="The job whose engine recorded these releases")
+    epsilon: float = Field(description="ε of the reported releases composed at delta")
+    delta: float = Field(description="The δ at which epsilon is composed (the cap's)")
+    events: list[dict[str, Any]] = Field(
+        description="Every release the engine made, as it recorded them (public figures)"
+    )
+    accountant: str = Field(description="The accountant that composed epsilon")
+    actor: str = Field(description="Who wrote the report (a worker: 'system:<name>')")
+    created_at: datetime = Field(description="When the report was written (UTC)")
     differences: list[str] = Field(
         default_factory=list,
         description="Releases charged but not reported, reported but not charged, or "
@@ -113,9 +183,69 @@ class LedgerReportOut(BaseModel):
 
 
 class LedgerOut(BaseModel):
-    dataset_id: uuid.UUID
-    budget: BudgetOut
-    entries: list[LedgerEntryOut]
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+                    "budget": {
+                        "epsilon_cap": 5.0,
+                        "delta_cap": 1e-05,
+                        "spent": 0.0,
+                        "reserved": 0.872469478,
+                        "remaining": 4.127530522,
+                        "accountant": "pld(dp-accounting 0.6.0)",
+                    },
+                    "entries": [
+                        {
+                            "id": 1,
+                            "job_id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
+                            "kind": "reserve",
+                            "epsilon": 0.872469478,
+                            "delta": 1e-05,
+                            "epsilon_by_mechanism": {"kde": 0.999999289},
+                            "events": [
+                                {
+                                    "mechanism": "kde",
+                                    "name": None,
+                                    "noise": "gaussian",
+                                    "scale": 4.224681681995382,
+                                    "sensitivity": 1.0,
+                                    "norm": "l2",
+                                    "dimension": 384,
+                                    "partition": "cardio",
+                                    "count": 1,
+                                    "epsilon": None,
+                                },
+                                {
+                                    "mechanism": "kde",
+                                    "name": None,
+                                    "noise": "gaussian",
+                                    "scale": 4.224681681995382,
+                                    "sensitivity": 1.0,
+                                    "norm": "l2",
+                                    "dimension": 384,
+                                    "partition": "ortho",
+                                    "count": 1,
+                                    "epsilon": None,
+                                },
+                            ],
+                            "accountant": "pld(dp-accounting 0.6.0)",
+                            "actor": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
+                            "created_at": "2026-12-07T05:31:37.680719Z",
+                        }
+                    ],
+                    "reports": [],
+                }
+            ]
+        }
+    )
+
+    dataset_id: uuid.UUID = Field(description="The dataset")
+    budget: BudgetOut = Field(description="The dataset's cap and what is spent and reserved of it")
+    entries: list[LedgerEntryOut] = Field(
+        description="Every ledger entry of the dataset, oldest first"
+    )
     reports: list[LedgerReportOut] = Field(
         description="Per job, the releases its engine made as it recorded them, and how "
         "they differ from those the job was charged for"

@@ -19,54 +19,163 @@ NAME_PATTERN = rf"^{_NAME_CHARACTER}+$"
 OPTIONAL_NAME_PATTERN = rf"^{_NAME_CHARACTER}*$"
 # Free text (a reason, a prompt): no control character but tabs and line breaks.
 TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
-Name = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
 
 
 class OrganisationIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "St Mary's Hospital",
+                    "kind": "owner",
+                    "epsilon_budget": 20.0,
+                    "delta_budget": 1e-05,
+                }
+            ]
+        },
+    )
 
-    name: str = Name
-    kind: Literal["owner", "client"]
+    name: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=NAME_PATTERN,
+        description="The organisation's name, unique on the server (1 to 200 characters)",
+    )
+    kind: Literal["owner", "client"] = Field(
+        description="owner (uploads corpora and holds a privacy budget) or client (receives "
+        "releases)"
+    )
     # An owner organisation's privacy budget; the server's default when not given.
     epsilon_budget: Annotated[float | None, Field(gt=0, le=1e6), BeforeValidator(not_a_boolean)] = (
-        None
+        Field(
+            default=None,
+            description="Owner organisations: the privacy budget's ε, which dataset caps are "
+            "carved out of (> 0 to 1e6); null: the server's default. A client holds none",
+        )
     )
-    delta_budget: Annotated[float | None, Field(ge=0, lt=1), BeforeValidator(not_a_boolean)] = None
+    delta_budget: Annotated[float | None, Field(ge=0, lt=1), BeforeValidator(not_a_boolean)] = (
+        Field(
+            default=None,
+            description="Owner organisations: the privacy budget's δ (0 to < 1); null: the "
+            "server's default",
+        )
+    )
 
 
 class OrganisationOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "name": "St Mary's Hospital",
+                    "kind": "owner",
+                    "epsilon_budget": 20.0,
+                    "delta_budget": 1e-05,
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                }
+            ]
+        },
+    )
 
-    id: uuid.UUID
-    name: str
-    kind: Literal["platform", "owner", "client"]
+    id: uuid.UUID = Field(description="The organisation's id")
+    name: str = Field(description="Its name, unique on the server")
+    kind: Literal["platform", "owner", "client"] = Field(
+        description="platform (the admins' and auditors'), owner or client"
+    )
     epsilon_budget: float = Field(description="Owner organisations: the privacy budget's ε")
-    delta_budget: float
-    created_at: datetime
+    delta_budget: float = Field(description="Owner organisations: the privacy budget's δ")
+    created_at: datetime = Field(description="When it was created (UTC)")
 
 
 class KeyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "role": "owner",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "name": "ingest",
+                }
+            ]
+        },
+    )
 
-    role: Literal["owner", "client", "admin", "auditor"]
+    role: Literal["owner", "client", "admin", "auditor"] = Field(
+        description=(
+            "owner or client (keys of that kind of organisation), admin or auditor (platform "
+            "keys, no organisation)"
+        )
+    )
     organisation_id: uuid.UUID | None = Field(
         default=None, description="Required for owner and client keys"
     )
-    name: str = Field(default="", max_length=200, pattern=OPTIONAL_NAME_PATTERN)
+    name: str = Field(
+        description="A name to tell keys apart (0 to 200 characters)",
+        default="",
+        max_length=200,
+        pattern=OPTIONAL_NAME_PATTERN,
+    )
 
 
 class KeyOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "ede1d769-15a2-4e80-a6f1-bc2ff5122c2c",
+                    "prefix": "80a3ce03e791",
+                    "name": "ingest",
+                    "role": "owner",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                    "last_used_at": None,
+                    "revoked_at": None,
+                }
+            ]
+        },
+    )
 
-    id: uuid.UUID
-    prefix: str
-    name: str
-    role: Literal["owner", "client", "admin", "auditor"]
-    organisation_id: uuid.UUID
-    created_at: datetime
-    last_used_at: datetime | None
-    revoked_at: datetime | None
+    id: uuid.UUID = Field(description="The key's id")
+    prefix: str = Field(
+        description="The 12 hex characters after 'ks_' that identify the key (not secret)"
+    )
+    name: str = Field(description="The key's name")
+    role: Literal["owner", "client", "admin", "auditor"] = Field(
+        description="What the key may do: owner, client, admin or auditor"
+    )
+    organisation_id: uuid.UUID = Field(
+        description="The organisation the key acts for (the platform's for admin and auditor keys)"
+    )
+    created_at: datetime = Field(description="When the key was made (UTC)")
+    last_used_at: datetime | None = Field(
+        description="When it last authenticated a request (UTC); null: never"
+    )
+    revoked_at: datetime | None = Field(description="When it was revoked (UTC); null: it is valid")
 
 
 class KeyCreated(KeyOut):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "ede1d769-15a2-4e80-a6f1-bc2ff5122c2c",
+                    "prefix": "80a3ce03e791",
+                    "name": "ingest",
+                    "role": "owner",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "created_at": "2026-12-07T05:31:37.680719Z",
+                    "last_used_at": None,
+                    "revoked_at": None,
+                    "key": "ks_80a3ce03e791_EXAMPLE-not-a-real-secret-0000000000000000000",
+                }
+            ]
+        }
+    )
+
     key: str = Field(description="The API key. It is shown once and cannot be recovered.")

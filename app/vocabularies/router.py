@@ -39,9 +39,22 @@ def upload_vocabulary(
     settings: SettingsDep,
     principal: Annotated[Principal, allowed(Action.VOCABULARY_CREATE)],
     file: Annotated[UploadFile, File(description="UTF-8 text, one public phrase a line")],
-    name: Annotated[str, Form(min_length=1, max_length=200, pattern=NAME_PATTERN)],
-    description: Annotated[str, Form(max_length=2000, pattern=_TEXT)] = "",
-    licence: Annotated[str, Form(max_length=500, pattern=_TEXT)] = "",
+    name: Annotated[
+        str,
+        Form(
+            min_length=1,
+            max_length=200,
+            pattern=NAME_PATTERN,
+            description="The vocabulary's name, shown in listings",
+        ),
+    ],
+    description: Annotated[
+        str, Form(max_length=2000, pattern=_TEXT, description="What the phrases are (public)")
+    ] = "",
+    licence: Annotated[
+        str,
+        Form(max_length=500, pattern=_TEXT, description="The licence the phrases are under"),
+    ] = "",
 ) -> VocabularyOut:
     """A public vocabulary (never private text: it is readable by the organisation and by
     the platform's admins and auditors)."""

@@ -258,3 +258,45 @@ def test_aug_pe_with_the_packaged_local_llm(corpus: dict[str, Path]) -> None:
     assert costs["calls"] >= tiny_params(population=2, num_released=2).planned_calls()
     assert costs["completion_tokens"] > 0
     assert len(corpus["out"].read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_dpkps_prompts_the_openai_endpoint_it_resolved_before_the_run(
+    corpus: dict[str, Path], llm: FakeLLM, tmp_path: Path
+) -> None:
+    vocabulary = tmp_path / "vocab.txt"
+    vocabulary.write_text("match\ngoal\nteam\nshares\nbank\nprofits\n", encoding="utf-8")
+    args = [
+        "generate",
+        "--input",
+        str(corpus["input"]),
+        "--text-column",
+        "text",
+        "--label-column",
+        "class",
+        "--labels",
+        ",".join(LABELS),
+        "--vocabulary",
+        str(vocabulary),
+        "--vocabulary-size",
+        "4",
+        "--epsilon-vocab",
+        "2",
+        "--epsilon-kde",
+        "4",
+        "--per-class",
+        "2",
+        "--sequence-length",
+        "2",
+        "--output",
+        str(corpus["out"]),
+        "--llm",
+        "openai",
+    ]
+    assert main(args) == 0
+    records = [json.loads(line) for line in corpus["out"].read_text().splitlines()]
+    assert len(records) == 2 * len(LABELS)
+    assert {r["text"] for r in records} <= {topical({"messages": [{"content": x}]}) for x in LABELS}
+    prompting = manifest_of(corpus["out"])["prompting"]
+    assert isinstance(prompting, dict)
+    assert prompting["llm"] == "openai" and prompting["base_url"] == llm.base_url
+    assert prompting["succeeded"] == len(records)

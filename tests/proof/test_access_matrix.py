@@ -85,6 +85,20 @@ MATRIX: tuple[Row, ...] = (
     ("GET", "/docs", "200 200 200 200 200 200", _none),
     ("GET", "/docs/oauth2-redirect", "200 200 200 200 200 200", _none),
     ("GET", "/redoc", "200 200 200 200 200 200", _none),
+    # The docs' own assets and the problem types' pages: public, the same for everyone.
+    (
+        "*",
+        "/docs/static/{path}",
+        "200 200 200 200 200 200",
+        lambda s, scope: Call({"path": "swagger-ui-bundle.js"}),
+    ),
+    ("GET", "/problems", "200 200 200 200 200 200", _none),
+    (
+        "GET",
+        "/problems/{slug}",
+        "200 200 200 200 200 200",
+        lambda s, scope: Call({"slug": "budget-exceeded"}),
+    ),
     (
         "POST",
         "/v1/organisations",

@@ -18,17 +18,19 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workers.errors import ConfigError, InputDataError
-from workers.llm.client import LLMCosts, LLMEndpoint, Messages, complete, run_sync
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
 from workers.text.corpus import check_corpus
-from workers.text.embeddings import Embedder
+
+if TYPE_CHECKING:  # types only: the LLM client loads asyncio and tenacity, embeddings numpy
+    from workers.llm.client import LLMCosts, LLMEndpoint, Messages
+    from workers.text.embeddings import Embedder
 
 DOCUMENT_TYPE_CHARS = 200
 
@@ -38,11 +40,48 @@ class MethodParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    document_type: str = Field(min_length=1, max_length=DOCUMENT_TYPE_CHARS)
-    epsilon: float = Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING)
-    delta: float = Field(gt=0.0, le=1e-3)
-    concurrency: int = Field(default=8, ge=1, le=1024)
-    seed: int = Field(default=0, ge=0, le=2**53 - 1)
+    document_type: str = Field(
+        description=(
+            "What kind of document the LLM writes, in words ('clinical note'); public, in every "
+            "prompt. One line, 1 to 200 characters"
+        ),
+        min_length=1,
+        max_length=DOCUMENT_TYPE_CHARS,
+    )
+    epsilon: float = Field(
+        description=(
+            "The run's total ε: every release of every class and iteration together, charged to "
+            "the dataset's cap. 0.001 to 100"
+        ),
+        ge=EPSILON_FLOOR,
+        le=EPSILON_CEILING,
+    )
+    delta: float = Field(
+        description=(
+            "The run's total δ (Gaussian noise; > 0 required), at most the dataset's delta_cap. >"
+            " 0 to 0.001"
+        ),
+        gt=0.0,
+        le=1e-3,
+    )
+    concurrency: int = Field(
+        description=(
+            "LLM requests in flight at once; capped by the server's own LLM concurrency. Default "
+            "8, 1 to 1024"
+        ),
+        default=8,
+        ge=1,
+        le=1024,
+    )
+    seed: int = Field(
+        description=(
+            "Seed of the public randomness (sampling, prompts); the DP noise is never seeded. "
+            "Default 0, 0 to 2⁵³ − 1"
+        ),
+        default=0,
+        ge=0,
+        le=2**53 - 1,
+    )
 
     @field_validator("document_type")
     @classmethod
@@ -133,6 +172,8 @@ def complete_texts(
     requests: Sequence[Messages], *, endpoint: LLMEndpoint, concurrency: int, costs: LLMCosts
 ) -> list[str | None]:
     """One completion per request; ``None`` where the endpoint failed."""
+    from workers.llm.client import complete, run_sync
+
     if not requests:
         return []
     outcomes = run_sync(

@@ -4,7 +4,9 @@ Each entry says, from public inputs only, what a caller needs before a run: the 
 parameter model, the events of its releases (reserved before the first private read),
 the LLM calls it will make and the most documents it can release; and, to run it, its
 entry point. The service's job specs, dry runs, manifests and the CLI's options are all
-built from these entries, so a method plugs in here and nowhere else.
+built from these entries, so a method plugs in here and in :mod:`workers.methods.catalog`,
+which names its id and parameter model without loading any numerical library, so that
+validating options and job specs stays fast.
 
 """
 
@@ -16,15 +18,13 @@ from typing import Any, Final
 
 from workers.methods import aug_pe, dp_eda, pate_tutor
 from workers.methods.aug_pe.runner import DESCRIPTION as AUG_PE_DESCRIPTION
+from workers.methods.catalog import AUG_PE, DP_EDA, METHOD_PARAMS, METHOD_VOCABULARY, PATE_TUTOR
 from workers.methods.common import MethodParams, MethodResult
-from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dp_eda.runner import DESCRIPTION as DP_EDA_DESCRIPTION
 from workers.methods.pate_tutor.runner import DESCRIPTION as PATE_TUTOR_DESCRIPTION
 from workers.privacy.events import PrivacyEvent
 
-AUG_PE: Final = "aug-pe"
-PATE_TUTOR: Final = "pate-tutor"
-DP_EDA: Final = "dp-eda"
+__all__ = ["AUG_PE", "DP_EDA", "LLM_METHODS", "PATE_TUTOR", "LLMMethod", "llm_method"]
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,6 @@ class LLMMethod:
     vocabulary: Callable[[Any], str | None] = lambda params: None
 
 
-def _dp_eda_vocabulary(params: DPEDAParams) -> str | None:
-    reads = params.decoder == "llm_reconstruction" or params.population_source == "vocabulary"
-    return params.vocabulary if reads else None
-
-
 LLM_METHODS: Final[dict[str, LLMMethod]] = {
     m.id: m
     for m in (
@@ -58,7 +53,7 @@ LLM_METHODS: Final[dict[str, LLMMethod]] = {
             id=AUG_PE,
             title="Aug-PE",
             description=AUG_PE_DESCRIPTION,
-            params=aug_pe.AugPEParams,
+            params=METHOD_PARAMS[AUG_PE],
             plan=aug_pe.plan_aug_pe,
             planned_calls=lambda p, classes: p.planned_calls(),
             max_released=lambda p, classes: p.num_released,
@@ -70,7 +65,7 @@ LLM_METHODS: Final[dict[str, LLMMethod]] = {
             id=PATE_TUTOR,
             title="PATE-tutor",
             description=PATE_TUTOR_DESCRIPTION,
-            params=pate_tutor.PateTutorParams,
+            params=METHOD_PARAMS[PATE_TUTOR],
             plan=pate_tutor.plan_pate_tutor,
             planned_calls=lambda p, classes: p.planned_calls(),
             max_released=lambda p, classes: p.num_released,
@@ -82,14 +77,14 @@ LLM_METHODS: Final[dict[str, LLMMethod]] = {
             id=DP_EDA,
             title="DP-EDA",
             description=DP_EDA_DESCRIPTION,
-            params=dp_eda.DPEDAParams,
+            params=METHOD_PARAMS[DP_EDA],
             plan=dp_eda.plan_dp_eda,
             planned_calls=lambda p, classes: p.planned_calls(classes),
             max_released=lambda p, classes: p.max_released(classes),
             released_field="parents",
             calls_field="initial_population",
             run=dp_eda.run_dp_eda,
-            vocabulary=_dp_eda_vocabulary,
+            vocabulary=METHOD_VOCABULARY[DP_EDA],
         ),
     )
 }

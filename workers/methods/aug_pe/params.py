@@ -36,24 +36,147 @@ MAX_LLM_CALLS = 10_000_000  # per run, retries excluded: far above what a machin
 class AugPEParams(MethodParams):
     """The job's Aug-PE parameters (module docstring); frozen once validated."""
 
-    iterations: int = Field(default=10, ge=1, le=100)
-    initial_variation_folds: int = Field(default=3, ge=0, le=20)
-    variation_folds: int = Field(default=3, ge=0, le=20)
-    keep_selected: bool = True
-    lookahead_degree: int = Field(default=0, ge=0, le=10)
-    population: int = Field(default=100, ge=1, le=100_000)
-    num_released: int = Field(default=100, ge=1, le=2_100_000)
-    nearest_neighbors: int = Field(default=1, ge=1, le=100)
-    distance: Literal["l2", "cosine", "inner_product"] = "l2"
-    selection: Literal["rank", "sample"] = "rank"
-    histogram_threshold: float | None = Field(default=None, ge=0.0, le=1e9)
-    count_share: float = Field(default=0.1, gt=0.0, lt=1.0)
-    variation: Literal["fill_in_blanks", "paraphrase"] = "fill_in_blanks"
-    blank_probability: float = Field(default=0.5, ge=0.0, lt=1.0)
-    word_count_std: float | None = Field(default=30.0, ge=0.0, le=10_000.0)
-    min_word_count: int = Field(default=25, ge=0, le=10_000)
-    max_tokens: int = Field(default=128, ge=8, le=32_768)
-    temperature: float = Field(default=1.2, ge=0.0, le=2.0)
+    iterations: int = Field(
+        description=(
+            "T, the Private Evolution iterations, each one released vote histogram per class; the"
+            " noise σ grows with √T. Default 10, 1 to 100"
+        ),
+        default=10,
+        ge=1,
+        le=100,
+    )
+    initial_variation_folds: int = Field(
+        description=(
+            "f₀: LLM variations made of each initial sample (the first population is N·(1 + f₀))."
+            " Default 3, 0 to 20"
+        ),
+        default=3,
+        ge=0,
+        le=20,
+    )
+    variation_folds: int = Field(
+        description=(
+            "f: LLM variations made of each selected sample in later iterations. Default 3, 0 to 20"
+        ),
+        default=3,
+        ge=0,
+        le=20,
+    )
+    keep_selected: bool = Field(
+        default=True,
+        description=(
+            "Whether the selected samples themselves join the next population beside their "
+            "variations (needed when variation_folds is 0). Default true"
+        ),
+    )
+    lookahead_degree: int = Field(
+        description=(
+            "d: a candidate's embedding is the mean of d variations of it (0: its own embedding; "
+            "each costs LLM calls, no budget). Default 0, 0 to 10"
+        ),
+        default=0,
+        ge=0,
+        le=10,
+    )
+    population: int = Field(
+        description=(
+            "N, the samples selected per iteration (per class, split by the class proportions); "
+            "the number of LLM calls grows with it. Default 100, 1 to 100,000"
+        ),
+        default=100,
+        ge=1,
+        le=100_000,
+    )
+    num_released: int = Field(
+        description=(
+            "N_T, documents released at the end, selected from the last iteration's candidates "
+            "(at most population × folds). Default 100, 1 to 2,100,000"
+        ),
+        default=100,
+        ge=1,
+        le=2_100_000,
+    )
+    nearest_neighbors: int = Field(
+        description=(
+            "k: each private document votes for its k nearest candidates, 1/√k each (L2 norm 1 "
+            "per document). Default 1, 1 to 100"
+        ),
+        default=1,
+        ge=1,
+        le=100,
+    )
+    distance: Literal["l2", "cosine", "inner_product"] = Field(
+        default="l2",
+        description=(
+            "The distance of the nearest-neighbour vote between embeddings: l2 (the default), "
+            "cosine or inner_product"
+        ),
+    )
+    selection: Literal["rank", "sample"] = Field(
+        default="rank",
+        description=(
+            "rank (the default): keep the N candidates with the largest noisy votes; sample: draw"
+            " N with probability ∝ noisy votes (post-processing)"
+        ),
+    )
+    histogram_threshold: float | None = Field(
+        description=(
+            "H: H is subtracted from each noisy vote and the result clipped at 0 before selection"
+            " (post-processing); null, the default: no threshold. 0 to 1e9"
+        ),
+        default=None,
+        ge=0.0,
+        le=1e9,
+    )
+    count_share: float = Field(
+        description=(
+            "The DP class counts' share of the budget, in μ² (the currency Gaussian mechanisms "
+            "add up in); the rest goes to the T vote histograms. Default 0.1, > 0 to < 1"
+        ),
+        default=0.1,
+        gt=0.0,
+        lt=1.0,
+    )
+    variation: Literal["fill_in_blanks", "paraphrase"] = Field(
+        default="fill_in_blanks",
+        description=(
+            "How the LLM varies a sample: fill_in_blanks (mask words, the LLM fills them; the "
+            "default) or paraphrase"
+        ),
+    )
+    blank_probability: float = Field(
+        description="fill_in_blanks: the probability that a word is masked. Default 0.5, 0 to < 1",
+        default=0.5,
+        ge=0.0,
+        lt=1.0,
+    )
+    word_count_std: float | None = Field(
+        description=(
+            "The target length of a variation is the sample's word count plus N(0, std²) words; "
+            "null: no target length. Default 30, 0 to 10,000"
+        ),
+        default=30.0,
+        ge=0.0,
+        le=10_000.0,
+    )
+    min_word_count: int = Field(
+        description="The target length's floor, in words. Default 25, 0 to 10,000",
+        default=25,
+        ge=0,
+        le=10_000,
+    )
+    max_tokens: int = Field(
+        description="The most tokens the LLM writes per call. Default 128, 8 to 32,768",
+        default=128,
+        ge=8,
+        le=32_768,
+    )
+    temperature: float = Field(
+        description="The LLM's sampling temperature. Default 1.2, 0 to 2",
+        default=1.2,
+        ge=0.0,
+        le=2.0,
+    )
 
     @field_validator("keep_selected")
     @classmethod

@@ -34,24 +34,156 @@ from workers.methods.common import MethodParams
 class DPEDAParams(MethodParams):
     """The job's DP-EDA parameters (module docstring); frozen once validated."""
 
-    ld_delta_share: float = Field(default=0.5, gt=0.0, lt=1.0)
-    adjacency: Literal["add_remove", "replace_one"] = "add_remove"
-    iterations: int = Field(default=7, ge=1, le=100)
-    domain: int = Field(default=300, ge=1, le=100_000)
-    parents: int = Field(default=30, ge=2, le=10_000)
-    initial_population: int = Field(default=1000, ge=2, le=100_000)
-    offspring: int = Field(default=3000, ge=2, le=100_000)
-    alpha: float = Field(default=0.1, ge=0.0, le=1.0)
-    top_r: int = Field(default=5, ge=2, le=10_000)
-    population_source: Literal["llm", "vocabulary"] = "llm"
-    decoder: Literal["llm_reconstruction", "retrieval"] = "llm_reconstruction"
-    vocabulary: str = "english"
-    nearest_phrases: int = Field(default=8, ge=1, le=100)
-    candidates: int = Field(default=4, ge=1, le=32)
-    rounds: int = Field(default=2, ge=1, le=10)
-    perplexity_percentile: float = Field(default=95.0, gt=0.0, le=100.0)
-    max_tokens: int = Field(default=96, ge=8, le=32_768)
-    temperature: float = Field(default=0.9, ge=0.0, le=2.0)
+    ld_delta_share: float = Field(
+        description=(
+            "The share of delta spent outright by the T LimitedDomain restrictions (δ·share/T "
+            "each); the rest is the δ at which the Gumbel selections are composed. Default 0.5, >"
+            " 0 to < 1"
+        ),
+        default=0.5,
+        gt=0.0,
+        lt=1.0,
+    )
+    adjacency: Literal["add_remove", "replace_one"] = Field(
+        default="add_remove",
+        description=(
+            "The calibration of the selections: add_remove (Durfee & Rogers's constants, the "
+            "ledger's neighbouring relation; the default) or replace_one (the paper's factor 2: "
+            "valid too, with twice the noise)"
+        ),
+    )
+    iterations: int = Field(
+        description=(
+            "T, the evolution iterations per class, each k noisy selections. Default 7, 1 to 100"
+        ),
+        default=7,
+        ge=1,
+        le=100,
+    )
+    domain: int = Field(
+        description=(
+            "K, the limited domain: the candidates a selection may return, by vote count. Default"
+            " 300, 1 to 100,000"
+        ),
+        default=300,
+        ge=1,
+        le=100_000,
+    )
+    parents: int = Field(
+        description=(
+            "k (N_par), the parents selected per iteration, at most domain. Default 30, 2 to 10,000"
+        ),
+        default=30,
+        ge=2,
+        le=10_000,
+    )
+    initial_population: int = Field(
+        description=(
+            "N_pb, the public initial population per class, at least domain + 1. Default 1,000, 2"
+            " to 100,000"
+        ),
+        default=1000,
+        ge=2,
+        le=100_000,
+    )
+    offspring: int = Field(
+        description=(
+            "N_cld, the embeddings the EDA samples per iteration, at least domain + 1. Default "
+            "3,000, 2 to 100,000"
+        ),
+        default=3000,
+        ge=2,
+        le=100_000,
+    )
+    alpha: float = Field(
+        description=(
+            "α, the EDA's smoothing: how far the Gaussian's mean and spread move towards the best"
+            " parents each iteration (post-processing). Default 0.1, 0 to 1"
+        ),
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+    )
+    top_r: int = Field(
+        description=(
+            "R, the top-ranked parents whose spread sets the EDA's σ. Default 5, 2 to 10,000"
+        ),
+        default=5,
+        ge=2,
+        le=10_000,
+    )
+    population_source: Literal["llm", "vocabulary"] = Field(
+        default="llm",
+        description=(
+            "Where the initial population comes from: llm (texts the LLM writes for each class; "
+            "the default) or vocabulary (the phrases of vocabulary nearest the class name, no LLM"
+            " calls)"
+        ),
+    )
+    decoder: Literal["llm_reconstruction", "retrieval"] = Field(
+        default="llm_reconstruction",
+        description=(
+            "How a selected embedding becomes text: llm_reconstruction (the LLM writes candidates"
+            " from the nearest vocabulary phrases, the closest re-embedding is kept; the default)"
+            " or retrieval (the nearest text of the public pool)"
+        ),
+    )
+    vocabulary: str = Field(
+        default="english",
+        description=(
+            "The public vocabulary (a built-in name or an uploaded vocabulary's id) of the "
+            "reconstruction decoder and the vocabulary population. Default 'english'"
+        ),
+    )
+    nearest_phrases: int = Field(
+        description=(
+            "llm_reconstruction: the phrases nearest the target embedding given to the LLM. "
+            "Default 8, 1 to 100"
+        ),
+        default=8,
+        ge=1,
+        le=100,
+    )
+    candidates: int = Field(
+        description=(
+            "llm_reconstruction: texts the LLM writes per round, of which the one whose embedding"
+            " is nearest the target is kept. Default 4, 1 to 32"
+        ),
+        default=4,
+        ge=1,
+        le=32,
+    )
+    rounds: int = Field(
+        description=(
+            "llm_reconstruction: rounds per decode, each seeded by the best text so far. Default "
+            "2, 1 to 10"
+        ),
+        default=2,
+        ge=1,
+        le=10,
+    )
+    perplexity_percentile: float = Field(
+        description=(
+            "The readability filter's threshold: a decoded text is dropped when its "
+            "character-bigram perplexity is above this percentile of the public initial "
+            "population's. Default 95, > 0 to 100"
+        ),
+        default=95.0,
+        gt=0.0,
+        le=100.0,
+    )
+    max_tokens: int = Field(
+        description="The most tokens the LLM writes per call. Default 96, 8 to 32,768",
+        default=96,
+        ge=8,
+        le=32_768,
+    )
+    temperature: float = Field(
+        description="The LLM's sampling temperature. Default 0.9, 0 to 2",
+        default=0.9,
+        ge=0.0,
+        le=2.0,
+    )
 
     @field_validator("parents")
     @classmethod

@@ -33,15 +33,78 @@ MAX_POOL = 1_000_000
 class PateTutorParams(MethodParams):
     """The job's PATE-tutor parameters (module docstring); frozen once validated."""
 
-    teachers: int = Field(default=15, ge=2, le=1_000)
-    queries: int = Field(default=100, ge=1, le=100_000)
-    negatives: int = Field(default=200, ge=1, le=MAX_POOL)
-    candidates: int = Field(default=300, ge=1, le=MAX_POOL)
-    num_released: int = Field(default=100, ge=1, le=MAX_POOL)
-    tutor_share: float = Field(default=0.1, gt=0.0, lt=1.0)
-    regularization: float = Field(default=1.0, gt=0.0, le=1e6)
-    max_tokens: int = Field(default=256, ge=8, le=32_768)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    teachers: int = Field(
+        description=(
+            "M, the teachers: each a classifier on one keyed-hash shard of the private corpus. "
+            "Default 15, 2 to 1,000"
+        ),
+        default=15,
+        ge=2,
+        le=1_000,
+    )
+    queries: int = Field(
+        description=(
+            "Q, the public candidates (pool B) the teachers label with noisy votes; the vote "
+            "noise grows with √Q. Fixed before any private read. Default 100, 1 to 100,000"
+        ),
+        default=100,
+        ge=1,
+        le=100_000,
+    )
+    negatives: int = Field(
+        description=(
+            "Size of pool A, the LLM-generated public texts the teachers learn as negatives. "
+            "Default 200, 1 to 1,000,000"
+        ),
+        default=200,
+        ge=1,
+        le=MAX_POOL,
+    )
+    candidates: int = Field(
+        description=(
+            "Size of pool C, the LLM-generated texts the student scores to pick the released "
+            "ones. Default 300, 1 to 1,000,000"
+        ),
+        default=300,
+        ge=1,
+        le=MAX_POOL,
+    )
+    num_released: int = Field(
+        description=(
+            "n, the documents released: the best of pool C by the student's score (at most "
+            "candidates). Default 100, 1 to 1,000,000"
+        ),
+        default=100,
+        ge=1,
+        le=MAX_POOL,
+    )
+    tutor_share: float = Field(
+        description=(
+            "The DP label tutor's (class counts') share of the budget in μ²; the rest goes to the"
+            " Q teacher votes. Default 0.1, > 0 to < 1"
+        ),
+        default=0.1,
+        gt=0.0,
+        lt=1.0,
+    )
+    regularization: float = Field(
+        description=(
+            "C, the inverse L2 strength of the logistic-regression teachers and student. Default "
+            "1, > 0 to 1e6"
+        ),
+        default=1.0,
+        gt=0.0,
+        le=1e6,
+    )
+    max_tokens: int = Field(
+        description="The most tokens the LLM writes per call. Default 256, 8 to 32,768",
+        default=256,
+        ge=8,
+        le=32_768,
+    )
+    temperature: float = Field(
+        description="The LLM's sampling temperature. Default 1, 0 to 2", default=1.0, ge=0.0, le=2.0
+    )
 
     @field_validator("num_released")
     @classmethod
