@@ -292,6 +292,15 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     stage: Mapped[str | None] = mapped_column(String(32))
     progress: Mapped[float] = mapped_column(Float, default=0.0)
+    # The running stage as "stage k of n" (public: workers.methods.progress), the share
+    # done of a public-work stage (None in a stage that reads the private corpus), that
+    # share when the stage last (re)started and when that was (never shown to others
+    # than the owner: a private stage's start times the private work before it).
+    stage_number: Mapped[int | None]
+    stage_count: Mapped[int | None]
+    stage_fraction: Mapped[float | None] = mapped_column(Float)
+    stage_base: Mapped[float] = mapped_column(Float, default=0.0)
+    stage_started_at: Mapped[datetime | None]
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     epsilon: Mapped[float] = mapped_column(Float)
     epsilon_by_mechanism: Mapped[dict[str, Any]]

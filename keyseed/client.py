@@ -266,8 +266,11 @@ class Job(_Model):
     submitted_by: str
     created_at: datetime
     started_at: datetime | None
-    finished_at: datetime | None
-    updated_at: datetime
+    finished_at: datetime | None  # the owning organisation's only (None for others)
+    updated_at: datetime | None  # the owning organisation's only (None for others)
+    # the running stage: name, title, number and count (stage k of n), public_work,
+    # fraction and seconds_left (public-work stages only), started_at (owner only)
+    current_stage: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:

@@ -106,6 +106,17 @@ def when(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def seconds(value: float | None) -> str:
+    """A time estimate in words a person reads at a glance: ``about 3 min``."""
+    if value is None:
+        return ""
+    if value < 60:
+        return f"about {max(1, round(value))} s"
+    if value < 3600:
+        return f"about {round(value / 60)} min"
+    return f"about {value / 3600:.1f} h"
+
+
 def iso(moment: datetime | None) -> str:
     return moment.astimezone(UTC).isoformat() if moment is not None else ""
 

@@ -55,7 +55,16 @@ environment.filters.update(
     mechanisms=formatting.mechanisms,
     details=formatting.details,
     short=lambda value: str(value)[:8],
+    seconds=formatting.seconds,
+    job_stage=lambda job: _job_stage(job),
 )
+
+
+def _job_stage(job: Any) -> Any:
+    """A job's running stage as the platform roles see it (never its start time)."""
+    from app.jobs.service import current_stage
+
+    return current_stage(job, owner=False)
 
 
 def root(request: Request) -> str:

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli import checks
 from workers.errors import ConfigError, KeyseedError
+from workers.methods.progress import run_stages
+from workers.progress_bars import StageBars
 
 if TYPE_CHECKING:
     from workers.llm.client import LLMCosts
@@ -60,39 +62,6 @@ def _atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
         raise
     for tmp, final in zip(temps, paths, strict=True):
         os.replace(tmp, final)
-
-
-class _Progress:
-    """One tqdm bar per stage, on stderr."""
-
-    def __init__(self) -> None:
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self._bars: dict[str, Any] = {}
-
-    def __call__(self, stage: str, fraction: float) -> None:
-        bar = self._bars.get(stage)
-        if bar is None:
-            for other in self._bars.values():
-                other.close()
-            bar = self._tqdm(
-                total=1000,
-                desc=stage,
-                file=sys.stderr,
-                leave=False,
-                bar_format="{desc:>20}: {percentage:3.0f}%|{bar}| {elapsed}",
-            )
-            self._bars[stage] = bar
-        bar.n = round(1000 * min(max(fraction, 0.0), 1.0))
-        bar.refresh()
-
-    def prompts(self, done: int, total: int) -> None:
-        self("prompts", done / total if total else 1.0)
-
-    def close(self) -> None:
-        for bar in self._bars.values():
-            bar.close()
 
 
 def _warn_owner(result: Any) -> None:
@@ -141,7 +110,7 @@ def _prompt(
     endpoint: Any,
     sequences: Sequence[Any],
     settings: Any,
-    progress: _Progress,
+    progress: StageBars,
     costs: LLMCosts,
 ) -> tuple[list[str | None], dict[str, Any]]:
     """Texts for every sequence (None where the LLM failed) and a public summary; what
@@ -238,7 +207,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     planned = plan(config, label_set, len(vocabulary))
     embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
     cache = EmbeddingCache(settings.embedding_cache_dir)
-    progress = _Progress()
+    progress = StageBars(run_stages("dpkps", mode=config.mode, llm=args.llm))
     try:
         result = generate_sequences(
             corpus.texts,
@@ -369,7 +338,7 @@ def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
     if checkpoint_dir.is_dir():
         print(f"resuming from {checkpoint_dir}", file=sys.stderr)
     embedder = SentenceEmbedder(settings.embedding_model, device=args.device)
-    progress = _Progress()
+    progress = StageBars(run_stages(args.method))
 
     def run(llm: Any) -> Any:
         return method.run(

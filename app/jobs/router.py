@@ -42,7 +42,7 @@ def submit_job(
         response.status_code = status.HTTP_200_OK
         return JobPlanOut(**service.dry_run(session, principal, dataset_id, spec, settings))
     job = service.submit(session, principal, dataset_id, spec, settings)
-    return service.to_out(session, job)
+    return service.to_out(session, job, principal)
 
 
 @router.get("/datasets/{dataset_id}/jobs", response_model=list[JobOut])
@@ -51,7 +51,10 @@ def list_jobs(
     session: SessionDep,
     principal: Annotated[Principal, allowed(Action.JOB_READ)],
 ) -> list[JobOut]:
-    return [service.to_out(session, j) for j in service.list_jobs(session, principal, dataset_id)]
+    return [
+        service.to_out(session, j, principal)
+        for j in service.list_jobs(session, principal, dataset_id)
+    ]
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
@@ -60,7 +63,7 @@ def get_job(
     session: SessionDep,
     principal: Annotated[Principal, allowed(Action.JOB_READ)],
 ) -> JobOut:
-    return service.to_out(session, service.get_job(session, principal, job_id))
+    return service.to_out(session, service.get_job(session, principal, job_id), principal)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, responses=problems(409))
@@ -72,7 +75,7 @@ def cancel_job(
     """A job that has not read private data is cancelled and its reservation released;
     a running one is asked to stop, and the ε it committed stays spent (one whose worker
     died is cancelled at once)."""
-    return service.to_out(session, service.cancel(session, principal, job_id))
+    return service.to_out(session, service.cancel(session, principal, job_id), principal)
 
 
 @router.post(
@@ -91,4 +94,4 @@ def retry_job(
     private documents are not read again and no budget is reserved or spent. A queued
     or running job whose worker died resumes from what was saved (409 while a live
     worker runs it): its budget is not reserved or spent again."""
-    return service.to_out(session, service.retry(session, principal, job_id))
+    return service.to_out(session, service.retry(session, principal, job_id), principal)

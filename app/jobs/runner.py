@@ -28,7 +28,7 @@ is decrypted.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ from app.jobs import recovery, repository
 from app.ledger import service as ledger
 from app.models import Dataset, Job, utcnow
 from workers.llm.client import LLMCosts
+from workers.methods.progress import Stage, run_stages, stage_number
 
 WORKER = Actor.system("worker")
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -58,6 +59,24 @@ class StartedJob:
     spec: dict[str, Any]
     epsilon_by_mechanism: dict[str, float] = field(default_factory=dict)  # as reserved
     restarted: bool = False  # a redelivered task: the spend was committed already
+
+
+def stages_of(spec: Mapping[str, Any]) -> tuple[Stage, ...]:
+    """The stages a job of ``spec`` runs, in order (public: its method and parameters;
+    a spec stored before there were methods is DP-KPS's)."""
+    return run_stages(
+        str(spec.get("method", "dpkps")),
+        mode=str(spec.get("mode") or "independent"),
+        llm=str(spec.get("llm") or "local"),
+    )
+
+
+def _enter(job: Job, number: int, count: int, *, public_work: bool, fraction: float) -> None:
+    """The job now runs stage ``number`` of ``count`` (its start time is the owner's)."""
+    job.stage_number, job.stage_count = number, count
+    job.stage_fraction = fraction if public_work else None
+    job.stage_base = fraction if public_work else 0.0
+    job.stage_started_at = utcnow()
 
 
 def _job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
@@ -89,6 +108,9 @@ def claim(session: Session, job_id: uuid.UUID, seconds: float = LEASE_SECONDS) -
     it prompts; :class:`LeaseLost` when another live process holds it."""
     job = _job(session, job_id, lock=True)
     _claim(session, job, seconds)
+    if job.stage == "prompts" and job.stage_number is not None:
+        # the rate of this run's prompting: from now and what is done already
+        job.stage_started_at, job.stage_base = utcnow(), job.progress
     return job
 
 
@@ -133,7 +155,9 @@ def start_sequences(
     # from its checkpoints. Either way its spend was committed once, already.
     restarted = job.state == "running" or ledger.job_budget_state(session, job.id) == "committed"
     ledger.commit_spend(session, job.id, actor)
-    job.state, job.stage, job.progress = "running", "extract", 0.0
+    stages = stages_of(job.spec)
+    job.state, job.stage, job.progress = "running", stages[0].name, 0.0
+    _enter(job, 1, len(stages), public_work=stages[0].public_work, fraction=0.0)
     job.started_at = job.started_at or utcnow()
     return StartedJob(
         job.id,
@@ -180,8 +204,24 @@ def private_documents(
 
 
 def report_progress(session: Session, job_id: uuid.UUID, stage: str, fraction: float) -> None:
+    """The job is in ``stage``, ``fraction`` of it done: stage k of n of its method's
+    stages (:func:`stages_of`; none for a name that is not one of them). A share within a
+    stage is kept only where the stage's work is public; any other stage records its
+    start (0) and its end (1) only, whatever is passed (a share of it would depend on
+    the private corpus)."""
     job = _held_job(session, job_id)
-    job.stage, job.progress = stage, min(max(float(fraction), 0.0), 1.0)
+    stages = stages_of(job.spec)
+    number = stage_number(stages, stage)
+    public = number is not None and stages[number - 1].public_work
+    fraction = min(max(float(fraction), 0.0), 1.0) if public else float(fraction >= 1.0)
+    entered = stage != job.stage or number != job.stage_number
+    job.stage, job.progress = stage, fraction
+    if number is None:
+        job.stage_number = job.stage_count = job.stage_fraction = None
+    elif entered:
+        _enter(job, number, len(stages), public_work=public, fraction=fraction)
+    elif public:
+        job.stage_fraction = fraction
 
 
 def save_sequences(
@@ -231,6 +271,8 @@ def save_sequences(
     ledger.record_report(session, job, manifest.get("privacy"), WORKER)
     job.stage, job.progress = "prompts", 0.0
     if not done and job.spec.get("llm") != "none":
+        stages = stages_of(job.spec)
+        _enter(job, len(stages), len(stages), public_work=stages[-1].public_work, fraction=0.0)
         recovery.dispatch(session, job)  # frees the lease for the prompting task
     return len(rows)
 
@@ -302,6 +344,8 @@ def save_outcome(
     job.texts_failed += int(text is None and error is not None) - int(was_failed)
     if job.sequences_total:
         job.progress = min(1.0, (job.texts_done + job.texts_failed) / job.sequences_total)
+        if job.stage == "prompts" and job.stage_number is not None:
+            job.stage_fraction = job.progress  # of the DP number of sequences: public work
 
 
 def cancel_requested(session: Session, job_id: uuid.UUID) -> bool:
@@ -318,6 +362,7 @@ def _end(job: Job, state: str, code: str | None = None, message: str | None = No
     recovery.release(job)
     if state == "succeeded":
         job.progress, job.stage = 1.0, None
+        job.stage_number = job.stage_count = job.stage_fraction = None
 
 
 def finish(session: Session, job_id: uuid.UUID) -> None:

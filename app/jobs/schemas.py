@@ -824,6 +824,35 @@ class JobLLMCosts(BaseModel):
     )
 
 
+class JobStage(BaseModel):
+    """The stage a running job is in, as stage ``number`` of ``count``; the stage where a
+    failed or cancelled job stopped."""
+
+    name: str = Field(description="the stage that runs now (not the one that ended)")
+    title: str = Field(description="what the stage does, in words")
+    number: int = Field(description="k in 'stage k of n': this stage's place in the run")
+    count: int = Field(
+        description="n in 'stage k of n': the stages of the job's method and parameters"
+    )
+    public_work: bool = Field(
+        description="whether the stage's amount of work is public (embedding public "
+        "phrases, sampling from DP releases, prompting the DP sequences); a stage that "
+        "reads the private corpus shows no fraction and no time estimate"
+    )
+    fraction: float | None = Field(
+        description="share of the stage done (public-work stages only; null in a stage "
+        "that reads the private corpus, whose share would depend on its size)"
+    )
+    seconds_left: float | None = Field(
+        description="estimated seconds left in the stage, while it runs: the rate over "
+        "its public work so far times the work left (public-work stages only)"
+    )
+    started_at: datetime | None = Field(
+        description="when the stage started; to the owning organisation only (a private "
+        "stage's start times the private work before it)"
+    )
+
+
 class JobOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -836,6 +865,16 @@ class JobOut(BaseModel):
                     "state": "running",
                     "stage": "prompts",
                     "progress": 0.25,
+                    "current_stage": {
+                        "name": "prompts",
+                        "title": "prompting the LLM",
+                        "number": 6,
+                        "count": 6,
+                        "public_work": True,
+                        "fraction": 0.25,
+                        "seconds_left": 183.2,
+                        "started_at": "2026-12-07T05:31:59.301125Z",
+                    },
                     "cancel_requested": False,
                     "counts": {
                         "sequences": 100,
@@ -892,7 +931,15 @@ class JobOut(BaseModel):
             "sequences, prompts for DP-KPS; each method names its own); null before the start"
         )
     )
-    progress: float = Field(description="Fraction of the current stage done, 0 to 1")
+    progress: float = Field(
+        description="Fraction of the current stage done, 0 to 1 (a stage that reads the "
+        "private corpus: 0 at its start, 1 at its end)"
+    )
+    current_stage: JobStage | None = Field(
+        default=None,
+        description="the running stage as stage k of n, with its fraction and a time "
+        "estimate where its work is public (null before the first stage and after success)",
+    )
     cancel_requested: bool = Field(
         description="A cancel was asked and the worker will stop at its next check"
     )
@@ -912,5 +959,11 @@ class JobOut(BaseModel):
     started_at: datetime | None = Field(
         description="When a worker started it (UTC); null while queued"
     )
-    finished_at: datetime | None = Field(description="When it ended (UTC); null until it does")
-    updated_at: datetime = Field(description="When its state or progress last changed (UTC)")
+    finished_at: datetime | None = Field(
+        description="When it ended (UTC); null until it does, and for others than the "
+        "owning organisation (it would time the private stages)"
+    )
+    updated_at: datetime | None = Field(
+        description="When its state or progress last changed (UTC); null for others than "
+        "the owning organisation (during a private stage it is that stage's start)"
+    )

@@ -11,6 +11,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -21,7 +22,7 @@ from app.db import enqueue_after_commit
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
-from app.jobs import recovery, repository
+from app.jobs import recovery, repository, runner
 from app.jobs.schemas import (
     DPKPS,
     AnySpec,
@@ -32,6 +33,7 @@ from app.jobs.schemas import (
     JobLLMCosts,
     JobOut,
     JobSpec,
+    JobStage,
     LLMMethodJob,
 )
 from app.jobs.verdict import noise_std, verdict
@@ -46,6 +48,7 @@ from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.plan import Plan, plan
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from workers.methods.progress import time_left
 from workers.methods.registry import LLM_METHODS
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
@@ -452,6 +455,8 @@ def _run_again(
 ) -> Job:
     """A failed job sent on again (``job.retried`` in the audit trail, with ``why``)."""
     job.state, job.stage, job.finished_at = state, stage, None
+    if stage is None:  # run again from its first stage
+        job.stage_number = job.stage_count = job.stage_fraction = None
     job.error_code = job.error_message = None
     job.cancel_requested = False  # asking again supersedes an earlier stop
     audit.record(
@@ -501,8 +506,43 @@ def sequences_drawn(job: Job) -> int:
     return int((job.manifest or {}).get("sequences_drawn", job.sequences_total))
 
 
-def to_out(session: Session, job: Job) -> JobOut:
+def current_stage(job: Job, *, owner: bool, now: datetime | None = None) -> JobStage | None:
+    """The job's running stage (where a failed or cancelled one stopped) as stage k of n,
+    with its fraction and, while it runs, the time left where its work is public; None
+    before its first stage and after it succeeded. The stage's start is the owner's."""
+    if job.stage is None or job.stage_number is None or job.stage_count is None:
+        return None
+    stages = runner.stages_of(job.spec)
+    if not 1 <= job.stage_number <= len(stages):
+        return None
+    stage = stages[job.stage_number - 1]
+    public = stage.public_work and job.stage_fraction is not None
+    seconds_left = None
+    if public and job.state == "running" and job.stage_started_at is not None:
+        elapsed = ((now or utcnow()) - job.stage_started_at).total_seconds()
+        seconds_left = time_left(float(job.stage_fraction or 0.0), job.stage_base, elapsed)
+    return JobStage(
+        name=stage.name,
+        title=stage.title,
+        number=job.stage_number,
+        count=job.stage_count,
+        public_work=stage.public_work,
+        fraction=job.stage_fraction if public else None,
+        seconds_left=None if seconds_left is None else round(seconds_left, 1),
+        started_at=job.stage_started_at if owner else None,
+    )
+
+
+def is_owner(principal: Principal, job: Job) -> bool:
+    """Whether ``principal`` belongs to the organisation that owns the job's dataset."""
+    return principal.organisation_id == job.organisation_id
+
+
+def to_out(session: Session, job: Job, viewer: Principal) -> JobOut:
+    """The job as ``viewer`` sees it: its owning organisation sees every time stamp,
+    others none that could time the private stages (docs/privacy.md)."""
     state, charge = ledger.job_charge(session, job.id)
+    owner = is_owner(viewer, job)
     return JobOut(
         id=job.id,
         dataset_id=job.dataset_id,
@@ -511,6 +551,7 @@ def to_out(session: Session, job: Job) -> JobOut:
         state=job.state,  # type: ignore[arg-type]
         stage=job.stage,
         progress=job.progress,
+        current_stage=current_stage(job, owner=owner),
         cancel_requested=job.cancel_requested,
         counts=JobCounts(
             sequences=job.sequences_total,
@@ -531,6 +572,6 @@ def to_out(session: Session, job: Job) -> JobOut:
         submitted_by=job.submitted_by,
         created_at=job.created_at,
         started_at=job.started_at,
-        finished_at=job.finished_at,
-        updated_at=job.updated_at,
+        finished_at=job.finished_at if owner else None,
+        updated_at=job.updated_at if owner else None,
     )

@@ -5,8 +5,9 @@
 1. :func:`app.jobs.runner.start_sequences` commits the job's ε before anything private
    is read, or says the job must not run;
 2. the documents are decrypted into memory, the engine runs with a progress callback
-   that writes the job's stage at its boundaries only (:class:`StageTracker`) and stops
-   the run when the job was cancelled;
+   that writes the stage that runs as stage k of n, with a fraction only in the stages
+   whose work is public (:class:`StageTracker`), and stops the run when the job was
+   cancelled;
 3. the ε the engine reports, by mechanism, must be the ε the ledger holds for the job;
    otherwise the job fails and nothing is saved (a bug, logged as such);
 4. the DP keyphrase sequences are saved, and the prompting stage is queued once that
@@ -60,6 +61,7 @@ from workers.methods.dpkps import prompting
 from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
+from workers.methods.progress import Stage, stage_number
 from workers.methods.registry import LLM_METHODS
 
 if TYPE_CHECKING:
@@ -164,30 +166,47 @@ def check_accounting(reported: Mapping[str, float], reserved: Mapping[str, float
 
 
 class StageTracker:
-    """The engine's progress callback.
+    """The engine's progress callback: the job shows the stage that runs, as stage k of
+    n of its method's stages (:func:`workers.methods.progress.run_stages`, public).
 
     Every stage the engine reports runs after the first private read, so what others
-    see of it must not depend on the data (docs/privacy.md): the job shows a stage's
-    start (progress 0) and its end (1), never a fraction within it (extraction's i/n
-    would give the number of documents), and no stage's duration is measured. The
-    reports are the engine's; which of them change what is written depends only on the
-    configuration and the declared labels. Cancellation is checked at each write and
-    otherwise at most every ``progress_interval`` seconds.
+    see of it must not depend on the data (docs/privacy.md). A stage that reads the
+    private corpus shows its start (progress 0) and its end (1), never a fraction within
+    it (extraction's i/n would give the number of documents). A stage whose amount of
+    work is public (``public_work``: embedding Ṽ's public phrases, sampling from the
+    releases) shows the fraction the engine reports, written at most every
+    ``progress_interval`` seconds and at its end. The reports are the engine's; which of
+    them change what is written depends only on the configuration, the declared labels
+    and DP outputs. A report of an earlier stage than the one shown (iterative DP-KPS
+    goes back and forth between a class's density and its sampling) is not shown: k
+    never goes down. No stage's duration is measured. Cancellation is checked at each
+    write and otherwise at most every ``progress_interval`` seconds.
     """
 
-    def __init__(self, ctx: WorkerContext, job_id: uuid.UUID) -> None:
+    def __init__(
+        self, ctx: WorkerContext, job_id: uuid.UUID, stages: tuple[Stage, ...] = ()
+    ) -> None:
         self.ctx = ctx
         self.job_id = job_id
+        self.stages = stages
         self.stage: str | None = None
-        self.shown: tuple[str, float] | None = None
+        self.number: int | None = None
+        self.shown: float | None = None
         self.last_check = float("-inf")
 
     def __call__(self, stage: str, fraction: float) -> None:
-        shown = (stage, 1.0 if fraction >= 1.0 else 0.0)
-        if shown != self.shown:
-            self.stage, self.shown = stage, shown
-            self.write(*shown)
-        elif time.monotonic() - self.last_check >= self.ctx.settings.progress_interval:
+        number = stage_number(self.stages, stage)
+        due = time.monotonic() - self.last_check >= self.ctx.settings.progress_interval
+        if number is None or (self.number is not None and number < self.number):
+            if due:  # not one of the run's stages, or an earlier one: nothing shown
+                self.check_cancelled()
+            return
+        public = self.stages[number - 1].public_work
+        shown = min(max(float(fraction), 0.0), 1.0) if public else float(fraction >= 1.0)
+        if number != self.number or (shown != self.shown and (due or shown >= 1.0 or not public)):
+            self.stage, self.number, self.shown = stage, number, shown
+            self.write(stage, shown)
+        elif due:
             self.check_cancelled()
 
     def check_cancelled(self) -> None:
@@ -311,7 +330,7 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         epsilon_by_mechanism=started.epsilon_by_mechanism,
         restarted=started.restarted,
     )
-    tracker = StageTracker(ctx, job_id)
+    tracker = StageTracker(ctx, job_id, runner.stages_of(started.spec))
     try:
         return _sequences(ctx, started, tracker)
     except JobCancelled:
@@ -437,7 +456,7 @@ def _llm_method(
     checkpoints = JobCheckpoints(ctx.database, job_id)
     unit_name = _unit_column(ctx, started)
     with llm.endpoint(settings, spec.llm) as endpoint:
-        tracker("start", 0.0)  # a cancel that came while the models loaded stops us here
+        tracker("load", 0.0)  # a cancel that came while the models loaded stops us here
         corpus = load_corpus(ctx, job_id)
         result = method.run(
             corpus.texts,

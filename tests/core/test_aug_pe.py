@@ -445,13 +445,17 @@ def test_end_to_end_releases_planned_events_and_keeps_private_text_out_of_prompt
     assert float(manifest["privacy"]["epsilon"]) <= p.epsilon
     assert manifest["llm_costs"]["calls"] == manifest["llm_costs"]["planned_calls"]
     assert manifest["models"]["embedding"] == embedder.name
-    assert [s for s, _ in stages] == [
-        "class_counts",
-        "initial_population",
-        "iteration",
-        "iteration",
-        "iteration",
-        "release",
+    assert stages == [  # each stage's start, then its iterations or its end
+        ("class_counts", 0.0),
+        ("class_counts", 1.0),
+        ("initial_population", 0.0),
+        ("initial_population", 1.0),
+        ("iteration", 0.0),
+        ("iteration", 1 / 3),
+        ("iteration", 2 / 3),
+        ("iteration", 1.0),
+        ("release", 0.0),
+        ("release", 1.0),
     ]
 
 
@@ -524,7 +528,7 @@ def test_a_killed_run_resumes_without_drawing_noise_again(
     monkeypatch.setattr(runner, "gaussian_noise", counted("counts", runner.gaussian_noise))
 
     def die_after_first_iteration(stage: str, fraction: float) -> None:
-        if stage == "iteration":
+        if stage == "iteration" and fraction > 0:  # not its start: its first iteration's end
             raise Killed
 
     store = DirectoryCheckpoints(tmp_path / "checkpoints")

@@ -349,7 +349,9 @@ def test_end_to_end_releases_planned_events_and_resumes_without_spending(
         embedder=embedder, checkpoints=store, progress=lambda s, f: stages.append(s),
     )  # fmt: skip
     assert result.events == plan_pate_tutor(p, LABEL_SET)
-    assert stages == ["public_pools", "tutor", "votes", "release"]
+    assert stages == [  # each stage's start and end
+        name for name in ("public_pools", "tutor", "votes", "release") for _ in range(2)
+    ]
     assert 0 < len(result.records) <= p.num_released
     assert {label for label, _ in result.records} <= set(LABEL_SET)
     assert all(text.startswith(("The team", "Shares")) for _, text in result.records)

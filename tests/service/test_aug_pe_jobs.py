@@ -32,6 +32,7 @@ from tests.service.method_jobs import (
     submit,
 )
 from tests.service.method_jobs import job as job_of
+from workers.methods.aug_pe.runner import COSTS_KEY
 
 LABELS = list(factories.LABELS)
 AUG_PE: dict[str, Any] = {
@@ -178,19 +179,26 @@ def test_a_crashed_aug_pe_job_resumes_from_its_checkpoints_without_new_spend(
     worker: WorkerContext,
     fake_llm: FakeLLM,
     db: Database,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dataset_id = _dataset(client, world)
     job_id = _submit(client, world, dataset_id)
     job_uuid = uuid.UUID(job_id)
+    # The iterations read private data: the job shows no progress within them, so the
+    # crash comes once the first iteration's next population and its costs are saved.
+    save = stages.JobCheckpoints.save
+    saved_keys: list[str] = []
 
-    def crash_after_first_iteration(job: uuid.UUID, stage: str, fraction: float) -> None:
-        if stage == "iteration" and fraction == 0.0:
+    def crash_after_first_iteration(self: stages.JobCheckpoints, key: str, data: bytes) -> None:
+        save(self, key, data)
+        saved_keys.append(key)
+        if "aug-pe-population-1" in saved_keys[:-1] and key == COSTS_KEY:
             raise Crash
 
-    worker.stage_hooks.append(crash_after_first_iteration)
+    monkeypatch.setattr(stages.JobCheckpoints, "save", crash_after_first_iteration)
     with pytest.raises(Crash):
         stages.run_sequences(worker, job_uuid)
-    worker.stage_hooks.clear()
+    monkeypatch.undo()
 
     saved = checkpoints(db, job_id)
     assert {"aug-pe-counts", "aug-pe-histogram-1", "aug-pe-population-1"} <= set(saved)

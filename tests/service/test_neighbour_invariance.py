@@ -9,6 +9,12 @@ of the job and at the end (job, dataset, ledger, release, listings, download), t
 events, and what ``/metrics`` gained. Apart from the DP outputs themselves (sequences,
 texts, and the figures the engine derives from the private vocabulary), the two records
 must be identical: a function of DP releases and public inputs only.
+
+That covers the job's progress as others see it at every write: the running stage, its
+"k of n", its fraction where the stage's work is public, and whether a time estimate is
+shown. The estimate's value is the wall-clock rate of public work (like the time stamps,
+it is left out of the comparison); the time stamps that would time the private stages
+(a stage's start, the job's last change and its end) must not be shown to others at all.
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ CASES: dict[str, tuple[Rows, Rows, tuple[str, ...]]] = {
 }
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 TIMES = frozenset({"created_at", "started_at", "finished_at", "updated_at", "deleted_at"})
+# Time stamps of a job that would time its private stages: the owner's only.
+OWNERS_TIMES = ("finished_at", "updated_at")
 # Metric samples that are wall-clock times (sums and buckets of durations, creation times),
 # and those of the test process itself, which here runs the worker's stages too (a worker
 # is a process of its own in every deployment, and its process metrics are not exported).
@@ -110,7 +118,10 @@ def _normalised(value: Any, ids: dict[str, str]) -> Any:
     row numbers (a ledger entry's) left out."""
     if isinstance(value, dict):
         return {
-            _normalised(k, ids): _normalised(v, ids)
+            _normalised(k, ids): (
+                # a time estimate: whether there is one (its value is a wall-clock rate)
+                v is not None if k == "seconds_left" else _normalised(v, ids)
+            )
             for k, v in value.items()
             if k not in TIMES and not (k == "id" and isinstance(v, int))
         }
@@ -167,6 +178,24 @@ def _views(
     return seen
 
 
+def _times_shown(views: Any, path: str = "") -> list[str]:
+    """Where a job in ``views`` (what others see) shows a time stamp of its own: a
+    stage's start, its last change or its end."""
+    found: list[str] = []
+    if isinstance(views, dict):
+        if "current_stage" in views:  # a job
+            stage = views["current_stage"] or {}
+            found += [f"{path}.{k}" for k in OWNERS_TIMES if views.get(k) is not None]
+            if stage.get("started_at") is not None:
+                found.append(f"{path}.current_stage.started_at")
+        for k, v in views.items():
+            found += _times_shown(v, f"{path}.{k}")
+    elif isinstance(views, list | tuple):
+        for i, v in enumerate(views):
+            found += _times_shown(v, f"{path}[{i}]")
+    return found
+
+
 def _without_dp_outputs(views: dict[str, Any]) -> None:
     """Leave out what the engine derived from the private vocabulary Ṽ (a DP output): a
     realised release (it has a ``name``; the planned ones, which the ledger reserves,
@@ -221,6 +250,7 @@ def _flow(
     worker.stage_hooks.clear()
     record["at every progress write"] = progress
     record["after the sequences stage"] = _views(client, world, [job_path])
+    during: list[Any] = [*progress, record["after the sequences stage"]]
     record["prompts stage"] = stages.run_prompts(worker, uuid.UUID(job_id))
 
     released = client.post(
@@ -248,6 +278,7 @@ def _flow(
         download = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
         record["download"] = (download.status_code, len(download.text.splitlines()))
     record["audit events"] = _audit_after(client, world, mark)
+    record["time stamps shown to others"] = _times_shown([*during, record["the end"]])
 
     after = _metrics(client, world)
     gained = {  # rounded: a counter's difference depends on what earlier tests added
@@ -261,6 +292,15 @@ def _flow(
     )
     normalised: dict[str, Any] = _normalised(record, {})
     return normalised
+
+
+def _stages_seen(record: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """(stage, k, n, fraction) of the job as the auditor saw it at each progress write."""
+    seen = []
+    for views in record["at every progress write"]:
+        stage = views["auditor GET /v1/jobs/<id 0>"][1]["current_stage"]
+        seen.append((stage["name"], stage["number"], stage["count"], stage["fraction"]))
+    return seen
 
 
 def _first_differences(one: Any, other: Any, keys: list[str]) -> list[str]:
@@ -298,6 +338,19 @@ def test_neighbouring_uploads_look_alike_to_everyone_but_their_owner(
 
     assert one["prompts stage"] == "succeeded", one
     assert one["private stages timed"] == [], "the private stages' durations are exported"
+    assert one["time stamps shown to others"] == [], "others see when private stages ran"
+    assert _stages_seen(one) == [
+        ("extract", 1, 6, None),
+        ("extract", 1, 6, None),  # its end
+        ("private_vocabulary", 2, 6, None),
+        ("private_vocabulary", 2, 6, None),
+        ("embed", 3, 6, 0.0),
+        ("embed", 3, 6, 1.0),
+        ("dp_kde", 4, 6, None),
+        ("dp_kde", 4, 6, None),
+        ("sequences", 5, 6, 0.0),
+        *[("sequences", 5, 6, (n + 1) / len(labels)) for n in range(len(labels))],
+    ], "the running stage, k of n and the fractions of public work, as others see them"
     differing = [key for key in one if one[key] != other.get(key)]
     assert differing == [], _first_differences(one, other, differing)
 

@@ -207,16 +207,20 @@ def test_the_sequences_stage_saves_dp_outputs_and_commits_the_spend_once(
 
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
 
-    # the private stages show their boundaries only (no i/n that would give n), and
-    # none of them is timed (their durations depend on the data)
+    # each stage is shown as it starts; the private stages show their boundaries only
+    # (no i/n that would give n), the public-work ones (embedding Ṽ, sampling from the
+    # releases, by class) a fraction; none of them is timed (durations depend on data)
     assert seen == [
         ("extract", 0.0),
         ("extract", 1.0),
+        ("private_vocabulary", 0.0),
         ("private_vocabulary", 1.0),
+        ("embed", 0.0),
         ("embed", 1.0),
         ("dp_kde", 0.0),
         ("dp_kde", 1.0),
         ("sequences", 0.0),
+        ("sequences", 0.5),
         ("sequences", 1.0),
     ]
     assert all(stage_count(stage) == before[stage] for stage in STAGES)

@@ -210,12 +210,15 @@ class _Run:
     ) -> AugPEResult:
         p = self.params
         events: list[PrivacyEvent] = []
+        self.progress("class_counts", 0.0)
         counts = self.class_counts(labels, units, events)  # first private read
         seeds = self.allocation(p.population, counts)
         released = self.allocation(p.num_released, counts)
         self.progress("class_counts", 1.0)
+        self.progress("initial_population", 0.0)
         population = self.initial_population(seeds)
         self.progress("initial_population", 1.0)
+        self.progress("iteration", 0.0)
         private: _Private | None = None
         selected: dict[str, list[int]] = {}
         for t in range(1, p.iterations + 1):
@@ -233,6 +236,7 @@ class _Run:
                 population = self.next_population(t, population, selected)
             self.progress("iteration", t / p.iterations)
         del private
+        self.progress("release", 0.0)
         records = [(label, population.texts[i]) for label in self.labels for i in selected[label]]
         order = self.rng(_SHUFFLE).permutation(len(records))
         records = [records[i] for i in order]

@@ -171,12 +171,14 @@ class _Run:
         self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
     ) -> DPEDAResult:
         p = self.params
+        self.progress("initial_population", 0.0)
         initial = self.initial_texts()
         public_texts = [t for label in self.labels for t in initial[label]]
         readability = decoding.CharBigramPerplexity(
             public_texts, percentile=p.perplexity_percentile
         )
         self.progress("initial_population", 1.0)
+        self.progress("iteration", 0.0)
         voters: dict[int, NDArray[np.float32]] | None = None
         drawn: dict[tuple[int, str], PrivacyEvent] = {}
         released: list[tuple[str, str]] = []
@@ -227,6 +229,7 @@ class _Run:
             released += [(label, text) for text in last]
             stops[label] = {"iterations_run": t_done, "stop": reason, "released": len(last)}
         del voters
+        self.progress("release", 0.0)
         events = self.committed(drawn)
         self.progress("release", 1.0)
         return DPEDAResult(

@@ -148,6 +148,41 @@ def _noop(stage: str, fraction: float) -> None:
     return None
 
 
+EMBED_CHUNK = 2048  # phrases of Ṽ looked up (or embedded) between two progress reports
+
+
+def _embedded(
+    vocabulary: Vocabulary,
+    indices: NDArray[np.int64],
+    embedder: Embedder,
+    cache: EmbeddingCache | None,
+    report_progress: ProgressFn,
+) -> NDArray[np.float32]:
+    """The embeddings of ``vocabulary.phrases[i]`` for ``i`` in ``indices`` (the public
+    model on public phrases), cached when there is a cache, ``EMBED_CHUNK`` phrases at a
+    time: the ``embed`` stage's fraction is the share of Ṽ's phrases done (its work is a
+    function of Ṽ, a DP output, and of the public cache; never of the corpus)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    parts: list[NDArray[np.float32]] = []
+    for start in range(0, len(indices), EMBED_CHUNK):
+        chunk = indices[start : start + EMBED_CHUNK]
+        if cache is not None:
+            parts.append(
+                cache.lookup(
+                    phrases=vocabulary.phrases,
+                    fingerprint=vocabulary.fingerprint,
+                    indices=chunk,
+                    embedder=embedder,
+                )
+            )
+        else:
+            parts.append(embedder.encode([vocabulary.phrases[i] for i in chunk]))
+        report_progress("embed", min(start + EMBED_CHUNK, len(indices)) / len(indices))
+    if not parts:
+        return np.asarray(embedder.encode([]), dtype=np.float32)
+    return np.concatenate(parts).astype(np.float32, copy=False)
+
+
 def generate_sequences(
     documents: Sequence[str],
     labels: Sequence[str],
@@ -187,6 +222,7 @@ def generate_sequences(
             field="kde_method",
         )
     # 1. keyphrase extraction against the public vocabulary (not needed for a public Ṽ)
+    report_progress("extract", 0.0)
     public = config.vocabulary_selection == "public"
     extractor = None if public else KeyphraseExtractor(vocabulary)
     # From here on the run reads private documents: nothing below branches on them (no
@@ -205,6 +241,7 @@ def generate_sequences(
     matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
     del doc_matches
     report_progress("extract", 1.0)
+    report_progress("private_vocabulary", 0.0)
 
     # 2. private vocabulary: a noisy histogram over every public phrase, top N; or a
     # thresholded Gaussian histogram over the phrases that occur
@@ -237,17 +274,11 @@ def generate_sequences(
     report_progress("private_vocabulary", 1.0)
 
     # 3. embeddings of Ṽ (public phrases, public model), cached per (vocabulary, model)
-    if cache is not None:
-        vectors = cache.lookup(
-            phrases=vocabulary.phrases,
-            fingerprint=vocabulary.fingerprint,
-            indices=private.indices,
-            embedder=embedder,
-        )
-    else:
-        vectors = embedder.encode(phrases)
+    report_progress("embed", 0.0)
+    vectors = _embedded(vocabulary, private.indices, embedder, cache, report_progress)
     embeddings = torch.as_tensor(vectors, dtype=torch.float32, device=device)
     report_progress("embed", 1.0)
+    report_progress("dp_kde", 0.0)
 
     # Ṽ's first `core` phrases are every class's; the rest (the public Ṽ's extension, Ṽ⁺)
     # only those classes' whose released count is large (config.extension_size)
@@ -458,7 +489,9 @@ def generate_sequences(
                     noise_floor=config.noise_floor,
                 ),
             )
-        report_progress("sequences", (n + 1) / len(label_set))
+    # iterative mode sampled each class's sequences above, between private reads (shown
+    # as part of dp_kde); independent mode samples them all here, from the releases only
+    report_progress("sequences", 0.0)
     if bag_scores:
         # Independent mode: every class's released scores are known, so each class can
         # favour the phrases it owns over those all classes share (post-processing).
@@ -509,6 +542,7 @@ def generate_sequences(
         )
         sequences = [s for s, kept in zip(sequences, consistent.tolist(), strict=True) if kept]
         del vectors_of
+    report_progress("sequences", 1.0)
 
     diagnostics = OwnerDiagnostics(
         documents=len(documents),

@@ -191,14 +191,18 @@ class _Run:
         self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
     ) -> PateTutorResult:
         p = self.params
+        self.progress("public_pools", 0.0)
         pools = {name: self.public_pool(name, getattr(p, name)) for name in POOLS}
         self.progress("public_pools", 1.0)
+        self.progress("tutor", 0.0)
         key = self.teacher_key()
         events: list[PrivacyEvent] = []
         proportions = self.tutor(labels, units, events)  # first private read
         self.progress("tutor", 1.0)
+        self.progress("votes", 0.0)
         answers = self.votes(documents, labels, units, key, pools, events)
         self.progress("votes", 1.0)
+        self.progress("release", 0.0)
         records = self.select(pools, answers, proportions)
         if events != list(self.plan.events):
             raise RuntimeError("the run's events differ from its plan")  # a bug, never data
