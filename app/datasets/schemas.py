@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -63,9 +63,26 @@ class DatasetOut(BaseModel):
     skipped_empty: int | None = Field(description=_RAW)
     skipped_duplicate: int | None = Field(description=_RAW)
     upload_bytes: int | None = Field(description=_RAW)
+    state: Literal["uploading", "ready"] = Field(
+        description="``uploading`` while a resumable upload appends chunks (no job runs "
+        "on it), ``ready`` once sealed"
+    )
     created_at: datetime
     deleted_at: datetime | None
     budget: BudgetOut
+
+
+class UploadOut(BaseModel):
+    """Where a resumable upload stands: send the file on from byte ``offset``."""
+
+    dataset_id: uuid.UUID
+    state: Literal["uploading", "ready"] = Field(description="``ready``: sealed")
+    offset: int = Field(description="Bytes of the file committed: the next chunk starts here")
+    max_upload_bytes: int = Field(description="KEYSEED_MAX_UPLOAD_BYTES: the whole file's limit")
+    max_upload_request_bytes: int = Field(
+        description="The most bytes one chunk carries (KEYSEED_MAX_UPLOAD_REQUEST_BYTES, "
+        "or less where the whole file's limit is lower)"
+    )
 
 
 class CapChange(BaseModel):
