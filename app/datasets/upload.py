@@ -410,7 +410,8 @@ def _check_row(
             report.skipped_empty += 1
         return None
     # A repeat repeats the text, the label and the unit (see the module docstring).
-    key = json.dumps([text, label, unit], ensure_ascii=False).encode("utf-8")
+    # Lengths first: one encoding per (text, label, unit), read back unambiguously.
+    key = f"{len(text)}|{len(label)}|{text}{label}{unit or ''}".encode("utf-8", "surrogatepass")
     hashed = digest(key)
     first = seen.setdefault(hashed, row)
     if first != row:
