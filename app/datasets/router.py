@@ -7,7 +7,7 @@ import tempfile
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, Header, Request, UploadFile, status
+from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic.json_schema import SkipJsonSchema
 
@@ -294,13 +294,25 @@ async def put_chunk(
     settings: SettingsDep,
     principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
     content_range: Annotated[str | None, Header(description="bytes START-END/TOTAL")] = None,
+    offset: Annotated[
+        int | SkipJsonSchema[None],
+        Query(
+            ge=0,
+            description="Where the chunk starts, when no Content-Range is sent "
+            "(its length is then the body's)",
+        ),
+    ] = None,
 ) -> UploadOut:
-    """Bytes START to END of the file (in order; resend from ``GET …/upload``'s offset
-    after a failure). The rows they complete are stored and the offset moves on, in one
+    """Bytes START to END of the file (``Content-Range: bytes START-END/TOTAL``, or
+    ``?offset=START`` and the body's length), in order; resend from ``GET …/upload``'s
+    offset after a failure. The rows they complete are stored and the offset moves on, in one
     transaction; bytes already committed are skipped, so a chunk sent twice changes
     nothing. A chunk cut short (a dropped connection) stores nothing."""
-    start, length = _content_range(content_range)
-    if length > settings.upload_request_limit:
+    if content_range is None and offset is not None:
+        start, length = offset, None
+    else:
+        start, length = _content_range(content_range)
+    if length is not None and length > settings.upload_request_limit:
         raise ContentTooLarge(
             "the chunk is larger than KEYSEED_MAX_UPLOAD_REQUEST_BYTES "
             f"({settings.upload_request_limit} bytes)"
@@ -309,18 +321,22 @@ async def put_chunk(
         received = 0
         async for part in request.stream():
             received += len(part)
-            if received > length:
+            if length is not None and received > length:
                 raise BadRequest(
                     f"the body is longer than the {length} bytes of its Content-Range",
                     field="Content-Range",
                 )
             body.write(part)
+        if length is None:
+            length = received
         if received < length:
             raise BadRequest(
                 f"the chunk ended after {received} of its {length} bytes; nothing of it was "
                 "stored: send it again from the upload's offset",
                 field="body",
             )
+        if length == 0:
+            raise BadRequest("the chunk is empty", field="body")
         body.seek(0)
         dataset = await run_in_threadpool(
             service.append_chunk,

@@ -267,10 +267,27 @@ def test_refusals_of_the_protocol(client: TestClient, world: factories.World) ->
         content=b"text,label\n",
     )
     assert_problem(no_range, 400, field="Content-Range")
+    empty = client.put(
+        f"/v1/datasets/{dataset_id}/upload",
+        headers=world.owner.headers,
+        params={"offset": 0},
+        content=b"",
+    )
+    assert_problem(empty, 400, field="body")
     zipped = _put(client, world.owner, dataset_id, 0, b"PK\x03\x04rest")
     assert_problem(zipped, 415)
-    empty = _seal(client, world.owner, dataset_id)
-    assert_problem(empty, 422, field="file")
+    assert_problem(_seal(client, world.owner, dataset_id), 422, field="file")
+    # Without Content-Range, ?offset= places the chunk (its length is the body's).
+    content = factories.csv_bytes(factories.ROWS)
+    for start in (0, 30):  # the second overlaps: its first bytes are skipped
+        response = client.put(
+            f"/v1/datasets/{dataset_id}/upload",
+            headers=world.owner.headers,
+            params={"offset": start},
+            content=content[start:],
+        )
+        assert response.status_code == 200 and response.json()["offset"] == len(content)
+    assert _seal(client, world.owner, dataset_id).json()["documents"] == len(factories.ROWS)
     other = _put(client, world.other_owner, dataset_id, 0, b"text,label\n")
     assert other.status_code == 404
     missing = _open(client, world.owner, label_column="nope")
