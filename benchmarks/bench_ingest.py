@@ -21,7 +21,9 @@ labels, every row distinct, made on the fly.
     Flat memory: the peak does not grow with the file.
 
 Documents/s is documents stored over the wall time of the requests that stored them
-(the client's generation of a streamed file included). ``run() -> dict`` and
+(the client's generation of a streamed file included); documents per API CPU second
+divides by the CPU time the API process used meanwhile (``/proc/<pid>/stat``), a figure
+that a loaded machine disturbs less (Postgres' own CPU is not in it). ``run() -> dict`` and
 ``markdown(dict) -> str`` like the other ``bench_*`` modules.
 """
 
@@ -141,7 +143,14 @@ def _form(name: str) -> dict[str, Any]:
     }
 
 
-def oneshot(base: str, headers: dict[str, str], content: bytes) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def oneshot(base: str, headers: dict[str, str], content: bytes, pid: int) -> dict[str, Any]:
+    cpu = cpu_seconds(pid)
     began = time.perf_counter()
     response = httpx.post(
         f"{base}/v1/datasets",
@@ -151,12 +160,22 @@ def oneshot(base: str, headers: dict[str, str], content: bytes) -> dict[str, Any
         timeout=3600,
     )
     seconds = time.perf_counter() - began
+    cpu = cpu_seconds(pid) - cpu
     assert response.status_code == 201, response.text[:500]
     documents = response.json()["documents"]
-    return {"documents": documents, "seconds": round(seconds, 2), "docs_per_s": documents / seconds}
+    return {
+        "documents": documents,
+        "seconds": round(seconds, 2),
+        "docs_per_s": documents / seconds,
+        "api_cpu_s": round(cpu, 2),
+        "docs_per_api_cpu_s": documents / cpu if cpu else None,
+    }
 
 
-def chunked(base: str, headers: dict[str, str], pieces: Iterator[bytes]) -> dict[str, Any]:
+def chunked(
+    base: str, headers: dict[str, str], pieces: Iterator[bytes], pid: int
+) -> dict[str, Any]:
+    cpu = cpu_seconds(pid)
     began = time.perf_counter()
     with httpx.Client(base_url=base, headers=headers, timeout=3600) as client:
         opened = client.post("/v1/datasets/uploads", data={**_form("chunked"), "format": "csv"})
@@ -178,12 +197,15 @@ def chunked(base: str, headers: dict[str, str], pieces: Iterator[bytes]) -> dict
         sealed = client.post(f"{path}/seal")
         assert sealed.status_code == 200, sealed.text[:500]
     seconds = time.perf_counter() - began
+    cpu = cpu_seconds(pid) - cpu
     documents = sealed.json()["documents"]
     return {
         "documents": documents,
         "bytes": offset,
         "seconds": round(seconds, 2),
         "docs_per_s": documents / seconds,
+        "api_cpu_s": round(cpu, 2),
+        "docs_per_api_cpu_s": documents / cpu if cpu else None,
     }
 
 
@@ -222,11 +244,11 @@ def run_ingest(database_url: str, db: Database, workdir: Path) -> dict[str, Any]
     if BASELINE_TREE.is_dir() and BASELINE_TREE.resolve() != here:
         results["baseline"] = {"tree": str(BASELINE_TREE), "commit": _commit(BASELINE_TREE)}
         baseline_env = env | {"KEYSEED_DATA_DIR": str(workdir / "baseline")}
-        with api(BASELINE_TREE, baseline_env, workdir / "baseline.log") as (_, base):
-            results["baseline"]["oneshot"] = oneshot(base, headers, content)
+        with api(BASELINE_TREE, baseline_env, workdir / "baseline.log") as (old, base):
+            results["baseline"]["oneshot"] = oneshot(base, headers, content, old.pid)
     with api(here, env, workdir / "api.log") as (server, base):
-        results["oneshot"] = oneshot(base, headers, content)
-        results["chunked"] = chunked(base, headers, _pieces(content))
+        results["oneshot"] = oneshot(base, headers, content, server.pid)
+        results["chunked"] = chunked(base, headers, _pieces(content), server.pid)
         del content
         streams = []
         with RssSampler(server.pid) as sampler:
@@ -235,7 +257,7 @@ def run_ingest(database_url: str, db: Database, workdir: Path) -> dict[str, Any]
             for size in STREAM_SIZES:
                 since = time.monotonic()
                 reset = sampler.reset_hwm()
-                figures = chunked(base, headers, streamed(size))
+                figures = chunked(base, headers, streamed(size), server.pid)
                 peak_kb = sampler.peak_kb(since, reset)
                 figures.update(
                     gib=round(size / 2**30, 3),
@@ -281,6 +303,10 @@ def markdown(results: dict[str, Any]) -> str:
     def rate(figures: dict[str, Any]) -> str:
         return f"{figures['docs_per_s']:,.0f}"
 
+    def cpu(figures: dict[str, Any]) -> str:
+        per = figures.get("docs_per_api_cpu_s")
+        return f"{figures.get('api_cpu_s')} | {per:,.0f}" if per else "- | -"
+
     lines = [
         "## Ingest: documents stored per second, and the API's memory while streaming",
         "",
@@ -290,23 +316,29 @@ def markdown(results: dict[str, Any]) -> str:
         f"{' '.join(results['loadavg_after'])} after. Chunks of "
         f"{results['chunk_bytes'] // 2**20} MiB.",
         "",
-        "| path | tree | documents | seconds | documents/s |",
-        "|---|---|---:|---:|---:|",
+        "| path | tree | documents | seconds | documents/s | API CPU s | documents/API CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     baseline = results.get("baseline")
     if baseline:
         b = baseline["oneshot"]
         lines.append(
             f"| one request (baseline) | {baseline['commit']} | {b['documents']:,} | "
-            f"{b['seconds']} | {rate(b)} |"
+            f"{b['seconds']} | {rate(b)} | {cpu(b)} |"
         )
     commit = results["tree"]["commit"]
     for label, key in (("one request", "oneshot"), ("chunks", "chunked")):
         f = results[key]
-        lines.append(f"| {label} | {commit} | {f['documents']:,} | {f['seconds']} | {rate(f)} |")
+        lines.append(
+            f"| {label} | {commit} | {f['documents']:,} | {f['seconds']} | {rate(f)} | {cpu(f)} |"
+        )
     if baseline:
         ratio = results["oneshot"]["docs_per_s"] / baseline["oneshot"]["docs_per_s"]
         lines += ["", f"One request: {ratio:.1f}× the baseline's documents/s in the same run."]
+        old, new = baseline["oneshot"], results["oneshot"]
+        if old.get("docs_per_api_cpu_s") and new.get("docs_per_api_cpu_s"):
+            per_cpu = new["docs_per_api_cpu_s"] / old["docs_per_api_cpu_s"]
+            lines[-1] += f" Per second of the API's CPU: {per_cpu:.1f}×."
     lines += [
         "",
         f"Streamed in chunks (API RSS {results['api_rss_baseline_mb']} MB before):",

@@ -220,7 +220,7 @@ def _csv_records(lines: _Lines, spec: UploadSpec) -> Iterator[tuple[int, dict[st
             if any(v.strip() for v in values):
                 state.header = _check_header(values, spec)
             continue
-        if not any(v.strip() for v in values):
+        if not any(map(str.strip, values)):
             continue  # a blank line is not a row
         state.rows += 1
         names = state.header
