@@ -104,6 +104,14 @@ def known_digests(
     """Which of ``digests`` the dataset's upload stored already, and their rows."""
     if not digests:
         return {}
+    driver = _driver(session)
+    if driver is not None:  # one array parameter, not one per digest
+        with driver.cursor() as cursor:
+            cursor.execute(
+                "SELECT digest, row FROM upload_digests WHERE dataset_id = %s AND digest = ANY(%s)",
+                (dataset_id, list(digests)),
+            )
+            return {bytes(digest): row for digest, row in cursor}
     query = select(UploadDigest.digest, UploadDigest.row).where(
         UploadDigest.dataset_id == dataset_id, UploadDigest.digest.in_(list(digests))
     )
