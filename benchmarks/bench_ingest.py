@@ -214,6 +214,12 @@ def _pieces(content: bytes) -> Iterator[bytes]:
         yield content[start : start + CHUNK]
 
 
+def _progress(what: str, figures: dict[str, Any]) -> None:
+    """Each figure as it is measured (stderr), for a run stopped before its end."""
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    print(what, figures, "load", load, file=sys.stderr, flush=True)
+
+
 def _commit(tree: Path) -> str:
     try:
         return subprocess.run(
@@ -246,9 +252,12 @@ def run_ingest(database_url: str, db: Database, workdir: Path) -> dict[str, Any]
         baseline_env = env | {"KEYSEED_DATA_DIR": str(workdir / "baseline")}
         with api(BASELINE_TREE, baseline_env, workdir / "baseline.log") as (old, base):
             results["baseline"]["oneshot"] = oneshot(base, headers, content, old.pid)
+            _progress("baseline", results["baseline"]["oneshot"])
     with api(here, env, workdir / "api.log") as (server, base):
         results["oneshot"] = oneshot(base, headers, content, server.pid)
         results["chunked"] = chunked(base, headers, _pieces(content), server.pid)
+        _progress("oneshot", results["oneshot"])
+        _progress("chunked", results["chunked"])
         del content
         streams = []
         with RssSampler(server.pid) as sampler:
@@ -265,6 +274,7 @@ def run_ingest(database_url: str, db: Database, workdir: Path) -> dict[str, Any]
                     peak_over_baseline_mb=round((peak_kb - baseline_kb) / 1024, 1),
                 )
                 streams.append(figures)
+                _progress("stream", figures)
             results["api_rss_baseline_mb"] = round(baseline_kb / 1024, 1)
             results["api_vmhwm_mb"] = round(_status_kb(server.pid, "VmHWM") / 1024, 1)
         results["stream"] = streams
