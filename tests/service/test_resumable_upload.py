@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +15,12 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from sqlalchemy import func, select
 
+import migrations
+from app.config import Settings
 from app.crypto import DocumentCipher
 from app.datasets import repository
 from app.db import Database
+from app.main import create_app
 from app.models import Dataset, Document, UploadDigest
 from tests.proof.conftest import assert_problem
 from tests.service import factories
@@ -292,3 +296,27 @@ def test_refusals_of_the_protocol(client: TestClient, world: factories.World) ->
     assert other.status_code == 404
     missing = _open(client, world.owner, label_column="nope")
     assert _put(client, world.owner, missing, 0, b"text,label\n").status_code == 422
+
+
+def test_chunks_on_the_embedded_sqlite_database(tmp_path: Path) -> None:
+    """The same protocol without Postgres' COPY (executemany, digests looked up by IN)."""
+    settings = Settings(data_dir=tmp_path, database_url="", data_key="", broker_url="memory://")
+    migrations.upgrade(settings.sqlalchemy_url)
+    app = create_app(settings)
+    try:
+        world = factories.build_world(app.state.database)
+        client = TestClient(app)
+        content = factories.csv_bytes(ROWS)
+        whole = factories.upload(client, world.owner, content)
+        assert whole.status_code == 201, whole.text
+        dataset_id = _open(client, world.owner)
+        _send(client, world.owner, dataset_id, content, 40)
+        again = _put(client, world.owner, dataset_id, 0, content[:40])  # already committed
+        assert again.status_code == 200 and again.json()["offset"] == len(content)
+        sealed = _seal(client, world.owner, dataset_id)
+        assert sealed.status_code == 200, sealed.text
+        assert _counts(sealed.json()) == _counts(whole.json())
+        db = app.state.database
+        assert _stored(db, app, dataset_id) == _stored(db, app, whole.json()["id"])
+    finally:
+        app.state.database.dispose()
