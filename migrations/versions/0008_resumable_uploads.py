@@ -29,9 +29,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("datasets") as batch:
-        batch.add_column(
-            sa.Column("state", sa.String(16), nullable=False, server_default="ready")
-        )
+        batch.add_column(sa.Column("state", sa.String(16), nullable=False, server_default="ready"))
         batch.add_column(sa.Column("upload_tail", sa.LargeBinary(), nullable=True))
         batch.create_check_constraint("state_valid", "state IN ('uploading', 'ready')")
     op.create_table(
