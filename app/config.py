@@ -60,7 +60,12 @@ class Settings(CoreSettings):
     # Each dataset's data key, wrapped by the data key (``data_dir/keyring`` by default):
     # a directory the API and every worker share, backed up apart from the database.
     keyring_dir: Path | None = None
-    max_upload_bytes: int = Field(default=256 * 2**20, ge=1024)
+    # Upload limits, one scheme: KEYSEED_MAX_UPLOAD_BYTES caps a dataset's whole file
+    # (all its chunks), KEYSEED_MAX_UPLOAD_REQUEST_BYTES one request's body (a chunk, or
+    # a whole file sent in one request); 413 above either, naming it.
+    max_upload_bytes: int = Field(default=16 * 2**30, ge=1024)
+    max_upload_request_bytes: int = Field(default=256 * 2**20, ge=1024)
+
     max_json_bytes: int = Field(default=2**20, ge=1024)
     llm_endpoints: dict[str, LLMEndpointSettings] = Field(default_factory=dict)
     sequences_queue: Literal["cpu", "gpu"] = "cpu"  # where stages 1-6 run
@@ -143,6 +148,11 @@ class Settings(CoreSettings):
         if os.environ.get("KEYSEED_DATA_DIR"):
             return f"the data folder KEYSEED_DATA_DIR={os.environ['KEYSEED_DATA_DIR']}"
         return "the default data folder ./var, under the current directory"
+
+    @property
+    def upload_request_limit(self) -> int:
+        """The most bytes of a file one request carries (both limits apply)."""
+        return min(self.max_upload_bytes, self.max_upload_request_bytes)
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -71,8 +71,8 @@ def _version() -> str:
 
 class BodyLimitMiddleware:
     """Refuse request bodies over the limit (413) while they stream in, before they are
-    spooled anywhere: uploads (multipart) get the upload limit, everything else the
-    JSON limit."""
+    spooled anywhere: uploads (multipart, and chunks as application/octet-stream) get
+    the upload limit of one request, everything else the JSON limit."""
 
     def __init__(self, app: ASGIApp, *, json_limit: int, upload_limit: int) -> None:
         self.app = app
@@ -84,8 +84,9 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        multipart = headers.get("content-type", "").startswith("multipart/form-data")
-        limit = self.upload_limit if multipart else self.json_limit
+        content_type = headers.get("content-type", "")
+        upload = content_type.startswith(("multipart/form-data", "application/octet-stream"))
+        limit = self.upload_limit if upload else self.json_limit
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             too_large = errors.BodyTooLarge(limit)
@@ -168,7 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimitMiddleware,
         json_limit=settings.max_json_bytes,
-        upload_limit=settings.max_upload_bytes + MULTIPART_OVERHEAD,
+        upload_limit=settings.upload_request_limit + MULTIPART_OVERHEAD,
     )
     app.add_middleware(RequestContextMiddleware, observe=metrics.observe_request)
     app.openapi = _openapi(app)  # type: ignore[method-assign]

@@ -41,6 +41,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 ORGANISATION_KINDS = ("platform", "owner", "client")
 ROLES = ("owner", "client", "admin", "auditor")
 USER_ROLES = ("admin", "auditor")
+DATASET_STATES = ("uploading", "ready")  # chunks are appended until it is sealed
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 LEDGER_KINDS = ("reserve", "commit", "release")
 
@@ -216,6 +217,7 @@ class Dataset(Base):
     __table_args__ = (
         CheckConstraint("epsilon_cap > 0", name="epsilon_cap_positive"),
         _one_of("format", ("csv", "jsonl")),
+        _one_of("state", DATASET_STATES),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -232,7 +234,12 @@ class Dataset(Base):
     documents: Mapped[int] = mapped_column(default=0)
     skipped_empty: Mapped[int] = mapped_column(default=0)
     skipped_duplicate: Mapped[int] = mapped_column(default=0)
-    upload_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    upload_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # committed offset
+    # ``uploading`` while chunks are appended (no job may run), ``ready`` once sealed.
+    state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
+    # What the next chunk needs (an incomplete last row, the CSV header, row and line
+    # numbers), sealed under the dataset's key; None once sealed (app.datasets.service).
+    upload_tail: Mapped[bytes | None] = deferred(mapped_column(LargeBinary))
     created_by: Mapped[str] = mapped_column(String(80))  # actor reference
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None]
@@ -257,6 +264,19 @@ class Document(Base):
     nonce: Mapped[bytes] = mapped_column(LargeBinary(12))
     ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
     unit: Mapped[bytes | None] = mapped_column(LargeBinary)  # sealed apart: nonce || ciphertext
+
+
+class UploadDigest(Base):
+    """A keyed digest of one stored document's (text, label, unit) while its dataset is
+    uploading: a repeat in a later chunk is found here (app.datasets.upload)."""
+
+    __tablename__ = "upload_digests"
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
+    )
+    digest: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
+    row: Mapped[int]
 
 
 class Vocabulary(Base):

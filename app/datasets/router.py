@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import tempfile
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, UploadFile, status
+from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
+from fastapi.concurrency import run_in_threadpool
 from pydantic.json_schema import SkipJsonSchema
 
+from app.config import Settings
 from app.datasets import service
 from app.datasets.schemas import (
     MAX_EPSILON,
@@ -16,13 +20,15 @@ from app.datasets.schemas import (
     DatasetOut,
     LedgerEntryOut,
     LedgerOut,
+    UploadOut,
 )
 from app.datasets.upload import UploadSpec, detect_format
 from app.deps import CipherDep, SessionDep, SettingsDep, allowed
-from app.errors import ContentTooLarge, Unprocessable, problems
+from app.errors import BadRequest, ContentTooLarge, Unprocessable, problems
 from app.identity.policy import Action, Principal
 from app.identity.schemas import NAME_PATTERN
 from app.ledger import service as ledger
+from app.models import Dataset
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=problems(401, 403, 413, 422))
 _NAME = NAME_PATTERN
@@ -143,8 +149,7 @@ def upload_dataset(
     (ε, δ) is carved out of what the organisation's budget has left (409 naming what
     remains when it does not fit)."""
     size = file.size if file.size is not None else 0
-    if size > settings.max_upload_bytes:
-        raise ContentTooLarge(f"the file is larger than {settings.max_upload_bytes} bytes")
+    _check_request_size(size, settings)
     text_columns = _names(text_column, field="text_column", limit=MAX_TEXT_COLUMNS)
     label_set = _names(labels, field="labels", limit=MAX_LABELS)
     if label_column.strip() in text_columns:
@@ -165,6 +170,241 @@ def upload_dataset(
     )
     new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, delta_cap=delta_cap, upload=spec)
     dataset = service.create_dataset(session, principal, cipher, new, file.file, size)
+    return service.to_out(session, dataset, principal)
+
+
+def _check_request_size(size: int, settings: Settings) -> None:
+    if size > settings.max_upload_bytes:
+        raise ContentTooLarge(
+            f"the file is larger than KEYSEED_MAX_UPLOAD_BYTES ({settings.max_upload_bytes} bytes)"
+        )
+    if size > settings.max_upload_request_bytes:
+        raise ContentTooLarge(
+            "the file is larger than KEYSEED_MAX_UPLOAD_REQUEST_BYTES "
+            f"({settings.max_upload_request_bytes} bytes), the most one request carries: "
+            "send it in chunks (POST /v1/datasets/uploads)"
+        )
+
+
+@router.post(
+    "/uploads",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatasetOut,
+    responses=problems(400, 409),
+    summary="Open a resumable upload (the file follows in chunks)",
+)
+def open_upload(
+    session: SessionDep,
+    cipher: CipherDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
+    name: Annotated[str, Form(min_length=1, max_length=200, pattern=_NAME)],
+    text_column: Annotated[list[str], Form(min_length=1, description="Repeat for several columns")],
+    label_column: Annotated[str, Form(min_length=1, max_length=200, pattern=_NAME)],
+    labels: Annotated[
+        list[str],
+        Form(
+            min_length=1,
+            description="The declared label set (public schema); repeat, or "
+            "give one comma-separated value",
+        ),
+    ],
+    epsilon_cap: Annotated[
+        float,
+        Form(
+            ge=MIN_EPSILON_CAP,
+            le=MAX_EPSILON,
+            allow_inf_nan=False,
+            description="Carved out of the organisation's privacy budget",
+        ),
+    ],
+    format: Annotated[Literal["csv", "jsonl"], Form(description="The file's format")],
+    delta_cap: Annotated[float, Form(ge=0, lt=1, allow_inf_nan=False)] = 0.0,
+    on_empty: Annotated[Literal["skip", "reject"], Form()] = "skip",
+    on_duplicate: Annotated[Literal["skip", "reject"], Form()] = "skip",
+    unit_column: Annotated[
+        str | SkipJsonSchema[None],
+        Form(
+            min_length=1,
+            max_length=200,
+            pattern=_NAME,
+            json_schema_extra={"pattern": _NAME},
+            description="The column naming each row's privacy unit (a patient id, say)",
+        ),
+    ] = None,
+) -> DatasetOut:
+    """The dataset, in state ``uploading``, with the form fields of a one-shot upload
+    (``format`` required) and no file; its cap is carved now. Send the file with
+    ``PUT /v1/datasets/{id}/upload`` (``Content-Range: bytes START-END/TOTAL``, body
+    ``application/octet-stream``) in order, from the offset ``GET …/upload`` gives, then
+    ``POST …/seal``. Rows are checked as their chunk arrives: a chunk with a row error
+    (named by its row number, never its value) is refused whole, and what earlier
+    chunks stored stays. A repeat is found across chunks."""
+    spec = _spec(text_column, label_column, labels, format, on_empty, on_duplicate, unit_column)
+    new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, delta_cap=delta_cap, upload=spec)
+    return service.to_out(session, service.open_upload(session, principal, cipher, new), principal)
+
+
+def _spec(
+    text_column: list[str],
+    label_column: str,
+    labels: list[str],
+    format: str,
+    on_empty: str,
+    on_duplicate: str,
+    unit_column: str | None,
+) -> UploadSpec:
+    text_columns = _names(text_column, field="text_column", limit=MAX_TEXT_COLUMNS)
+    label_set = _names(labels, field="labels", limit=MAX_LABELS)
+    if label_column.strip() in text_columns:
+        raise Unprocessable("the label column is also a text column", field="label_column")
+    unit = unit_column.strip() if unit_column is not None else None
+    if unit is not None and unit in (*text_columns, label_column.strip()):
+        raise Unprocessable("the unit column is also a text or label column", field="unit_column")
+    return UploadSpec(
+        format=format,
+        text_columns=text_columns,
+        label_column=label_column.strip(),
+        labels=label_set,
+        on_empty=on_empty,
+        on_duplicate=on_duplicate,
+        unit_column=unit,
+    )
+
+
+def _upload_out(dataset: Dataset, settings: Settings) -> UploadOut:
+    return UploadOut(
+        dataset_id=dataset.id,
+        state=dataset.state,  # type: ignore[arg-type]
+        offset=dataset.upload_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+        max_upload_request_bytes=settings.upload_request_limit,
+    )
+
+
+@router.get("/{dataset_id}/upload", response_model=UploadOut, responses=problems(404))
+def get_upload(
+    dataset_id: uuid.UUID,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
+) -> UploadOut:
+    """The committed offset of a resumable upload: after a dropped connection, send the
+    file on from there."""
+    return _upload_out(service.get_dataset(session, principal, dataset_id), settings)
+
+
+_RANGE = re.compile(r"bytes (\d{1,19})-(\d{1,19})/(\d{1,19}|\*)")
+_SPOOL = 2**20  # a chunk's body goes to a temporary file above this
+
+
+def _content_range(header: str | None) -> tuple[int, int]:
+    """``(start, length)`` of ``Content-Range: bytes START-END/TOTAL`` (or ``/*``)."""
+    found = _RANGE.fullmatch((header or "").strip())
+    if found is None:
+        raise BadRequest(
+            "send Content-Range: bytes START-END/TOTAL (or /*) with each chunk",
+            field="Content-Range",
+        )
+    start, end = int(found[1]), int(found[2])
+    if end < start or (found[3] != "*" and end >= int(found[3])):
+        raise BadRequest("the Content-Range is not a range of the file", field="Content-Range")
+    return start, end - start + 1
+
+
+@router.put(
+    "/{dataset_id}/upload",
+    response_model=UploadOut,
+    responses=problems(400, 404, 409, 413, 415),
+    summary="Append a chunk of the file to a resumable upload",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def put_chunk(
+    dataset_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    cipher: CipherDep,
+    settings: SettingsDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
+    content_range: Annotated[str | None, Header(description="bytes START-END/TOTAL")] = None,
+    offset: Annotated[
+        int | SkipJsonSchema[None],
+        Query(
+            ge=0,
+            description="Where the chunk starts, when no Content-Range is sent "
+            "(its length is then the body's)",
+        ),
+    ] = None,
+) -> UploadOut:
+    """Bytes START to END of the file (``Content-Range: bytes START-END/TOTAL``, or
+    ``?offset=START`` and the body's length), in order; resend from ``GET …/upload``'s
+    offset after a failure. The rows they complete are stored and the offset moves on, in one
+    transaction; bytes already committed are skipped, so a chunk sent twice changes
+    nothing. A chunk cut short (a dropped connection) stores nothing."""
+    if content_range is None and offset is not None:
+        start, length = offset, None
+    else:
+        start, length = _content_range(content_range)
+    if length is not None and length > settings.upload_request_limit:
+        raise ContentTooLarge(
+            "the chunk is larger than KEYSEED_MAX_UPLOAD_REQUEST_BYTES "
+            f"({settings.upload_request_limit} bytes)"
+        )
+    with tempfile.SpooledTemporaryFile(max_size=_SPOOL) as body:
+        received = 0
+        async for part in request.stream():
+            received += len(part)
+            if length is not None and received > length:
+                raise BadRequest(
+                    f"the body is longer than the {length} bytes of its Content-Range",
+                    field="Content-Range",
+                )
+            body.write(part)
+        if length is None:
+            length = received
+        if received < length:
+            raise BadRequest(
+                f"the chunk ended after {received} of its {length} bytes; nothing of it was "
+                "stored: send it again from the upload's offset",
+                field="body",
+            )
+        if length == 0:
+            raise BadRequest("the chunk is empty", field="body")
+        body.seek(0)
+        dataset = await run_in_threadpool(
+            service.append_chunk,
+            session,
+            principal,
+            cipher,
+            dataset_id,
+            start,
+            body,
+            length,
+            settings.max_upload_bytes,
+        )
+    return _upload_out(dataset, settings)
+
+
+@router.post(
+    "/{dataset_id}/seal",
+    response_model=DatasetOut,
+    responses=problems(404, 409),
+    summary="Complete a resumable upload",
+)
+def seal_upload(
+    dataset_id: uuid.UUID,
+    session: SessionDep,
+    cipher: CipherDep,
+    principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
+) -> DatasetOut:
+    """The file is complete: its last row is read, the counts are final and the dataset
+    is ``ready`` (jobs may run; nothing more is appended). A file of no document to
+    store is refused (422), and the upload stays open."""
+    dataset = service.seal_upload(session, principal, cipher, dataset_id)
     return service.to_out(session, dataset, principal)
 
 

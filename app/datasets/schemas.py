@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -69,6 +69,7 @@ class DatasetOut(BaseModel):
                     "skipped_empty": 3,
                     "skipped_duplicate": 12,
                     "upload_bytes": 2351904,
+                    "state": "ready",
                     "created_at": "2026-12-07T05:31:37.680719Z",
                     "deleted_at": None,
                     "budget": {
@@ -102,11 +103,42 @@ class DatasetOut(BaseModel):
     skipped_empty: int | None = Field(description=_RAW)
     skipped_duplicate: int | None = Field(description=_RAW)
     upload_bytes: int | None = Field(description=_RAW)
+    state: Literal["uploading", "ready"] = Field(
+        description="``uploading`` while a resumable upload appends chunks (no job runs "
+        "on it), ``ready`` once sealed"
+    )
     created_at: datetime = Field(description="When the dataset was uploaded (UTC)")
     deleted_at: datetime | None = Field(
         description="When its documents were destroyed (UTC); null while it is live"
     )
     budget: BudgetOut = Field(description="The cap and what jobs have spent and reserved of it")
+
+
+class UploadOut(BaseModel):
+    """Where a resumable upload stands: send the file on from byte ``offset``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+                    "state": "uploading",
+                    "offset": 268435456,
+                    "max_upload_bytes": 17179869184,
+                    "max_upload_request_bytes": 268435456,
+                }
+            ]
+        }
+    )
+
+    dataset_id: uuid.UUID = Field(description="The dataset the upload fills")
+    state: Literal["uploading", "ready"] = Field(description="``ready``: sealed")
+    offset: int = Field(description="Bytes of the file committed: the next chunk starts here")
+    max_upload_bytes: int = Field(description="KEYSEED_MAX_UPLOAD_BYTES: the whole file's limit")
+    max_upload_request_bytes: int = Field(
+        description="The most bytes one chunk carries (KEYSEED_MAX_UPLOAD_REQUEST_BYTES, "
+        "or less where the whole file's limit is lower)"
+    )
 
 
 class CapChange(BaseModel):

@@ -19,10 +19,12 @@ one row added to or removed from the file changes at most one stored document.
 
 from __future__ import annotations
 
+import base64
 import csv
 import hashlib
+import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -114,38 +116,121 @@ def detect_format(declared: str | None, filename: str | None, head: bytes) -> st
     return "jsonl" if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") else "csv"
 
 
-def _lines(stream: IO[bytes]) -> Iterator[str]:
-    """Decoded lines (ending kept, for the CSV reader); errors name the physical line."""
-    for number, raw in enumerate(iter(stream.readline, b""), start=1):
-        if b"\x00" in raw:
-            raise _LineError(number, "holds binary data (a NUL byte)")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _LineError(number, "is not valid UTF-8") from None
-        yield line.removeprefix("\ufeff") if number == 1 else line
+@dataclass
+class ParseState:
+    """Where the reading of a file stands between chunks: the CSV header, how many rows
+    and physical lines were read, and the bytes of an incomplete last row (read again
+    with the next chunk). Stored sealed between requests (app.datasets.service)."""
+
+    header: list[str] | None = None
+    rows: int = 0
+    lines: int = 0
+    tail: bytes = b""
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {
+                "header": self.header,
+                "rows": self.rows,
+                "lines": self.lines,
+                "tail": base64.b64encode(self.tail).decode("ascii"),
+            }
+        )
+
+    @classmethod
+    def loads(cls, data: str) -> ParseState:
+        record = json.loads(data)
+        return cls(record["header"], record["rows"], record["lines"], b64decode(record["tail"]))
 
 
-def _csv_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
-    reader = csv.reader(_lines(stream))
-    header = next((values for values in reader if any(v.strip() for v in values)), None)
-    if header is None:
+class _Lines:
+    """The physical lines of ``tail`` then ``stream``, decoded (ending kept, for the CSV
+    reader); errors name the physical line, counted across chunks in ``state.lines``.
+
+    Unless ``final``, an unterminated last line is not read: it is left in ``carry``.
+    ``record`` holds the raw lines read since the last row ended (the reader clears it),
+    so that a row cut by the end of a chunk can be read again with the next one."""
+
+    def __init__(self, stream: IO[bytes], state: ParseState, final: bool) -> None:
+        self.stream = stream
+        self.state = state
+        self.final = final
+        self.carry = b""
+        self.record: list[bytes] = []
+        self.exhausted = False
+
+    def _raw(self) -> Iterator[bytes]:
+        carry = b""
+        for part in (io.BytesIO(self.state.tail), self.stream):
+            for raw in iter(part.readline, b""):
+                if carry:
+                    raw, carry = carry + raw, b""
+                if raw.endswith(b"\n"):
+                    yield raw
+                else:
+                    carry = raw
+        if carry and self.final:
+            yield carry
+        else:
+            self.carry = carry
+
+    def __iter__(self) -> Iterator[str]:
+        state, record = self.state, self.record
+        for raw in self._raw():
+            state.lines += 1
+            record.append(raw)
+            if b"\x00" in raw:
+                raise _LineError(state.lines, "holds binary data (a NUL byte)")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _LineError(state.lines, "is not valid UTF-8") from None
+            yield line.removeprefix("\ufeff") if state.lines == 1 else line
+        self.exhausted = True
+
+    def keep_rest(self) -> None:
+        """Leave the lines of the current (incomplete) row and the unterminated last
+        line for the next chunk."""
+        self.state.lines -= len(self.record)
+        self.state.tail = b"".join(self.record) + self.carry
+        self.record.clear()
+
+
+def _check_header(values: list[str], spec: UploadSpec) -> list[str]:
+    if not any(v.strip() for v in values):
         raise Unprocessable("the file is empty", field="file")
-    names = [name.strip() for name in header]
+    names = [name.strip() for name in values]
     for column, which in spec.columns.items():
         if column not in names:
             raise Unprocessable(f"column {column!r} is not in the header", field=which)
         if names.count(column) > 1:  # which of them holds the data would be a guess
             raise Unprocessable(f"column {column!r} is in the header more than once", field=which)
-    row = 0
+    return names
+
+
+def _csv_records(lines: _Lines, spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
+    state = lines.state
+    reader = csv.reader(lines)
     for values in reader:
-        if not any(v.strip() for v in values):
-            continue  # a blank line is not a row
-        row += 1
-        if len(values) != len(names):
-            yield row, {"__error__": f"has {len(values)} fields, the header {len(names)}"}
+        if lines.exhausted and not lines.final:
+            lines.keep_rest()  # a quoted field goes on past this chunk
+            return
+        lines.record.clear()
+        if state.header is None:
+            if any(v.strip() for v in values):
+                state.header = _check_header(values, spec)
             continue
-        yield row, dict(zip(names, values, strict=True))
+        if not any(map(str.strip, values)):
+            continue  # a blank line is not a row
+        state.rows += 1
+        names = state.header
+        if len(values) != len(names):
+            yield state.rows, {"__error__": f"has {len(values)} fields, the header {len(names)}"}
+            continue
+        yield state.rows, dict(zip(names, values, strict=True))
+    lines.keep_rest()
+    if state.header is None and lines.final:
+        raise Unprocessable("the file is empty", field="file")
 
 
 class _LongNumber:
@@ -157,21 +242,23 @@ def _integer(digits: str) -> int | _LongNumber:
     return _LongNumber() if len(digits.lstrip("-")) > MAX_NUMBER_DIGITS else int(digits)
 
 
-def _jsonl_records(stream: IO[bytes], spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
-    row = 0
-    for line in _lines(stream):
+def _jsonl_records(lines: _Lines, spec: UploadSpec) -> Iterator[tuple[int, dict[str, Any]]]:
+    state = lines.state
+    for line in lines:
+        lines.record.clear()
         if not line.strip():
             continue
-        row += 1
+        state.rows += 1
         try:
             value = json.loads(line, parse_int=_integer)
         except (json.JSONDecodeError, RecursionError):
-            yield row, {"__error__": "is not valid JSON"}
+            yield state.rows, {"__error__": "is not valid JSON"}
             continue
         if not isinstance(value, dict):
-            yield row, {"__error__": "is not a JSON object"}
+            yield state.rows, {"__error__": "is not a JSON object"}
             continue
-        yield row, value
+        yield state.rows, value
+    lines.keep_rest()
 
 
 def _unreadable(record: dict[str, Any], column: str) -> str:
@@ -199,29 +286,55 @@ def _cell(record: dict[str, Any], column: str) -> str | None:
     return text
 
 
-@dataclass(frozen=True)
+def b64decode(data: str) -> bytes:
+    return base64.b64decode(data.encode("ascii"), validate=True)
+
+
+def plain_digest(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
 class Row:
-    """A document to store: its row in the file, text, label and unit (or None)."""
+    """A document to store: its row in the file, text, label, unit (or None) and the
+    digest of the three that finds a repeat."""
 
     row: int
     text: str
     label: str
     unit: str | None = None
+    digest: bytes = b""
 
 
-def read_documents(stream: IO[bytes], spec: UploadSpec, report: UploadReport) -> Iterator[Row]:
+def read_documents(
+    stream: IO[bytes],
+    spec: UploadSpec,
+    report: UploadReport,
+    *,
+    state: ParseState | None = None,
+    final: bool = True,
+    seen: dict[bytes, int] | None = None,
+    digest: Callable[[bytes], bytes] = plain_digest,
+) -> Iterator[Row]:
     """Every row to store; row errors go to ``report``.
 
     Once a row error is seen nothing more is yielded (the upload will be refused), but
     the file is read to the end so that the report lists the errors of every row.
     Structural errors (not UTF-8, malformed CSV, missing column) raise ``Unprocessable``.
+
+    A chunk of a file is read with the ``state`` the previous chunk left (updated in
+    place) and ``final`` False: its incomplete last row is left in ``state.tail``.
+    ``seen`` maps the digests of the rows read so far to their row (repeats within what
+    is read here; a caller reading chunks looks the digests up in what it stored).
     """
+    state = ParseState() if state is None else state
+    seen = {} if seen is None else seen
     declared = set(spec.labels)
-    seen: dict[bytes, int] = {}
+    lines = _Lines(stream, state, final)
     records = _csv_records if spec.format == "csv" else _jsonl_records
-    row = 0
+    row = state.rows
     try:
-        for row, record in records(stream, spec):
+        for row, record in records(lines, spec):
             report.rows = row
             if "__error__" in record:
                 report.error(row, f"the row {record['__error__']}")
@@ -237,7 +350,7 @@ def read_documents(stream: IO[bytes], spec: UploadSpec, report: UploadReport) ->
                 label = _cell(record, spec.label_column)
                 unit = _cell(record, spec.unit_column) if spec.unit_column else None
                 text = ". ".join(p for p in parts if p)
-                document = _check_row(report, row, text, label, unit, spec, declared, seen)
+                document = _check_row(report, row, text, label, unit, spec, declared, seen, digest)
                 if document is not None and report.error_count == 0:
                     report.documents += 1
                     yield document
@@ -261,6 +374,7 @@ def _check_row(
     spec: UploadSpec,
     declared: set[str],
     seen: dict[bytes, int],
+    digest: Callable[[bytes], bytes],
 ) -> Row | None:
     """The row as a document to store, or None (errors and skips are recorded)."""
     if label is None:
@@ -296,12 +410,14 @@ def _check_row(
             report.skipped_empty += 1
         return None
     # A repeat repeats the text, the label and the unit (see the module docstring).
-    key = json.dumps([text, label, unit], ensure_ascii=False).encode("utf-8")
-    first = seen.setdefault(hashlib.blake2b(key, digest_size=16).digest(), row)
+    # Lengths first: one encoding per (text, label, unit), read back unambiguously.
+    key = f"{len(text)}|{len(label)}|{text}{label}{unit or ''}".encode("utf-8", "surrogatepass")
+    hashed = digest(key)
+    first = seen.setdefault(hashed, row)
     if first != row:
         if spec.on_duplicate == "reject":
             report.error(row, f"the document repeats row {first}")
         else:
             report.skipped_duplicate += 1
         return None
-    return Row(row, text, label, unit)
+    return Row(row, text, label, unit, hashed)

@@ -162,6 +162,8 @@ def _prepare(
     """Every check of a job spec, and its planned releases (public inputs only); the
     vocabulary the run reads, resolved (None for a method that reads none)."""
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
+    if dataset.state != "ready":  # a resumable upload not sealed yet (app.datasets.service)
+        raise Conflict("the dataset's upload is not sealed: POST /v1/datasets/{id}/seal first")
     if isinstance(spec, LLMMethodJob):
         _check_llm_method(spec, len(dataset.labels), settings)
         vocabulary = None

@@ -69,6 +69,40 @@ def _upload_form(scene: Scene, scope: str) -> Call:
     return Call(form={"data": form, "files": files})
 
 
+_CSV = {"format": "csv"}
+
+
+def _open_upload(scene: Scene, scope: str) -> str:
+    form = {"name": "notes", "text_column": "text", "label_column": "label", "format": "csv"}
+    form |= {"labels": "cardio,ortho", "epsilon_cap": "5"}
+    response = scene.client.post(
+        "/v1/datasets/uploads", headers=scene.owner(scope).headers, data=form
+    )
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def _chunk(scene: Scene, scope: str) -> Call:
+    content = factories.csv_bytes(factories.ROWS)
+    return Call(
+        {"dataset_id": _open_upload(scene, scope)},
+        form={"content": content, "params": {"offset": 0}},
+    )
+
+
+def _to_seal(scene: Scene, scope: str) -> Call:
+    dataset_id = _open_upload(scene, scope)
+    chunk = factories.csv_bytes(factories.ROWS)
+    response = scene.client.put(
+        f"/v1/datasets/{dataset_id}/upload",
+        headers=scene.owner(scope).headers,
+        params={"offset": 0},
+        content=chunk,
+    )
+    assert response.status_code == 200, response.text
+    return Call({"dataset_id": dataset_id})
+
+
 def _vocabulary_form(scene: Scene, scope: str) -> Call:
     phrases = f"phrase {uuid.uuid4().hex}\nheart failure\n".encode()
     return Call(form={"data": {"name": "public terms"}, "files": {"file": ("v.txt", phrases)}})
@@ -138,6 +172,15 @@ MATRIX: tuple[Row, ...] = (
     ),
     ("GET", "/v1/datasets", "200 200 200 403 401 401", _none),
     ("POST", "/v1/datasets", "403 403 201 403 401 401", _upload_form),
+    (
+        "POST",
+        "/v1/datasets/uploads",
+        "403 403 201 403 401 401",
+        lambda s, scope: Call(form={"data": _upload_form(s, scope).form["data"] | _CSV}),  # type: ignore[index]
+    ),
+    ("GET", "/v1/datasets/{dataset_id}/upload", "403 403 200/404 403 401 401", _dataset),
+    ("PUT", "/v1/datasets/{dataset_id}/upload", "403 403 200/404 403 401 401", _chunk),
+    ("POST", "/v1/datasets/{dataset_id}/seal", "403 403 200/404 403 401 401", _to_seal),
     ("GET", "/v1/datasets/{dataset_id}", "200 200 200/404 403 401 401", _dataset),
     (
         "DELETE",
