@@ -410,9 +410,14 @@ def test_a_job_over_the_cap_is_refused_as_budget_exceeded_with_the_figures(flow:
     assert problem.remaining == {"epsilon": 1.0, "delta": 0.0}
     assert problem.extra["cap"] == {"epsilon": 2.0, "delta": 0.0}
     assert problem.problem["detail"] == problem.detail
-    # the refused job was not kept, and the dry run of it is no refusal
+    # the refused job was not kept; its dry run gets the same refusal (issue 66, item 5),
+    # and the dry run of a job that fits gives its plan
     assert len(flow.owner.list_jobs(flow.dataset)) == 2
-    assert flow.owner.dry_run(flow.dataset, _spec(vocabulary, epsilon_vocab=1)).epsilon == 1.5
+    with pytest.raises(BudgetExceeded) as dry:
+        flow.owner.dry_run(flow.dataset, _spec(vocabulary, epsilon_vocab=1))
+    assert dry.value.remaining == {"epsilon": 1.0, "delta": 0.0}
+    fits = flow.owner.dry_run(flow.dataset, _spec(vocabulary, epsilon_vocab=0.25, epsilon_kde=0.25))
+    assert fits.epsilon == 0.5
 
 
 def test_an_upload_cap_beyond_the_organisation_budget_is_budget_exceeded(
