@@ -214,6 +214,8 @@ class JobPlan(_Model):
     events: list[dict[str, Any]]
     parameters: dict[str, Any] | None = None
     noise: list[dict[str, Any]] = Field(default_factory=list)
+    budget_after: dict[str, Any] | None = None
+    verdict: dict[str, Any] | None = None
 
 
 class JobCounts(_Model):
@@ -829,8 +831,11 @@ class Client:
         self, dataset: Ref, spec: Mapping[str, Any] | None = None, **fields: Any
     ) -> JobPlan:
         """Plan a job: its releases, their noise and the composed (ε, δ), before any
-        private read and without touching the budget. The spec is the JSON a job takes
-        (README, "The API"); keyword arguments add to it::
+        private read and without touching the budget. A job that would not fit the
+        dataset's cap raises the :class:`BudgetExceeded` its submission would, with the
+        figures; the plan of one that fits carries ``budget_after`` and, for the owner,
+        a ``verdict`` on the class signal against the noise. The spec is the JSON a job
+        takes (README, "The API"); keyword arguments add to it::
 
             plan = owner.dry_run(dataset, vocabulary="medical", llm="local",
                                  document_type="discharge summary", epsilon=1, delta=1e-6)
