@@ -197,9 +197,25 @@ def open_upload(
     session: SessionDep,
     cipher: CipherDep,
     principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
-    name: Annotated[str, Form(min_length=1, max_length=200, pattern=_NAME)],
+    name: Annotated[
+        str,
+        Form(
+            min_length=1,
+            max_length=200,
+            pattern=_NAME,
+            description="The dataset's name, shown to its organisation and the platform",
+        ),
+    ],
     text_column: Annotated[list[str], Form(min_length=1, description="Repeat for several columns")],
-    label_column: Annotated[str, Form(min_length=1, max_length=200, pattern=_NAME)],
+    label_column: Annotated[
+        str,
+        Form(
+            min_length=1,
+            max_length=200,
+            pattern=_NAME,
+            description="The column (CSV header or JSONL key) holding each row's label",
+        ),
+    ],
     labels: Annotated[
         list[str],
         Form(
@@ -218,9 +234,30 @@ def open_upload(
         ),
     ],
     format: Annotated[Literal["csv", "jsonl"], Form(description="The file's format")],
-    delta_cap: Annotated[float, Form(ge=0, lt=1, allow_inf_nan=False)] = 0.0,
-    on_empty: Annotated[Literal["skip", "reject"], Form()] = "skip",
-    on_duplicate: Annotated[Literal["skip", "reject"], Form()] = "skip",
+    delta_cap: Annotated[
+        float,
+        Form(
+            ge=0,
+            lt=1,
+            allow_inf_nan=False,
+            description="The cap's δ (0, the default: pure ε-DP jobs only; Gaussian "
+            "mechanisms need δ > 0); carved out of the organisation's budget",
+        ),
+    ] = 0.0,
+    on_empty: Annotated[
+        Literal["skip", "reject"],
+        Form(
+            description="Rows with an empty text: skip (the default) leaves them out and "
+            "counts them; reject refuses the upload, naming the rows"
+        ),
+    ] = "skip",
+    on_duplicate: Annotated[
+        Literal["skip", "reject"],
+        Form(
+            description="Rows repeating an earlier row's text and label: skip (the "
+            "default) keeps the first only and counts the rest; reject refuses the upload"
+        ),
+    ] = "skip",
     unit_column: Annotated[
         str | SkipJsonSchema[None],
         Form(

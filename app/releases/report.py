@@ -29,7 +29,7 @@ from decimal import Decimal
 from math import exp
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -49,128 +49,346 @@ View = Literal["owner", "grantee", "platform"]
 NOT_RECORDED = "not recorded"
 SAMPLES = 5  # sample documents at most: one a class, in the declared order
 SAMPLE_CHARACTERS = 600  # of each sample's text
+SPEND_NOTE = (
+    "Each mechanism's ε is its releases composed alone; the job's ε is all of them "
+    "composed by the accountant, which is less than their sum when noise is Gaussian."
+)
+VIEWS: dict[str, str] = {
+    "owner": "The owner organisation's view: every figure, and its dataset's raw counts.",
+    "grantee": (
+        "A grantee's view: figures that are functions of the DP outputs and public inputs, "
+        "this grant and sample documents; the owner's ledger and budget are not shown."
+    ),
+    "platform": (
+        "A platform role's view (admin, auditor): figures that are functions of the DP "
+        "outputs and public inputs; no released document."
+    ),
+}
 
 # -- the model -------------------------------------------------------------------------
 
 
 class Protection(BaseModel):
     unit: str = Field(description="The unit of protection as the manifest names it")
-    unit_in_words: str
-    adjacency: str
-    epsilon: float
-    delta: float
-    guarantee_in_words: str
-    accountant: str
-    accountant_in_words: str
-    parallel_composition: str
+    unit_in_words: str = Field(description="What one neighbouring upload adds or removes")
+    adjacency: str = Field(description="The neighbouring relation the guarantee is stated for")
+    epsilon: float = Field(description="ε of the guarantee: all the job's releases composed")
+    delta: float = Field(description="δ of the guarantee (0: pure ε-differential privacy)")
+    guarantee_in_words: str = Field(description="What this (ε, δ) means for one unit")
+    accountant: str = Field(description="The accountant that composed the job's releases")
+    accountant_in_words: str = Field(description="How that accountant composes, in words")
+    parallel_composition: str = Field(
+        description="Which releases were made class by class, and why they compose in parallel"
+    )
 
 
 class MechanismSpend(BaseModel):
-    mechanism: str
-    epsilon: float | None
+    mechanism: str = Field(description="The mechanism as the ledger's events name it")
+    epsilon: float | None = Field(
+        description="ε of this mechanism's releases composed alone (null: not recorded)"
+    )
     events: int = Field(description="Noisy releases of this mechanism")
     per_class: bool = Field(description="Released class by class (composed in parallel)")
-    delta_spent_outright: float = 0.0
+    delta_spent_outright: float = Field(
+        default=0.0, description="The δ its releases spend outright, summed over its events"
+    )
 
 
 class DatasetSpend(BaseModel):
-    epsilon_cap: float
-    delta_cap: float
+    epsilon_cap: float = Field(description="The dataset's ε cap")
+    delta_cap: float = Field(description="The dataset's δ cap, at which its spend is composed")
     spent_after_this_release: float | None = Field(
         description="ε spent by the dataset's committed jobs up to and including this "
         "release's job, composed at the cap's δ (null: no finite ε)"
     )
-    spent_now: float | None
-    reserved_now: float | None
-    remaining_now: float | None
-    accountant: str
+    spent_now: float | None = Field(
+        description="ε spent by all the dataset's committed jobs to date, composed at the "
+        "cap's δ (null: no finite ε)"
+    )
+    reserved_now: float | None = Field(
+        description="ε held for its queued and running jobs on top of spent_now (null: no finite ε)"
+    )
+    remaining_now: float | None = Field(
+        description="ε the cap has left for new jobs (null: no finite ε)"
+    )
+    accountant: str = Field(description="What composed the dataset's spend")
 
 
 class Spend(BaseModel):
-    epsilon: float
-    delta: float
-    by_mechanism: list[MechanismSpend]
+    epsilon: float = Field(description="ε of this release: its job's releases composed")
+    delta: float = Field(description="δ of this release")
+    by_mechanism: list[MechanismSpend] = Field(
+        description="This release's noisy releases, mechanism by mechanism"
+    )
     dataset: DatasetSpend | None = Field(
         description="The dataset's ledger (owner and platform roles; null for a grantee)"
     )
     organisation_budget: OrganisationBudgetOut | None = Field(
-        description="The owner organisation's budget (owner and platform roles)"
+        description="The owner organisation's budget (owner and platform roles; null for a grantee)"
     )
-    note: str
+    note: str = Field(description="How the mechanisms' ε relate to the release's ε")
 
 
 class Grantee(BaseModel):
-    organisation_id: uuid.UUID
-    name: str
+    organisation_id: uuid.UUID = Field(description="The organisation")
+    name: str = Field(description="The organisation's name ('not recorded' if it is gone)")
 
 
 class ClassCount(BaseModel):
-    label: str
+    label: str = Field(description="A declared class")
     asked: int | None = Field(
         description="Documents asked for the class (null: a total split by DP counts)"
     )
-    drawn: int = Field(description="Keyphrase sequences the DP releases yielded for the class")
-    released: int = Field(description="Documents released for the class")
+    drawn: int = Field(
+        description="Keyphrase sequences the DP releases yielded for the class (a DP output)"
+    )
+    released: int = Field(description="Documents released for the class (a DP output)")
     flagged: bool = Field(description="The class received no documents")
 
 
 class Released(BaseModel):
-    release_id: uuid.UUID
-    name: str
-    job_id: uuid.UUID
-    dataset_id: uuid.UUID
-    dataset_name: str
-    owner_organisation: Grantee
-    released_at: datetime
-    released_by: str
-    grantees: list[Grantee]
-    documents_asked: int
-    documents_released: int
-    classes: list[ClassCount]
-    classes_without_documents: list[str]
-    summary: str
+    release_id: uuid.UUID = Field(description="The release")
+    name: str = Field(description="The release's name, as its owner gave it")
+    job_id: uuid.UUID = Field(description="The job whose outputs were released")
+    dataset_id: uuid.UUID = Field(description="The private dataset the job drew on")
+    dataset_name: str = Field(description="That dataset's name")
+    owner_organisation: Grantee = Field(
+        description="The organisation that owns the dataset and made the release"
+    )
+    released_at: datetime = Field(description="When the release was made")
+    released_by: str = Field(description="Who made the release (the actor's reference)")
+    grantees: list[Grantee] = Field(
+        description="The client organisations granted the release, by name (a grantee's "
+        "view: its own grant only)"
+    )
+    documents_asked: int = Field(
+        description="Documents the job spec asked for (a public input, not a DP output)"
+    )
+    documents_released: int = Field(description="Documents released over every class (a DP output)")
+    classes: list[ClassCount] = Field(
+        description="Asked, drawn and released per declared class, in the declared order"
+    )
+    classes_without_documents: list[str] = Field(
+        description="The declared classes that received no documents"
+    )
+    summary: str = Field(description="The counts above in one sentence")
     dataset_raw_counts: dict[str, int] | None = Field(
         description="The upload's raw counts (not DP): the owner's view only"
     )
 
 
 class ModelInfo(BaseModel):
-    role: str
-    name: str
-    version: str
-    file_digest: str
-    endpoint: str | None = None
+    role: str = Field(description="What the model did: embedding, or writing the texts")
+    name: str = Field(description="The model's name as the manifest records it")
+    version: str = Field(description="Its version or revision ('not recorded' if absent)")
+    file_digest: str = Field(description="Its file's digest ('not recorded' if absent)")
+    endpoint: str | None = Field(
+        default=None,
+        description="The LLM endpoint that ran it ('none': no LLM; null: not an LLM)",
+    )
 
 
 class Provenance(BaseModel):
-    method: str
-    method_id: str
-    keyseed_version: str
-    models: list[ModelInfo]
-    vocabulary: dict[str, Any]
-    density: dict[str, Any] | None
-    parameters: dict[str, Any]
-    prompt: dict[str, Any]
+    method: str = Field(description="The generation method, in words")
+    method_id: str = Field(description="The generation method's id")
+    keyseed_version: str = Field(description="The keyseed version that built this report")
+    models: list[ModelInfo] = Field(description="The embedding model and the LLM the job used")
+    vocabulary: dict[str, Any] = Field(
+        description="The public vocabulary the phrases came from: source, id, size and "
+        "fingerprint, as the manifest records them"
+    )
+    density: dict[str, Any] | None = Field(
+        description="The density estimator's method, kernel and bandwidth (null: not recorded)"
+    )
+    parameters: dict[str, Any] = Field(
+        description="The job's parameters, resolved, as the manifest records them"
+    )
+    prompt: dict[str, Any] = Field(
+        description="How the LLM was prompted: document type, few-shot examples, template"
+    )
 
 
 class Sample(BaseModel):
-    label: str
-    text: str
-    keyphrases: list[str]
+    label: str = Field(description="The document's class")
+    text: str = Field(
+        description="The released text, its first 600 characters (empty: no LLM wrote texts)"
+    )
+    keyphrases: list[str] = Field(description="The DP keyphrase sequence behind the text")
+
+
+_EXAMPLE_OWNER = "4ed587f1-4b72-4b96-85a4-1c2b6dd79496"
+_EXAMPLE: dict[str, Any] = {
+    "report": "keyseed release report",
+    "view": "owner",
+    "view_in_words": VIEWS["owner"],
+    "protection": {
+        "unit": "row",
+        "unit_in_words": "one row of the uploaded file (one document, e.g. one clinical note) "
+        "added or removed; a person with several rows is protected note by note",
+        "adjacency": "one row of the uploaded file added or removed",
+        "epsilon": 1.0,
+        "delta": 0.0,
+        "guarantee_in_words": "Whether or not one document is in the private corpus, every "
+        "output of this release is at most e^ε = 2.71828 times as likely (ε = 1), so no one "
+        "who sees the release can tell with confidence whether that document was used. δ = "
+        "0: the bound holds without exception (pure ε-differential privacy).",
+        "accountant": "exact-sum",
+        "accountant_in_words": "exact-sum: every release is pure ε-DP and their ε add up "
+        "exactly (releases made class by class count once)",
+        "parallel_composition": "kde is released once per class (2 classes). Each document "
+        "belongs to exactly one class, so adding or removing one document changes the "
+        "releases of one class only: the per-class releases compose in parallel and cost "
+        "what one class's release costs, not the sum over classes.",
+    },
+    "spend": {
+        "epsilon": 1.0,
+        "delta": 0.0,
+        "by_mechanism": [
+            {
+                "mechanism": "vocabulary",
+                "epsilon": 0.5,
+                "events": 1,
+                "per_class": False,
+                "delta_spent_outright": 0.0,
+            },
+            {
+                "mechanism": "kde",
+                "epsilon": 0.5,
+                "events": 2,
+                "per_class": True,
+                "delta_spent_outright": 0.0,
+            },
+        ],
+        "dataset": {
+            "epsilon_cap": 5.0,
+            "delta_cap": 0.0,
+            "spent_after_this_release": 1.0,
+            "spent_now": 1.0,
+            "reserved_now": 0.0,
+            "remaining_now": 4.0,
+            "accountant": "exact-sum",
+        },
+        "organisation_budget": {
+            "organisation_id": _EXAMPLE_OWNER,
+            "budget": {"epsilon": 20.0, "delta": 1e-05},
+            "allocated": {"epsilon": 5.0, "delta": 0.0},
+            "remaining": {"epsilon": 15.0, "delta": 1e-05},
+            "datasets": 1,
+            "spent": 1.0,
+            "reserved": 0.0,
+            "accountant": "exact-sum",
+        },
+        "note": SPEND_NOTE,
+    },
+    "released": {
+        "release_id": "3d50f1ed-2e4b-4cf4-b3cb-c34c30cf1892",
+        "name": "cardio v1",
+        "job_id": "55e1d8d7-6b80-4702-898f-b185ca2be515",
+        "dataset_id": "bead0433-a019-410a-903c-3291301fcfb1",
+        "dataset_name": "discharge notes 2025",
+        "owner_organisation": {"organisation_id": _EXAMPLE_OWNER, "name": "St Mary's Hospital"},
+        "released_at": "2026-12-07T06:13:37.095909Z",
+        "released_by": "key:8a06c7f8-ac2f-437a-8fc2-1967492eb788",
+        "grantees": [
+            {"organisation_id": "90e0710c-dbe9-45bd-9b58-c00d518018e5", "name": "Research Lab"}
+        ],
+        "documents_asked": 4,
+        "documents_released": 3,
+        "classes": [
+            {"label": "cardio", "asked": 2, "drawn": 2, "released": 2, "flagged": False},
+            {"label": "ortho", "asked": 2, "drawn": 1, "released": 1, "flagged": False},
+        ],
+        "classes_without_documents": [],
+        "summary": "3 documents released of 4 asked, over 2 classes; every class received "
+        "documents",
+        "dataset_raw_counts": {"documents": 1200, "skipped_empty": 3, "skipped_duplicate": 7},
+    },
+    "provenance": {
+        "method": "DP-KPS (Nagesh et al., 2024) with DP-KDE by the exact Gaussian kernel "
+        "density on the private vocabulary",
+        "method_id": "dpkps",
+        "keyseed_version": "0.1.0",
+        "models": [
+            {
+                "role": "embedding model",
+                "name": "all-MiniLM-L6-v2",
+                "version": "not recorded",
+                "file_digest": "not recorded",
+                "endpoint": None,
+            },
+            {
+                "role": "LLM that wrote the texts",
+                "name": "SmolLM2-135M-Instruct",
+                "version": "0.1.2",
+                "file_digest": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                "endpoint": "local",
+            },
+        ],
+        "vocabulary": {
+            "source": "built in",
+            "id": "medical",
+            "name": "medical",
+            "size": 138930,
+            "fingerprint": "b6d4a7e06f5d092b6f72eb409203b7525ac563737470d848c31f643aaf2a8fdf",
+            "fingerprint_algorithm": "sha256 of the normalised phrases joined by newlines",
+        },
+        "density": {"method": "exact", "kernel": "gaussian", "bandwidth": 0.3},
+        "parameters": {
+            "epsilon_vocab": 0.5,
+            "epsilon_kde": 0.5,
+            "per_class": 2,
+            "total": None,
+            "delta": 0.0,
+            "noise": "laplace",
+            "vocabulary_size": 50,
+            "sequence_length": 8,
+            "bandwidth": 0.3,
+            "temperature": 0.7,
+            "seed": 0,
+        },
+        "prompt": {"document_type": "clinical note", "few_shot_examples": 0, "template": None},
+    },
+    "samples": [
+        {
+            "label": "cardio",
+            "text": "Patient admitted with worsening heart failure and exertional chest "
+            "pain; started on diuretics.",
+            "keyphrases": ["heart failure", "chest pain"],
+        }
+    ],
+    "what_the_data_is_good_for": "3 synthetic documents written by an LLM, each labelled "
+    "with one of 2 declared classes, made by DP-KPS (Nagesh et al., 2024) with DP-KDE by the "
+    "exact Gaussian kernel density on the private vocabulary. They are suited to training "
+    "and testing text classifiers and to exploring the vocabulary of each class; they are "
+    "not records of real patients and must not be used to make decisions about any "
+    "individual. Their fidelity is limited by the privacy noise: rare phrases and small "
+    "classes are the first to be blurred.",
+}
 
 
 class ReleaseReport(BaseModel):
-    report: Literal["keyseed release report"] = "keyseed release report"
+    model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE]})
+
+    report: Literal["keyseed release report"] = Field(
+        default="keyseed release report", description="What this document is"
+    )
     view: View = Field(description="Whose view this is (owner, grantee or platform)")
-    view_in_words: str
-    protection: Protection
-    spend: Spend
-    released: Released
-    provenance: Provenance
+    view_in_words: str = Field(description="What this view shows and leaves out")
+    protection: Protection = Field(description="The privacy guarantee, in figures and words")
+    spend: Spend = Field(
+        description="The privacy this release spent and, for the owner and platform roles, "
+        "the dataset's ledger and the organisation's budget"
+    )
+    released: Released = Field(description="What was released, when, by whom and to whom")
+    provenance: Provenance = Field(
+        description="How the documents were made: method, models, vocabulary, parameters"
+    )
     samples: list[Sample] | None = Field(
         description="A few released documents (owner and grantees; null for platform roles)"
     )
-    what_the_data_is_good_for: str
+    what_the_data_is_good_for: str = Field(
+        description="What the released documents are suited to, and their limits"
+    )
 
 
 # -- words -----------------------------------------------------------------------------
@@ -247,19 +465,6 @@ def _view(principal: Principal, release: Release) -> View:
     if principal.organisation_id == release.organisation_id:
         return "owner"
     return "grantee"
-
-
-VIEWS: dict[str, str] = {
-    "owner": "The owner organisation's view: every figure, and its dataset's raw counts.",
-    "grantee": (
-        "A grantee's view: figures that are functions of the DP outputs and public inputs, "
-        "this grant and sample documents; the owner's ledger and budget are not shown."
-    ),
-    "platform": (
-        "A platform role's view (admin, auditor): figures that are functions of the DP "
-        "outputs and public inputs; no released document."
-    ),
-}
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -498,10 +703,7 @@ def build(session: Session, principal: Principal, release_id: uuid.UUID) -> Rele
             if owner_or_platform
             else None
         ),
-        note=(
-            "Each mechanism's ε is its releases composed alone; the job's ε is all of them "
-            "composed by the accountant, which is less than their sum when noise is Gaussian."
-        ),
+        note=SPEND_NOTE,
     )
     method = str(manifest.get("method") or jobs.method_of(job.spec))
     llm_used = job.spec.get("llm", "local") != "none"

@@ -254,6 +254,13 @@ MATRIX: tuple[Row, ...] = (
     ("GET", "/admin/audit", "403 403 403 403 303 401", _none),
     ("GET", "/admin/audit.csv", "403 403 403 403 303 401", _none),
     ("GET", "/admin/keys", "403 403 403 403 303 401", _none),
+    ("GET", "/admin/organisations", "403 403 403 403 303 401", _none),
+    (
+        "GET",
+        "/admin/organisations/{organisation_id}",
+        "403 403 403 403 303 401",
+        lambda s, scope: Call({"organisation_id": str(s.owner(scope).organisation_id)}),
+    ),
     (
         "POST",
         "/admin/keys/{key_id}/revoke",

@@ -284,11 +284,12 @@ def test_every_example_is_valid_for_its_model() -> None:
     from app.identity import schemas as identity
     from app.jobs import schemas as jobs
     from app.ledger import schemas as ledger
+    from app.releases import report
     from app.releases import schemas as releases
     from app.vocabularies import schemas as vocabularies
 
     checked = 0
-    for module in (jobs, datasets, identity, ledger, releases, vocabularies, health):
+    for module in (jobs, datasets, identity, ledger, releases, report, vocabularies, health):
         for model in vars(module).values():
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 continue
