@@ -245,13 +245,21 @@ class Demo:
             time.sleep(1.0)
             job = _check(self.http.get(f"/v1/jobs/{job['id']}", headers=headers), 200)
             counts = job["counts"]
-            now = (job["state"], job["stage"], round(job["progress"] * 10))
+            stage = job.get("current_stage") or {}
+            fraction = stage.get("fraction")
+            now = (job["state"], stage.get("name"), round((fraction or 0) * 10))
             if now != shown:
                 shown = now
-                stage = f" · {job['stage']} {job['progress']:.0%}" if job["stage"] else ""
+                where = ""
+                if stage:
+                    where = f" · stage {stage['number']} of {stage['count']}: {stage['title']}"
+                    if fraction is not None and stage.get("public_work"):
+                        where += f" {fraction:.0%}"
+                    if stage.get("seconds_left") is not None:
+                        where += f", about {stage['seconds_left']:.0f} s left"
                 texts = f" · texts {counts['texts_done']}/{counts['sequences']}"
                 _line(
-                    f"[{time.monotonic() - started:6.1f} s] {job['state']}{stage}"
+                    f"[{time.monotonic() - started:6.1f} s] {job['state']}{where}"
                     + (texts if counts["sequences"] else "")
                     + f" · budget {job['epsilon']['budget_state']}"
                 )
