@@ -23,7 +23,7 @@ def main() -> int:
         tail.append(line)
         match = STEP.match(line)
         if not match:
-            if "Successfully installed" in line:
+            if line.startswith("Successfully installed llama"):  # not the build deps'
                 print(f"   done in {time.monotonic() - began:.0f} s", flush=True)
             elif line.startswith("ERROR") or "error:" in line.lower():
                 print("".join(tail), end="", flush=True)
