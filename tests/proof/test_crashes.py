@@ -79,24 +79,25 @@ SEQUENCES = 2 * SPEC["per_class"]  # two classes
 # The job's stage after each write of the sequences task to the job row, for two
 # classes (start, then one write per change of stage or of its shown progress, which is
 # 0 or 1 only: a private stage shows its start and its end, never a fraction).
-TRACE = (
+TRACE = (  # each stage is written when it starts (issue 67, item 3) and when it ends
     "extract",  # the task started: running, ε committed
     "extract",  # the models are loaded, the documents are about to be read
     "extract",  # the documents are read and their phrases extracted
-    "private_vocabulary",
-    "embed",
-    "dp_kde",  # first class
-    "dp_kde",  # second class
-    "sequences",  # first class sampled
-    "sequences",
-    "prompts",  # the sequences are saved
+    "private_vocabulary",  # the DP vocabulary is about to be drawn
+    "private_vocabulary",  # the DP vocabulary is drawn
+    "embed",  # Ṽ's embeddings are about to be computed
+    "embed",  # Ṽ's embeddings are computed (public work: its one chunk done)
+    "dp_kde",  # the DP-KDE of the classes is about to be built
+    "dp_kde",  # the DP-KDE of every class is built
+    "sequences",  # sampling starts
 )
 # stage -> how many writes the worker makes before it is killed, waiting for the next
+# (so that the job reads that stage, running, when it dies)
 KILL_AFTER = {
-    "extract": 2,  # documents read, phrases extracted
-    "private_vocabulary": 4,  # DP vocabulary drawn, embeddings of Ṽ computed
-    "embed": 5,  # DP-KDE of the first class built
-    "dp_kde": 6,  # DP-KDE of the second class built
+    "extract": 2,  # killed while the documents are read and their phrases extracted
+    "private_vocabulary": 4,  # killed while the DP vocabulary is drawn
+    "embed": 6,  # killed while Ṽ's embeddings are computed
+    "dp_kde": 8,  # killed while the classes' DP-KDEs are built
     "sequences": 8,  # every class sampled, the sequences about to be saved (SaveGate)
 }
 JOB_TIMEOUT = 180.0  # seconds
