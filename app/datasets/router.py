@@ -369,7 +369,7 @@ async def put_chunk(
     principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
     content_range: Annotated[str | None, Header(description="bytes START-END/TOTAL")] = None,
     offset: Annotated[
-        int | SkipJsonSchema[None],
+        int | None,
         Query(
             ge=0,
             description="Where the chunk starts, when no Content-Range is sent "

@@ -369,3 +369,16 @@ def test_a_crashed_run_resumes_without_drawing_noise_again(
     again = run(llm, embedder, store)  # everything checkpointed: no draw at all
     assert len(draws) - before == len(selections - saved)
     assert again.records == result.records
+
+
+def test_defaults_are_checked_against_a_small_domain() -> None:
+    """A domain K below the defaults of parents (30), initial_population and offspring is
+    refused naming the default that no longer fits (it was a 500 when the fuzzer sent
+    ``domain: 8``: the defaults were first checked when the engine's params were built)."""
+    with pytest.raises(ValidationError) as refused:
+        params(domain=8)
+    assert [e["loc"] for e in refused.value.errors()] == [("parents",)]
+    assert params(domain=8, parents=8).parents == 8
+    with pytest.raises(ValidationError) as refused:
+        params(domain=2000, initial_population=1000, offspring=3000)
+    assert {e["loc"] for e in refused.value.errors()} == {("initial_population",)}

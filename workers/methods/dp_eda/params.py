@@ -74,6 +74,7 @@ class DPEDAParams(MethodParams):
             "k (N_par), the parents selected per iteration, at most domain. Default 30, 2 to 10,000"
         ),
         default=30,
+        validate_default=True,  # checked against domain when left at its default
         ge=2,
         le=10_000,
     )
@@ -83,6 +84,7 @@ class DPEDAParams(MethodParams):
             " to 100,000"
         ),
         default=1000,
+        validate_default=True,  # checked against domain when left at its default
         ge=2,
         le=100_000,
     )
@@ -92,6 +94,7 @@ class DPEDAParams(MethodParams):
             "3,000, 2 to 100,000"
         ),
         default=3000,
+        validate_default=True,  # checked against domain when left at its default
         ge=2,
         le=100_000,
     )
