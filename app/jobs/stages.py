@@ -18,6 +18,10 @@ the LLM for them and saves each outcome as it arrives, so a crash, an outage or 
 retry (``POST /v1/jobs/{id}/retry``) resumes where it stopped, with no private read
 and no budget spent.
 
+Every prompt either stage sends (DP-KPS's here, an LLM method's in its run) is first
+recorded in the job's hash-chained prompt log (:class:`JobPromptLog`,
+:mod:`workers.llm.attestation`, docs/attestation.md); a retried prompt adds nothing.
+
 Both run on a job their process holds (:mod:`app.jobs.recovery`): a task that finds the
 job held by another live process returns ``held`` at once, and one whose job was taken
 over meanwhile (its process was thought dead) stops at its next write, writing nothing

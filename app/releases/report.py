@@ -18,6 +18,10 @@ Who sees what (docs/privacy.md): the report is built for a *view*:
 * ``grantee`` (a client organisation granted the release) sees the guarantee, the spend
   of this release, its own grant, the per-class counts and sample documents; not the
   owner's ledger or budget (which clients never read) nor the other grantees.
+
+Every view gets the prompt log's attestation (``prompt_log``: how many prompts, the head
+hash the log at ``/v1/releases/{id}/prompts`` must end on, and the command that checks
+it: docs/attestation.md).
 """
 
 from __future__ import annotations
