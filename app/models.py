@@ -373,6 +373,26 @@ class JobCheckpoint(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class PromptRecord(Base):
+    """One prompt a job sent to an LLM, a link of its hash chain (workers.llm.attestation):
+    ``record`` the hashed fields as canonical JSON, ``content`` the messages and inputs in
+    clear (DP outputs and public inputs only), ``entry`` what names the request (a retry
+    that sends it again adds no row). Rows are only ever added, in chain order."""
+
+    __tablename__ = "prompt_log"
+    __table_args__ = (UniqueConstraint("job_id", "entry"),)
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    entry: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    record: Mapped[str] = mapped_column(Text)
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class KeyphraseSequence(Base):
     """A DP keyphrase sequence, persisted before prompting, and what the LLM made of it."""
 

@@ -22,6 +22,7 @@ COMMANDS = {
     "serve": "app.serve",
     "api": "app.serve",
     "demo": "app.demo",
+    "verify-prompts": "app.cli.verify_prompts",
 }
 REGISTRARS = tuple(dict.fromkeys(COMMANDS.values()))
 

@@ -11,7 +11,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import Job, JobCheckpoint, KeyphraseSequence, Worker
+from app.models import Job, JobCheckpoint, KeyphraseSequence, PromptRecord, Worker
 
 ACTIVE_STATES = ("queued", "running")
 
@@ -134,6 +134,50 @@ def put_checkpoint(session: Session, job_id: uuid.UUID, key: str, data: bytes) -
     else:
         existing.data = data
     session.flush()
+
+
+def prompt_entries_among(session: Session, job_id: uuid.UUID, entries: Sequence[str]) -> set[str]:
+    """Which of ``entries`` the job's prompt log holds already."""
+    found: set[str] = set()
+    for start in range(0, len(entries), 1000):
+        query = select(PromptRecord.entry).where(
+            PromptRecord.job_id == job_id, PromptRecord.entry.in_(entries[start : start + 1000])
+        )
+        found.update(session.scalars(query))
+    return found
+
+
+def prompt_log_head(session: Session, job_id: uuid.UUID) -> tuple[int, str | None]:
+    """How many records the job's prompt log holds, and the last one's hash."""
+    query = (
+        select(PromptRecord.seq, PromptRecord.hash)
+        .where(PromptRecord.job_id == job_id)
+        .order_by(PromptRecord.seq.desc())
+        .limit(1)
+    )
+    last = session.execute(query).first()
+    return (0, None) if last is None else (int(last.seq) + 1, str(last.hash))
+
+
+def add_prompt_records(session: Session, job_id: uuid.UUID, rows: Sequence[dict[str, Any]]) -> None:
+    """Append records (``seq``, ``entry``, ``hash``, ``record``, ``content``) to the job's
+    log (the caller holds the job's row lock)."""
+    if rows:
+        session.execute(insert(PromptRecord), [{"job_id": job_id, **row} for row in rows])
+        session.flush()
+
+
+def prompt_log_page(
+    session: Session, job_id: uuid.UUID, *, after: int = -1, limit: int = 1000
+) -> Sequence[PromptRecord]:
+    """The job's prompt records after ``after``, in chain order."""
+    query = (
+        select(PromptRecord)
+        .where(PromptRecord.job_id == job_id, PromptRecord.seq > after)
+        .order_by(PromptRecord.seq)
+        .limit(limit)
+    )
+    return session.scalars(query).all()
 
 
 def count_checkpoints(session: Session, job_id: uuid.UUID) -> int:

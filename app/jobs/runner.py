@@ -42,6 +42,8 @@ from app.identity.policy import Actor
 from app.jobs import recovery, repository
 from app.ledger import service as ledger
 from app.models import Dataset, Job, utcnow
+from workers.llm import attestation
+from workers.llm.attestation import Prompt
 from workers.llm.client import LLMCosts
 from workers.methods.progress import Stage, run_stages, stage_number
 
@@ -286,6 +288,32 @@ def save_checkpoint(session: Session, job_id: uuid.UUID, key: str, data: bytes) 
     """Save a DP output of the running method under ``key`` (held jobs only)."""
     _held_job(session, job_id)
     repository.put_checkpoint(session, job_id, key, data)
+
+
+def append_prompts(session: Session, job_id: uuid.UUID, prompts: Sequence[Prompt]) -> int:
+    """Record prompts about to be sent in the job's hash-chained log (held jobs only:
+    a process that lost the job records nothing, :class:`LeaseLost`). A prompt whose
+    request the log holds already (a retry) adds nothing; returns the records added."""
+    _held_job(session, job_id)  # its row lock: one appender at a time, no fork
+    entries = [prompt.entry() for prompt in prompts]
+    known = repository.prompt_entries_among(session, job_id, entries)
+    count, head = repository.prompt_log_head(session, job_id)
+    lines = attestation.extend(prompts, known, seq=count, head=head or attestation.GENESIS)
+    repository.add_prompt_records(
+        session,
+        job_id,
+        [
+            {
+                "seq": line["seq"],
+                "entry": attestation.entry_of(line),
+                "hash": line["hash"],
+                "record": attestation.canonical(attestation.record_of(line)).decode(),
+                "content": attestation.canonical(line["content"]).decode(),
+            }
+            for line in lines
+        ],
+    )
+    return len(lines)
 
 
 def add_llm_costs(session: Session, job_id: uuid.UUID, costs: LLMCosts) -> None:

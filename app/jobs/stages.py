@@ -18,6 +18,10 @@ the LLM for them and saves each outcome as it arrives, so a crash, an outage or 
 retry (``POST /v1/jobs/{id}/retry``) resumes where it stopped, with no private read
 and no budget spent.
 
+Every prompt either stage sends (DP-KPS's here, an LLM method's in its run) is first
+recorded in the job's hash-chained prompt log (:class:`JobPromptLog`,
+:mod:`workers.llm.attestation`, docs/attestation.md); a retried prompt adds nothing.
+
 Both run on a job their process holds (:mod:`app.jobs.recovery`): a task that finds the
 job held by another live process returns ``held`` at once, and one whose job was taken
 over meanwhile (its process was thought dead) stops at its next write, writing nothing
@@ -36,7 +40,7 @@ import functools
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +59,8 @@ from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.models import Dataset
 from app.vocabularies import service as vocabularies
 from workers.errors import InputDataError, KeyseedError, LLMError
+from workers.llm import attestation
+from workers.llm.attestation import Prompt
 from workers.llm.client import LLMCosts
 from workers.methods.checkpoints import check_key
 from workers.methods.dpkps import prompting
@@ -281,6 +287,21 @@ class JobCheckpoints:
             runner.save_checkpoint(session, self.job_id, check_key(key), bytes(data))
 
 
+class JobPromptLog:
+    """The job's prompt log (:mod:`workers.llm.attestation`) in ``prompt_log``: a batch of
+    prompts is appended in one transaction under the job's row lock, before any of them
+    is sent; a process that lost the job records nothing (:class:`LeaseLost`), and so
+    sends nothing."""
+
+    def __init__(self, database: Database, job_id: uuid.UUID) -> None:
+        self.database = database
+        self.job_id = job_id
+
+    def append(self, prompts: Sequence[Prompt]) -> None:
+        with self.database.transaction() as session:
+            runner.append_prompts(session, self.job_id, prompts)
+
+
 @dataclass
 class PrivateCorpus:
     """A job's documents in the worker's memory, in row order. ``units`` names each
@@ -455,7 +476,10 @@ def _llm_method(
     embedder = _embedder(settings.embedding_model, settings.device)
     checkpoints = JobCheckpoints(ctx.database, job_id)
     unit_name = _unit_column(ctx, started)
-    with llm.endpoint(settings, spec.llm) as endpoint:
+    with (
+        llm.endpoint(settings, spec.llm) as endpoint,
+        attestation.recording(JobPromptLog(ctx.database, job_id)),
+    ):
         tracker("load", 0.0)  # a cancel that came while the models loaded stops us here
         corpus = load_corpus(ctx, job_id)
         result = method.run(
@@ -615,7 +639,10 @@ def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, An
         batch = runner.pending_prompts(session, job_id, limit=PROMPT_BATCH)
     if not batch:  # nothing to prompt (a late redelivery): no LLM to start
         return used
-    with llm.endpoint(settings, name) as endpoint:
+    with (
+        llm.endpoint(settings, name) as endpoint,
+        attestation.recording(JobPromptLog(ctx.database, job_id)),
+    ):
         while batch and used < max_calls:
             positions = [position for position, _ in batch]
 
@@ -640,6 +667,7 @@ def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, An
                     backoff_max=max(settings.llm_backoff_max, settings.llm_backoff_base),
                     on_result=on_result,
                     costs=costs,
+                    ids=positions,
                 )
             finally:  # what was spent on the LLM is recorded, whatever stopped the batch
                 with ctx.database.transaction() as session:

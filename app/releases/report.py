@@ -18,6 +18,10 @@ Who sees what (docs/privacy.md): the report is built for a *view*:
 * ``grantee`` (a client organisation granted the release) sees the guarantee, the spend
   of this release, its own grant, the per-class counts and sample documents; not the
   owner's ledger or budget (which clients never read) nor the other grantees.
+
+Every view gets the prompt log's attestation (``prompt_log``: how many prompts, the head
+hash the log at ``/v1/releases/{id}/prompts`` must end on, and the command that checks
+it: docs/attestation.md).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from app.ledger import repository as ledger_repo
 from app.ledger import service as ledger
 from app.ledger.schemas import OrganisationBudgetOut
 from app.models import Dataset, Job, KeyphraseSequence, Release
+from app.releases import prompts as release_prompts
 from app.releases import service as releases
 
 View = Literal["owner", "grantee", "platform"]
@@ -216,6 +221,19 @@ class Sample(BaseModel):
     keyphrases: list[str] = Field(description="The DP keyphrase sequence behind the text")
 
 
+class PromptAttestation(BaseModel):
+    recorded: bool = Field(
+        description="Whether the job's prompts were recorded (false: no LLM, or a job run "
+        "before prompts were logged)"
+    )
+    prompts: int = Field(description="Prompts in the job's log (a retried prompt counts once)")
+    head: str = Field(description="The hash of the log's last record: what the log must end on")
+    algorithm: str = Field(description="How each record's hash is computed")
+    log: str = Field(description="Where the log is served (JSONL), relative to the API")
+    verify: str = Field(description="The one command that checks the log against this report")
+    in_words: str = Field(description="What the log attests, in words")
+
+
 _EXAMPLE_OWNER = "4ed587f1-4b72-4b96-85a4-1c2b6dd79496"
 _EXAMPLE: dict[str, Any] = {
     "report": "keyseed release report",
@@ -348,6 +366,25 @@ _EXAMPLE: dict[str, Any] = {
         },
         "prompt": {"document_type": "clinical note", "few_shot_examples": 0, "template": None},
     },
+    "prompt_log": {
+        "recorded": True,
+        "prompts": 4,
+        "head": "5d41c7e0b1f0c1ab8c5a42b6f7e0f3a1f9d7c2b4e8a6d3c1b5f7e9a2c4d6e8f0",
+        "algorithm": release_prompts.ALGORITHM,
+        "log": "/v1/releases/6f1c2d8e-93a4-4b1e-8f3a-2c9d7e5b1a40/prompts",
+        "verify": "keyseed verify-prompts "
+        "<server>/v1/releases/6f1c2d8e-93a4-4b1e-8f3a-2c9d7e5b1a40/prompts "
+        "--head 5d41c7e0b1f0c1ab8c5a42b6f7e0f3a1f9d7c2b4e8a6d3c1b5f7e9a2c4d6e8f0",
+        "in_words": "4 prompts were sent to the LLM for this release's job, each recorded "
+        "before it was sent, with the SHA-256 of every input it was built from: DP outputs "
+        "(the released keyphrase sequences, or synthetic texts selected by noisy votes) and "
+        "public inputs (document type, template, few-shot examples, declared labels, the "
+        "model). Each record holds the hash of the one before; the last one's hash is "
+        "5d41c7e0b1f0c1ab8c5a42b6f7e0f3a1f9d7c2b4e8a6d3c1b5f7e9a2c4d6e8f0. The log at "
+        "/v1/releases/6f1c2d8e-93a4-4b1e-8f3a-2c9d7e5b1a40/prompts must end on it: run the "
+        "command below (with KEYSEED_API_KEY set), which checks the chain and renders every "
+        "prompt of DP-KPS (and of the methods' public prompts) again from its inputs.",
+    },
     "samples": [
         {
             "label": "cardio",
@@ -382,6 +419,10 @@ class ReleaseReport(BaseModel):
     released: Released = Field(description="What was released, when, by whom and to whom")
     provenance: Provenance = Field(
         description="How the documents were made: method, models, vocabulary, parameters"
+    )
+    prompt_log: PromptAttestation = Field(
+        description="The attestation that the LLM saw only DP outputs and public inputs: "
+        "the hash-chained log of every prompt sent for the job, and how to verify it"
     )
     samples: list[Sample] | None = Field(
         description="A few released documents (owner and grantees; null for platform roles)"
@@ -648,6 +689,45 @@ def _good_for(method: str, classes: list[ClassCount], released: int, llm: bool) 
     return text
 
 
+def prompt_attestation(
+    session: Session, job: Job, release: Release, view: View, *, llm_used: bool
+) -> PromptAttestation:
+    """The report's prompt-log section: the head the log must end on, and how to check it."""
+    count, head = release_prompts.head(session, job.id)
+    path = f"/v1/releases/{release.id}/prompts"
+    verify = f"keyseed verify-prompts <server>{path} --head {head}"
+    if count:
+        words = (
+            f"{count} prompt{'s were' if count != 1 else ' was'} sent to the LLM for this "
+            "release's job, each recorded before it was sent, with the SHA-256 of every input "
+            "it was built from: DP outputs (the released keyphrase sequences, or synthetic "
+            "texts selected by noisy votes) and public inputs (document type, template, "
+            "few-shot examples, declared labels, the model). Each record holds the hash of "
+            f"the one before; the last one's hash is {head}. The log at {path} must end on "
+            "it: run the command below (with KEYSEED_API_KEY set), which checks the chain "
+            "and renders every prompt of DP-KPS (and of the methods' public prompts) again "
+            "from its inputs."
+        )
+        if view == "platform":
+            words += " Platform roles get the records without the prompts in clear."
+    elif llm_used:
+        words = (
+            "No prompt of this job was recorded (it ran before keyseed logged prompts): "
+            "nothing here attests what the LLM saw."
+        )
+    else:
+        words = "No LLM was used: no prompt was sent, and the log is empty."
+    return PromptAttestation(
+        recorded=bool(count),
+        prompts=count,
+        head=head,
+        algorithm=release_prompts.ALGORITHM,
+        log=path,
+        verify=verify,
+        in_words=words,
+    )
+
+
 def build(session: Session, principal: Principal, release_id: uuid.UUID) -> ReleaseReport:
     """The report of one release for ``principal`` (who must reach it: else 404)."""
     release, grantee_ids = releases.get_release(session, principal, release_id)
@@ -759,6 +839,7 @@ def build(session: Session, principal: Principal, release_id: uuid.UUID) -> Rele
             parameters=manifest.get("parameters") or {},
             prompt=manifest.get("prompt") or {},
         ),
+        prompt_log=prompt_attestation(session, job, release, view, llm_used=llm_used),
         samples=None if view == "platform" else _samples(session, job, labels),
         what_the_data_is_good_for=_good_for(method, classes, released_total, llm_used),
     )

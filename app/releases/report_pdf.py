@@ -213,6 +213,15 @@ def render(report: ReleaseReport) -> bytes:
     if parameters:
         pdf.rows(["Parameter", "Value"], parameters, [60, 114])
 
+    a = r.prompt_log
+    pdf.heading("What the LLM saw: the prompt log")
+    pdf.para(a.in_words)
+    pdf.labelled("Prompts recorded", str(a.prompts))
+    pdf.labelled("Head hash", a.head)
+    pdf.labelled("Log (JSONL)", a.log)
+    pdf.labelled("Hash", a.algorithm)
+    pdf.labelled("Verify", a.verify)
+
     pdf.heading("Sample documents")
     if r.samples is None:
         pdf.para("Released documents are read by the owner organisation and the grantees only.")

@@ -12,7 +12,7 @@ from app.admin.templating import render
 from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed, writing
 from app.errors import problems
 from app.identity.policy import Action, Principal
-from app.releases import export, report, report_pdf, service
+from app.releases import export, prompts, report, report_pdf, service
 from app.releases.schemas import ReleaseIn, ReleaseOut
 
 router = APIRouter(prefix="/v1", tags=["releases"], responses=problems(401, 403, 404, 413, 422))
@@ -84,6 +84,39 @@ def download_release(
         export.CHUNKS[format](database, job_id, texts_only=texts_only),
         media_type=export.FORMATS[format],
         headers={"Content-Disposition": f'attachment; filename="release-{release.id}.{format}"'},
+    )
+
+
+@router.get(
+    "/releases/{release_id}/prompts",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "The job's prompt log, one record a line (JSONL), in chain order",
+            "content": {prompts.MEDIA_TYPE: {"schema": {"type": "string"}}},
+        },
+    },
+)
+def release_prompts(
+    release_id: uuid.UUID,
+    session: SessionDep,
+    database: DatabaseDep,
+    principal: Annotated[Principal, allowed(Action.RELEASE_READ)],
+) -> StreamingResponse:
+    """Every prompt the job sent to an LLM, hash-chained: each record names what it was
+    built from (DP outputs and public inputs) and the hash of the record before it; the
+    release report gives the head hash. Read by whoever reads the report: the owner and
+    the grantees with the prompts in clear, platform roles without them (the chain and
+    the digests only). Check it with ``keyseed verify-prompts``."""
+    release, grantees = service.get_release(session, principal, release_id)
+    shown = not principal.platform and principal.organisation_id in (
+        release.organisation_id,
+        *grantees,
+    )
+    return StreamingResponse(
+        prompts.jsonl_chunks(database, release.job_id, content=shown),
+        media_type=prompts.MEDIA_TYPE,
+        headers={"Content-Disposition": f'inline; filename="prompts-{release.id}.jsonl"'},
     )
 
 

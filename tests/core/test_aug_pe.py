@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from tests.fake_llm import FakeLLM
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError, InputDataError, LLMError
+from workers.llm.attestation import MemoryPromptLog, recording, verify
 from workers.methods.aug_pe import AugPEResult, run_aug_pe, runner
 from workers.methods.aug_pe.accounting import (
     COUNTS,
@@ -532,15 +533,25 @@ def test_a_killed_run_resumes_without_drawing_noise_again(
             raise Killed
 
     store = DirectoryCheckpoints(tmp_path / "checkpoints")
-    with pytest.raises(Killed):
+    log = MemoryPromptLog()  # the job's prompt log, over both runs
+    with recording(log), pytest.raises(Killed):
         run(llm, embedder, store, progress=die_after_first_iteration)
     assert draws == ["counts", "histogram", "histogram"]  # counts, then iteration 1's classes
     assert store.load("aug-pe-histogram-2") is None
     saved = {p.name: p.read_bytes() for p in store.root.iterdir()}
     calls_before = len(llm.chat_requests)
 
-    result = run(llm, embedder, store)
+    with recording(log):
+        result = run(llm, embedder, store)
     p = params(**TINY)
+    # every prompt of both runs is recorded once, in one chain; the random ones render again
+    verdict = verify(log.lines)
+    assert verdict.ok, verdict.problems
+    assert len(log.lines) == len(llm.chat_requests)
+    recorded = sorted(json.dumps(line["content"]["messages"], sort_keys=True) for line in log.lines)
+    assert recorded == sorted(json.dumps(r.messages, sort_keys=True) for r in llm.chat_requests)
+    assert verdict.rederived == verdict.by_kind["random_document"] > 0
+    assert set(verdict.by_kind) == {"random_document", "aug_pe.variation"}
     # iterations 2 and 3 only: no new class counts, no new noise for iteration 1
     assert draws[3:] == ["histogram"] * 4
     for key in (

@@ -83,3 +83,28 @@ def download(client: TestClient, world: factories.World, release_id: str) -> lis
     response = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
     assert response.status_code == 200
     return [json.loads(line) for line in response.text.splitlines()]
+
+
+def prompt_log(db: Database, job_id: str) -> list[dict[str, Any]]:
+    """The job's prompt log as the owner reads it (records with their content)."""
+    from app.releases.prompts import jsonl_chunks
+    from workers.llm.attestation import read_jsonl
+
+    text = b"".join(jsonl_chunks(db, uuid.UUID(job_id), content=True)).decode()
+    return read_jsonl(text)
+
+
+def check_prompt_log(db: Database, job_id: str, fake: FakeLLM) -> list[dict[str, Any]]:
+    """The job's prompt log holds, verifies, names each request once, and every prompt
+    that reached the LLM is one of its records (no prompt left unrecorded)."""
+    from workers.llm.attestation import entry_of, verify
+
+    lines = prompt_log(db, job_id)
+    verdict = verify(lines)
+    assert verdict.ok, verdict.problems
+    assert verdict.with_content == len(lines) > 0
+    assert len({entry_of(line) for line in lines}) == len(lines)
+    recorded = {json.dumps(line["content"]["messages"], sort_keys=True) for line in lines}
+    sent = {json.dumps(request.messages, sort_keys=True) for request in fake.chat_requests}
+    assert sent <= recorded, "a prompt reached the LLM without being recorded"
+    return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +16,11 @@ from fastapi.testclient import TestClient
 import migrations
 from app.config import Settings
 from app.db import Database
+from app.jobs import runner
 from app.main import create_app
+from app.releases.prompts import jsonl_chunks
 from tests.service import factories
+from workers.llm.attestation import Prompt, read_jsonl, verify
 
 
 @pytest.fixture
@@ -83,6 +87,19 @@ def test_budget_race_and_flow_on_sqlite(embedded: tuple[FastAPI, Database]) -> N
         f"/v1/releases/{release.json()['id']}/download?format=csv", headers=world.client.headers
     )
     assert download.status_code == 200 and len(download.text.splitlines()) == 4
+
+    # the prompt log on SQLite: appended under the job's lock, a resent prompt adds nothing
+    prompts = [
+        Prompt(f"test/{n}", "test", [{"role": "user", "content": f"p{n}"}]) for n in range(3)
+    ]
+    job_id = uuid.UUID(jobs[1]["id"])
+    with database.transaction() as session:
+        assert runner.append_prompts(session, job_id, prompts[:2]) == 2
+    with database.transaction() as session:
+        assert runner.append_prompts(session, job_id, prompts[1:]) == 1
+    lines = read_jsonl(b"".join(jsonl_chunks(database, job_id, content=True)).decode())
+    assert [line["key"] for line in lines] == ["test/0", "test/1", "test/2"]
+    assert verify(lines).ok
 
 
 def test_the_sqlite_broker_queues_exist_before_any_message(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from tests.fake_llm import Behaviour, FakeLLM
 from tests.service import factories
 from tests.service.method_jobs import (
     Crash,
+    check_prompt_log,
     checkpoints,
     download,
     ledger_kinds,
@@ -39,6 +40,7 @@ from tests.service.method_jobs import (
     submit,
 )
 from tests.service.method_jobs import job as job_of
+from workers.llm.attestation import verify
 
 LABELS = list(factories.LABELS)
 PATE: dict[str, Any] = {
@@ -234,6 +236,12 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
     records = download(client, world, released["id"])
     assert 0 < len(records) == released["documents"] <= 2 * len(LABELS)
     assert all(r["label"] in LABELS and r["text"].startswith("Patient") for r in records)
+    # every prompt of both runs, the crashed one's included, is in the job's prompt log;
+    # the public ones render again from their refs and inputs
+    logged = check_prompt_log(app.state.database, job_id, fake_llm)
+    kinds = {line["kind"] for line in logged}
+    assert kinds == {"dp_eda.population", "dp_eda.reconstruction"}
+    assert verify(logged).rederived == len(logged)
 
 
 @pytest.mark.parametrize(
@@ -321,6 +329,9 @@ def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spe
     job = job_of(client, world, job_id)
     assert job["state"] == "succeeded" and job["counts"]["sequences"] == 2
     assert checkpoints(app.state.database, job_id)["aug-pe-counts"] == counts
+    # the failed run's prompts and the retry's are in one chain, each request once
+    logged = check_prompt_log(app.state.database, job_id, fake_llm)
+    assert {line["kind"] for line in logged} == {"random_document", "aug_pe.variation"}
     assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
     again = client.post(f"/v1/jobs/{job_id}/retry", headers=world.owner.headers)
     assert again.status_code == 409  # a job that succeeded is not run again

@@ -19,6 +19,7 @@ it is left out of the comparison); the time stamps that would time the private s
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterator, Sequence
@@ -277,6 +278,7 @@ def _flow(
         record["released"] = views
         download = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
         record["download"] = (download.status_code, len(download.text.splitlines()))
+        record["prompt log"] = _prompt_log_views(client, world, release_id)
     record["audit events"] = _audit_after(client, world, mark)
     record["time stamps shown to others"] = _times_shown([*during, record["the end"]])
 
@@ -292,6 +294,30 @@ def _flow(
     )
     normalised: dict[str, Any] = _normalised(record, {})
     return normalised
+
+
+DP_LOG_FIELDS = ("prev", "hash", "prompt_sha256")  # digests of prompts built from DP outputs
+
+
+def _prompt_log_views(
+    client: TestClient, world: factories.World, release_id: str
+) -> dict[str, Any]:
+    """The release's prompt log as each non-owner reads it (issue 66, item 4). Its
+    records are built from the released sequences (DP outputs): their hashes, digests and
+    content are left out; how many there are, their keys, kinds, the names of their
+    inputs and their public refs stay compared."""
+    seen: dict[str, Any] = {}
+    for role, caller in _others(world).items():
+        response = client.get(f"/v1/releases/{release_id}/prompts", headers=caller.headers)
+        records = [json.loads(line) for line in response.text.splitlines()]
+        for record in records:
+            for name in DP_LOG_FIELDS:
+                record[name] = "<DP output>" if record.get(name) else record.get(name)
+            record["inputs"] = sorted(record["inputs"])
+            if "content" in record:
+                record["content"] = sorted(record["content"])
+        seen[role] = (response.status_code, response.headers["content-type"], records)
+    return seen
 
 
 def _stages_seen(record: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -396,6 +422,11 @@ def _report_views(
             )
         for sample in body.get("samples") or []:
             sample["text"] = sample["keyphrases"] = "<DP output>"
+        attested = body["prompt_log"]  # its head hashes prompts built from DP outputs
+        head = attested["head"]
+        assert attested["recorded"] and head in attested["verify"] and head in attested["in_words"]
+        for name in ("head", "verify", "in_words"):
+            attested[name] = attested[name].replace(head, "<DP output>")
         seen[role] = body
         for fmt in ("html", "pdf"):
             response = client.get(path, params={"format": fmt}, headers=caller.headers)

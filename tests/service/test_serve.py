@@ -259,6 +259,25 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
     assert download.status_code == 200
     lines = download.text.splitlines()
     assert len(lines) == 2 and all('"text": "' in line for line in lines)
+
+    # what the LLM saw: the command the report prints checks the log over HTTP
+    attested = _ok(http.get(f"/v1/releases/{release['id']}/report", headers=client), 200)
+    attested = attested["prompt_log"]
+    assert attested["recorded"] and attested["prompts"] == 2
+    command = attested["verify"].replace("<server>", server.base).split()
+    assert command[:2] == ["keyseed", "verify-prompts"]
+    key = client["Authorization"].removeprefix("Bearer ")
+    verified = subprocess.run(
+        [sys.executable, "-m", "app.cli", *command[1:]],
+        env={**_env(tmp_path), "PYTHONPATH": str(REPO), "KEYSEED_API_KEY": key},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "rendered again from their inputs and identical: 2" in verified.stdout
     budget = _ok(http.get(f"/v1/datasets/{dataset_id}", headers=owner), 200)["budget"]
     assert (budget["spent"], budget["reserved"], budget["remaining"]) == (1.0, 0.0, 4.0)
 

@@ -52,6 +52,7 @@ from tenacity import (
 )
 
 from workers.errors import ConfigError
+from workers.llm import attestation
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -433,6 +434,7 @@ async def complete(
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
+    describe: Callable[[int, Messages], attestation.Prompt] | None = None,
 ) -> list[LLMOutcome]:
     """One chat completion per position ``0 … count-1``; outcomes in position order.
 
@@ -447,6 +449,11 @@ async def complete(
     ``costs``, when given, is increased by what the run spent. Bad arguments raise
     ``ConfigError`` before any call is made; endpoint failures never raise, they become
     outcomes.
+
+    While a prompt log is bound (:func:`workers.llm.attestation.recording`), every
+    request's messages are built and recorded, in position order, before the first call,
+    with what ``describe(position, messages)`` says they were built from, and exactly the
+    recorded messages are sent.
     """
     endpoint.validate()
     positions = check_run(
@@ -458,6 +465,9 @@ async def complete(
         indices=indices,
         count=count,
     )
+    recorded = attestation.record(positions, messages_for, describe)
+    if recorded is not None:
+        messages_for = recorded
     retry = _Retry(max_retries, backoff_base, backoff_max)
     total = len(positions)
     results: dict[int, LLMOutcome] = {}

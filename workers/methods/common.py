@@ -31,6 +31,7 @@ from workers.text.cleanup import clean_completion
 from workers.text.corpus import check_corpus
 
 if TYPE_CHECKING:  # types only: the LLM client loads asyncio and tenacity, embeddings numpy
+    from workers.llm.attestation import Source
     from workers.llm.client import LLMCosts, LLMEndpoint, Messages
     from workers.text.embeddings import Embedder
 
@@ -171,12 +172,22 @@ def no_progress(stage: str, fraction: float) -> None:
 
 
 def complete_texts(
-    requests: Sequence[Messages], *, endpoint: LLMEndpoint, concurrency: int, costs: LLMCosts
+    requests: Sequence[Messages],
+    *,
+    endpoint: LLMEndpoint,
+    concurrency: int,
+    costs: LLMCosts,
+    sources: Sequence[Source],
 ) -> list[str | None]:
     """One completion per request, cleaned of the model's talk about the request
     (:func:`workers.text.cleanup.clean_completion`: every request of these methods asks
-    for a document); ``None`` where the endpoint failed."""
+    for a document); ``None`` where the endpoint failed. ``sources[i]`` says what request
+    i was built from, for the job's prompt log (:mod:`workers.llm.attestation`); the
+    model is added to its refs."""
     from workers.llm.client import complete, run_sync
+
+    if len(sources) != len(requests):
+        raise ValueError("give one source per request")  # a bug in the method, never data
 
     if not requests:
         return []
@@ -187,9 +198,22 @@ def complete_texts(
             endpoint=endpoint,
             concurrency=concurrency,
             costs=costs,
+            describe=lambda i, messages: replace(
+                sources[i], refs={**sources[i].refs, "model": endpoint.model}
+            ).prompt(messages),
         )
     )
     return [None if o.text is None else clean_completion(o.text) for o in outcomes]
+
+
+def random_source(key: str, params: MethodParams, label: str) -> Source:
+    """What a random-document request (Aug-PE's RANDOM_API, PATE-tutor's public pool) is
+    built from: the public document type and a declared label, nothing else."""
+    from workers.llm.attestation import RANDOM, Source
+
+    return Source(
+        key=key, kind=RANDOM, refs={"document_type": params.document_type, "label": label}
+    )
 
 
 class RunConfiguration(Protocol):

@@ -51,6 +51,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from workers.errors import LLMError
+from workers.llm.attestation import VARIATION, Source
 from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe import prompts
 from workers.methods.aug_pe.accounting import (
@@ -76,6 +77,7 @@ from workers.methods.common import (
     complete_texts,
     load_costs,
     no_progress,
+    random_source,
     run_identity,
     save_costs,
 )
@@ -341,10 +343,17 @@ class _Run:
 
     # ------------------------------------------------------------ public work (LLM)
 
-    def generate(self, requests: Sequence[prompts.Messages]) -> list[str | None]:
-        """One completion per request; ``None`` where the endpoint failed."""
+    def generate(
+        self, requests: Sequence[prompts.Messages], sources: Sequence[Source]
+    ) -> list[str | None]:
+        """One completion per request; ``None`` where the endpoint failed. ``sources``
+        say what each request was built from (the job's prompt log)."""
         return complete_texts(
-            requests, endpoint=self.endpoint, concurrency=self.params.concurrency, costs=self.costs
+            requests,
+            endpoint=self.endpoint,
+            concurrency=self.params.concurrency,
+            costs=self.costs,
+            sources=sources,
         )
 
     def variations(self, texts: Sequence[str], labels: Sequence[str], *stream: int) -> list[str]:
@@ -365,7 +374,22 @@ class _Run:
             )
             for text, label in zip(texts, labels, strict=True)
         ]
-        answers = self.generate(requests)
+        stream_name = ".".join(map(str, stream))
+        sources = [
+            Source(
+                key=f"aug_pe/variation/{stream_name}/{k}",
+                kind=VARIATION,
+                inputs={"sample": text},  # a synthetic text: post-processing of DP selections
+                refs={
+                    "document_type": p.document_type,
+                    "label": label,
+                    "variation": p.variation,
+                    "stream": list(stream),
+                },
+            )
+            for k, (text, label) in enumerate(zip(texts, labels, strict=True))
+        ]
+        answers = self.generate(requests, sources)
         self.failed += sum(a is None for a in answers)
         return [a if a is not None else text for a, text in zip(answers, texts, strict=True)]
 
@@ -385,7 +409,8 @@ class _Run:
                         document_type=self.params.document_type, label=labels[i]
                     )
                     for i in missing
-                ]
+                ],
+                [random_source(f"aug_pe/random/{i}", self.params, labels[i]) for i in missing],
             )
             for i, answer in zip(missing, answers, strict=True):
                 texts[i] = answer

@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from workers.errors import ConfigError, LLMError
+from workers.llm.attestation import POPULATION, RECONSTRUCTION, Source
 from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.checkpoints import Checkpoints
 from workers.methods.common import (
@@ -285,9 +286,15 @@ class _Run:
 
     # ------------------------------------------------------------ public work
 
-    def generate(self, requests: Sequence[decoding.Messages]) -> list[str | None]:
+    def generate(
+        self, requests: Sequence[decoding.Messages], sources: Sequence[Source]
+    ) -> list[str | None]:
         return complete_texts(
-            requests, endpoint=self.endpoint, concurrency=self.params.concurrency, costs=self.costs
+            requests,
+            endpoint=self.endpoint,
+            concurrency=self.params.concurrency,
+            costs=self.costs,
+            sources=sources,
         )
 
     def initial_texts(self) -> dict[str, list[str]]:
@@ -314,8 +321,16 @@ class _Run:
                     message = decoding.population_messages(
                         document_type=p.document_type, label=label
                     )
-                    for i, answer in zip(missing, self.generate([message] * len(missing)),
-                                         strict=True):  # fmt: skip
+                    sources = [
+                        Source(
+                            key=f"dp_eda/initial/{label}/{i}",
+                            kind=POPULATION,
+                            refs={"document_type": p.document_type, "label": label},
+                        )
+                        for i in missing
+                    ]
+                    answers = self.generate([message] * len(missing), sources)
+                    for i, answer in zip(missing, answers, strict=True):
                         texts[i] = answer
                 if any(text is None for text in texts):
                     self._save_costs()
@@ -354,7 +369,7 @@ class _Run:
         if self.params.decoder == "retrieval":
             texts = self.retrieval(c, targets)
         else:
-            texts = self.reconstruction(label, targets)
+            texts = self.reconstruction(label, targets, f"{c}.{t}")
         self.checkpoints.save(decode_key(c, t), checkpoint_json(texts))
         self._save_costs()
         return texts
@@ -370,7 +385,9 @@ class _Run:
             rows = self._pool_rows
         return [pool[decoding.retrieve(target, rows)] for target in targets]
 
-    def reconstruction(self, label: str, targets: NDArray[np.float32]) -> list[str | None]:
+    def reconstruction(
+        self, label: str, targets: NDArray[np.float32], step: str
+    ) -> list[str | None]:
         p = self.params
         assert self.vocabulary is not None
         rows = self.phrase_rows()
@@ -380,7 +397,7 @@ class _Run:
         ]
         best: list[str | None] = [None] * len(targets)
         score = np.full(len(targets), -np.inf)
-        for _ in range(p.rounds):
+        for r in range(p.rounds):
             requests = [
                 decoding.reconstruction_messages(
                     document_type=p.document_type, label=label, phrases=phrases[i], draft=best[i]
@@ -388,7 +405,18 @@ class _Run:
                 for i in range(len(targets))
                 for _ in range(p.candidates)
             ]
-            answers = self.generate(requests)
+            sources = [
+                Source(
+                    key=f"dp_eda/reconstruction/{step}/{r}/{i}/{k}",
+                    kind=RECONSTRUCTION,
+                    # public phrases nearest a DP target; a draft the LLM wrote from them
+                    inputs={"phrases": phrases[i], "draft": best[i]},
+                    refs={"document_type": p.document_type, "label": label},
+                )
+                for i in range(len(targets))
+                for k in range(p.candidates)
+            ]
+            answers = self.generate(requests, sources)
             ok = [j for j, a in enumerate(answers) if a is not None]
             if not ok:
                 continue

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from workers.errors import ConfigError
+from workers.llm.attestation import DPKPS, Prompt
 from workers.llm.client import (
     LLMCosts,
     LLMEndpoint,
@@ -206,6 +207,7 @@ async def prompt_sequences(
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
     clean: bool = True,
+    ids: Sequence[int] | None = None,
 ) -> list[PromptOutcome]:
     """One completion per keyphrase sequence; outcomes in input order.
 
@@ -215,7 +217,9 @@ async def prompt_sequences(
     before any call is made (``ConfigError`` naming ``sequences[i]`` for a bad one).
     With ``clean`` (the default) each text, as ``on_result`` sees it and as returned, is
     :func:`workers.text.cleanup.clean_completion` of the completion: the small model's
-    talk about the request removed, never an empty text.
+    talk about the request removed, never an empty text. A prompt log that is bound
+    (:mod:`workers.llm.attestation`) records each prompt as :func:`attested` describes
+    it, under the sequence's id in ``ids`` (the job's positions; default its index).
     """
     endpoint.validate()
     spec.validate()
@@ -253,8 +257,39 @@ async def prompt_sequences(
         on_result=report,
         progress=progress,
         costs=costs,
+        describe=lambda position, messages: attested(
+            sequences[position],
+            spec,
+            messages,
+            position=position if ids is None else ids[position],
+            model=endpoint.model,
+        ),
     )
     return [tidy(outcome) for outcome in outcomes]
+
+
+def attested(
+    keyphrases: Sequence[str],
+    spec: PromptSpec,
+    messages: list[dict[str, str]],
+    *,
+    position: int,
+    model: str,
+) -> Prompt:
+    """The prompt log's record of one DP-KPS prompt: built from the released keyphrase
+    sequence at ``position`` (a DP output) and the public template, document type and
+    few-shot examples, so that a verifier renders it again with :func:`build_messages`."""
+    return Prompt(
+        key=f"dpkps/sequence/{position}",
+        kind=DPKPS,
+        messages=messages,
+        inputs={
+            "keyphrases": list(keyphrases),
+            "template": spec.template,
+            "few_shot": list(spec.few_shot),
+        },
+        refs={"position": position, "document_type": spec.document_type, "model": model},
+    )
 
 
 def _cleaned(outcome: LLMOutcome) -> LLMOutcome:
@@ -283,6 +318,7 @@ def run_prompts(
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
     clean: bool = True,
+    ids: Sequence[int] | None = None,
 ) -> list[PromptOutcome]:
     """:func:`prompt_sequences` for synchronous callers (a Celery task, the CLI)."""
     return run_sync(
@@ -300,5 +336,6 @@ def run_prompts(
             progress=progress,
             costs=costs,
             clean=clean,
+            ids=ids,
         )
     )

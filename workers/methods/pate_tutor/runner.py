@@ -48,6 +48,7 @@ from workers.methods.common import (
     complete_texts,
     load_costs,
     no_progress,
+    random_source,
     run_identity,
     save_costs,
 )
@@ -237,6 +238,10 @@ class _Run:
                 endpoint=self.endpoint,
                 concurrency=self.params.concurrency,
                 costs=self.costs,
+                sources=[
+                    random_source(f"pate_tutor/pool/{name}/{i}", self.params, wanted[i])
+                    for i in missing
+                ],
             )
             for i, answer in zip(missing, answers, strict=True):
                 texts[i] = answer
