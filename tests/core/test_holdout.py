@@ -275,3 +275,17 @@ def test_beyond_the_choice_limit_splits_compose_sequentially() -> None:
     assert MAX_SPLIT_CHOICES < 2**7
     assert compose_jobs(jobs).epsilon(0) == Decimal(7)  # an upper bound: the sum
     assert compose_jobs(jobs[:3]).epsilon(0) == Decimal(3)  # each unit can be in all slices
+
+
+def test_the_classifier_copes_with_degenerate_released_corpora() -> None:
+    tests = ["heart failure again", "a fracture"]
+    assert holdout.predict([], [], tests) == ["", ""]  # nothing released: nothing right
+    assert holdout.predict(["x", "y"], ["ortho", "ortho"], tests) == ["ortho", "ortho"]
+    # no word the vectoriser keeps: the released corpus's most frequent label
+    assert holdout.predict(["", " ", ""], ["ortho", "cardio", "cardio"], tests) == ["cardio"] * 2
+    trained = holdout.predict(
+        ["heart failure", "chest pain heart", "fracture femur", "knee fracture"],
+        ["cardio", "cardio", "ortho", "ortho"],
+        tests,
+    )
+    assert trained == ["cardio", "ortho"]
