@@ -590,7 +590,8 @@ def _score_holdout(ctx: WorkerContext, job_id: uuid.UUID) -> dict[str, Any] | No
         if job is None or not job.spec.get("holdout") or "utility" in (job.manifest or {}):
             return None
         dataset = session.get(Dataset, job.dataset_id)
-        assert dataset is not None
+        if dataset is None or dataset.deleted_at is not None:  # its documents are gone
+            return None
         started = runner.StartedJob(
             job.id,
             job.dataset_id,
@@ -747,7 +748,12 @@ def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, An
 def _conclude(ctx: WorkerContext, job_id: uuid.UUID, total: int, calls: int) -> str:
     with ctx.database.session() as session:
         complete = not runner.missing_texts(session, job_id)
-    scored = _score_holdout(ctx, job_id) if complete else None
+    try:
+        scored = _score_holdout(ctx, job_id) if complete else None
+    except LeaseLost:
+        raise
+    except Exception as exc:  # logged without its text, the job failed (as any stage)
+        return _crashed(ctx, job_id, "holdout", exc)
     with ctx.database.transaction() as session:
         job = jobs_repo.get(session, job_id, for_update=True)
         if job is None or job.state != "running":
