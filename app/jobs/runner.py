@@ -279,6 +279,29 @@ def save_sequences(
     return len(rows)
 
 
+def released_texts(session: Session, job_id: uuid.UUID) -> list[tuple[str, str]]:
+    """``(label, text)`` of the job's sequences that have a text: its released corpus."""
+    out: list[tuple[str, str]] = []
+    after = -1
+    while True:
+        page = repository.sequences_page(
+            session, job_id, after=after, limit=1000, with_text_only=True
+        )
+        if not page:
+            return out
+        out.extend((s.label, s.text or "") for s in page)
+        after = page[-1].position
+
+
+def save_utility(session: Session, job_id: uuid.UUID, manifest: dict[str, Any]) -> None:
+    """Store the manifest with the holdout's figure (DP outputs and public inputs only),
+    once: a job that has one keeps it."""
+    job = _held_job(session, job_id)
+    if "utility" in (job.manifest or {}):
+        return
+    job.manifest = manifest
+
+
 def load_checkpoint(session: Session, job_id: uuid.UUID, key: str) -> bytes | None:
     found = repository.get_checkpoint(session, job_id, key)
     return None if found is None else bytes(found.data)

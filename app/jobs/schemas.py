@@ -30,6 +30,8 @@ from pydantic import (
 
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
+from workers.evaluation.holdout import DEFAULT_FRACTION as HOLDOUT_FRACTION
+from workers.evaluation.holdout import MAX_FRACTION as HOLDOUT_MAX_FRACTION
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.common import MethodParams
 from workers.methods.dp_eda.params import DPEDAParams
@@ -102,6 +104,49 @@ MaxLLMCalls = Annotated[
 ]
 
 
+class HoldoutSpec(BaseModel):
+    """A slice of the private units held out from generation, on which a classifier trained
+    on the released corpus is scored, its accuracy published with noise (docs/utility.md)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [{"fraction": 0.1}, {"fraction": 0.2, "epsilon": 0.5}]},
+    )
+
+    fraction: float = Field(
+        default=HOLDOUT_FRACTION,
+        gt=0,
+        le=HOLDOUT_MAX_FRACTION,
+        description="The share of the privacy units held out (by a keyed hash of the unit, so "
+        "a unit lies wholly on one side); generation never reads them. Default "
+        f"{HOLDOUT_FRACTION:g}, > 0 to {HOLDOUT_MAX_FRACTION:g}",
+        examples=[0.1],
+    )
+    epsilon: MechanismEpsilon | None = Field(
+        default=None,
+        description="ε of the noisy accuracy counts. The slice and the generation's units are "
+        "disjoint, so the two compose in parallel: up to the generation's own ε it costs "
+        "nothing more. Null, the default: the generation's ε (its total at the job's delta)",
+        examples=[None, 0.5],
+    )
+    key: str | None = Field(
+        default=None,
+        min_length=8,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="The public key of the keyed hash that chooses the slice (recorded in the "
+        "job's spec and manifest). Null, the default: the server draws one at submission; the "
+        "same key and fraction hold out the same units in every job",
+        examples=[None, "holdout-2026-12"],
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        return not_a_boolean(value)
+
+
 class JobSpec(BaseModel):
     """A DP-KPS job (``method`` absent or ``dpkps``)."""
 
@@ -167,6 +212,14 @@ class JobSpec(BaseModel):
         f"template. At most {PROMPT_LIMITS['template_chars']} characters",
     )
     max_llm_calls: MaxLLMCalls = None
+    holdout: HoldoutSpec | None = Field(
+        default=None,
+        description="Hold out a slice of the private units and publish the accuracy, with "
+        "noise, of a classifier trained on the released corpus on it (docs/utility.md). "
+        "Null, the default: off; the dry run says whether the corpus is large enough for a "
+        "useful interval",
+        examples=[None, {"fraction": 0.1}],
+    )
 
     # The budget: a total ``epsilon`` (and ``delta``: > 0 selects Gaussian noise) split
     # among the mechanisms by the shares, or per-mechanism ε (Laplace, pure).
@@ -745,6 +798,16 @@ class JobPlanOut(BaseModel):
         "its band (strong ≥ 25, moderate ≥ 10, weak), the fraction of real-text accuracy "
         "the benchmark corpora kept in that band, the smallest ε that would make it strong "
         "(total budgets only) and a summary in words",
+    )
+    utility: dict[str, Any] | None = Field(
+        default=None,
+        description="For a DP-KPS spec: the held-out accuracy figure (docs/utility.md): "
+        "whether the spec holds out a slice (holdout), its fraction, the evaluation's epsilon, "
+        "what it adds to the job's cost (extra_epsilon: 0 up to the generation's own ε, the "
+        "two compose in parallel) and cost in words; for the dataset's owner also the "
+        "expected slice size and interval half-width (expected_half_width, at confidence), "
+        "whether that is useful (within ±0.05) and a summary saying why the holdout is off "
+        "or worth turning on",
     )
 
 

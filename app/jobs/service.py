@@ -22,7 +22,7 @@ from app.db import enqueue_after_commit
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
-from app.jobs import recovery, repository, runner
+from app.jobs import holdout, recovery, repository, runner
 from app.jobs.schemas import (
     DPKPS,
     AnySpec,
@@ -158,9 +158,10 @@ def _prepare(
     dataset_id: uuid.UUID,
     spec: AnySpec,
     settings: Settings,
-) -> tuple[Any, Any, Plan]:
+) -> tuple[Any, Any, Plan, Plan]:
     """Every check of a job spec, and its planned releases (public inputs only); the
-    vocabulary the run reads, resolved (None for a method that reads none)."""
+    vocabulary the run reads, resolved (None for a method that reads none). The last two
+    are the job's plan and its generation's alone (the same without a holdout)."""
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     if dataset.state != "ready":  # a resumable upload not sealed yet (app.datasets.service)
         raise Conflict("the dataset's upload is not sealed: POST /v1/datasets/{id}/seal first")
@@ -170,7 +171,8 @@ def _prepare(
         name = LLM_METHODS[spec.method].vocabulary(spec.params())
         if name is not None:
             vocabulary = vocabularies.resolve(session, principal, name)
-        return dataset, vocabulary, planned_llm_method(spec, list(dataset.labels))
+        llm_plan = planned_llm_method(spec, list(dataset.labels))
+        return dataset, vocabulary, llm_plan, llm_plan
     config = spec.generation_config()
     _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
@@ -181,7 +183,8 @@ def _prepare(
             f"has {vocabulary.size}",
             field="vocabulary_size",
         )
-    return dataset, vocabulary, planned(config, list(dataset.labels), vocabulary.size)
+    generation = planned(config, list(dataset.labels), vocabulary.size)
+    return dataset, vocabulary, holdout.plan(spec, generation, len(dataset.labels)), generation
 
 
 def description(spec: AnySpec, classes: int) -> str:
@@ -201,7 +204,9 @@ def dry_run(
     """What a job of ``spec`` would release and spend, checked like a submission but with
     no job, no reservation and no private read: the planned releases with their noise,
     the composed (ε, δ) and the accountant that composed them."""
-    dataset, vocabulary, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    dataset, vocabulary, the_plan, generation = _prepare(
+        session, principal, dataset_id, spec, settings
+    )
     owner = principal.organisation_id == dataset.organisation_id
     # the same 409 a submission would get, before anything runs
     after = ledger.check_fits(session, dataset, the_plan.events)
@@ -227,6 +232,17 @@ def dry_run(
             "accountant": after.accountant,
         },
         "verdict": _verdict(spec, the_plan, dataset, vocabulary) if owner else None,
+        "utility": (
+            None
+            if isinstance(spec, LLMMethodJob)
+            else holdout.dry_run_block(
+                spec,
+                the_plan,
+                generation,
+                dataset.documents if owner else None,
+                len(dataset.labels),
+            )
+        ),
     }
 
 
@@ -305,7 +321,8 @@ def submit(
     spec: AnySpec,
     settings: Settings,
 ) -> Job:
-    dataset, vocabulary, the_plan = _prepare(session, principal, dataset_id, spec, settings)
+    spec = holdout.with_key(spec)  # a holdout's public key, drawn here when not given
+    dataset, vocabulary, the_plan, _ = _prepare(session, principal, dataset_id, spec, settings)
     by_mechanism = epsilon_by_mechanism(the_plan.events, the_plan.delta)
     stored_spec = spec.model_dump(mode="json")
     if vocabulary is not None:

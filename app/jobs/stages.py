@@ -51,7 +51,7 @@ from app.config import Settings
 from app.crypto import DocumentCipher
 from app.db import Database
 from app.errors import Conflict, NotFound
-from app.jobs import llm, runner
+from app.jobs import holdout, llm, runner
 from app.jobs import repository as jobs_repo
 from app.jobs.recovery import LeaseLost
 from app.jobs.schemas import JOB_SPEC, AnySpec, JobSpec, LLMMethodJob
@@ -59,6 +59,7 @@ from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.models import Dataset
 from app.vocabularies import service as vocabularies
 from workers.errors import InputDataError, KeyseedError, LLMError
+from workers.evaluation import holdout as holdout_maths
 from workers.llm import attestation
 from workers.llm.attestation import Prompt
 from workers.llm.client import LLMCosts
@@ -403,24 +404,36 @@ def _dpkps(
     tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
     corpus = load_corpus(ctx, job_id)
     unit_name = _unit_column(ctx, started)
+    generation = _generation_side(corpus, spec, started.labels)
     result = generate_sequences(
-        corpus.texts,
-        corpus.labels,
+        generation.texts,
+        generation.labels,
         label_set=started.labels,
         vocabulary=vocabulary,
         config=config,
         embedder=embedder,
         cache=EmbeddingCache(settings.embedding_cache_dir),
         progress=tracker,
-        units=corpus.units,
+        units=generation.units,
         unit_name=unit_name,
     )
-    del corpus
+    del generation
     if not result.report.as_planned:
         raise AccountingMismatch("the run's releases are not the ones its reservation holds")
-    check_accounting(result.report.by_mechanism(), started.epsilon_by_mechanism)
+    check_accounting(
+        result.report.by_mechanism(), holdout.generation_only(started.epsilon_by_mechanism)
+    )
     sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
     without_llm = spec.llm == "none"
+    manifest = result.manifest()
+    if spec.holdout is not None:
+        # without an LLM the released corpus is known now: the slice is scored at once and
+        # saved with the sequences; else once the prompts are done (_conclude)
+        released = [(label, " ".join(phrases)) for label, phrases in sequences]
+        manifest = _with_holdout(
+            manifest, started, corpus if without_llm else None, released, config.seed
+        )
+    del corpus
     try:
         with ctx.database.transaction() as session:
             if runner.cancel_requested(session, job_id):
@@ -432,7 +445,7 @@ def _dpkps(
                     job_id,
                     sequences,
                     private_vocabulary=result.private_vocabulary,
-                    manifest=result.manifest(),
+                    manifest=manifest,
                     texts_from_keyphrases=without_llm,
                 )
                 if without_llm:
@@ -535,6 +548,87 @@ def _llm_method(
         llm_calls=result.llm_costs.calls,
     )
     return _end("succeeded")
+
+
+def _generation_side(corpus: PrivateCorpus, spec: JobSpec, label_set: list[str]) -> PrivateCorpus:
+    """The documents generation may read: all of them, or those outside a holdout's
+    slice (whole units; :func:`workers.evaluation.holdout.select`)."""
+    if spec.holdout is None:
+        return corpus
+    assert spec.holdout.key is not None  # drawn at submission
+    rest = holdout_maths.select(
+        corpus.texts,
+        corpus.labels,
+        corpus.units,
+        key=spec.holdout.key,
+        fraction=spec.holdout.fraction,
+        label_set=label_set,
+    ).rest
+    return PrivateCorpus(
+        [corpus.texts[i] for i in rest],
+        [corpus.labels[i] for i in rest],
+        None if corpus.units is None else [corpus.units[i] for i in rest],
+    )
+
+
+def _with_holdout(
+    manifest: dict[str, Any],
+    started: runner.StartedJob,
+    corpus: PrivateCorpus | None,
+    released: list[tuple[str, str]],
+    seed: int,
+) -> dict[str, Any]:
+    """The manifest with the evaluation's event on the slice side beside the generation's
+    on the rest side, and with its figure when ``corpus`` is given (else the event as
+    planned, and the figure comes once the released texts exist)."""
+    spec = started.spec["holdout"]
+    split = holdout_maths.split_name(str(spec["key"]), float(spec["fraction"]))
+    epsilon = float(started.epsilon_by_mechanism[holdout.MECHANISM])
+    out = dict(manifest)
+    if corpus is None:
+        event = holdout_maths.planned_event(
+            epsilon=epsilon, classes=len(started.labels), split=split
+        )
+    else:
+        out["utility"], event = holdout.evaluate(
+            texts=corpus.texts,
+            labels=corpus.labels,
+            units=corpus.units,
+            label_set=started.labels,
+            synthetic=released,
+            holdout=spec,
+            epsilon=epsilon,
+            seed=seed,
+        )
+    delta = float(manifest["privacy"].get("delta") or 0.0)
+    out["privacy"] = holdout.privacy_block(manifest["privacy"], split, event, delta)
+    out["holdout"] = {"key": spec["key"], "fraction": spec["fraction"], "split": split}
+    return out
+
+
+def _score_holdout(ctx: WorkerContext, job_id: uuid.UUID) -> dict[str, Any] | None:
+    """After the prompts: the holdout's figure for a job that asked for one and has none
+    yet (reads the private slice again; the spend was committed when the job started)."""
+    with ctx.database.session() as session:
+        job = jobs_repo.get(session, job_id)
+        if job is None or not job.spec.get("holdout") or "utility" in (job.manifest or {}):
+            return None
+        dataset = session.get(Dataset, job.dataset_id)
+        if dataset is None or dataset.deleted_at is not None:  # its documents are gone
+            return None
+        started = runner.StartedJob(
+            job.id,
+            job.dataset_id,
+            list(dataset.labels),
+            dict(job.spec),
+            {name: float(value) for name, value in job.epsilon_by_mechanism.items()},
+        )
+        released = runner.released_texts(session, job_id)
+        manifest = dict(job.manifest or {})
+    corpus = load_corpus(ctx, job_id)
+    found = _with_holdout(manifest, started, corpus, released, int(started.spec.get("seed", 0)))
+    del corpus
+    return found
 
 
 def _unit_column(ctx: WorkerContext, started: runner.StartedJob) -> str | None:
@@ -680,12 +774,22 @@ def _prompt_pending(ctx: WorkerContext, job_id: uuid.UUID, spec: Mapping[str, An
 
 
 def _conclude(ctx: WorkerContext, job_id: uuid.UUID, total: int, calls: int) -> str:
+    with ctx.database.session() as session:
+        complete = not runner.missing_texts(session, job_id)
+    try:
+        scored = _score_holdout(ctx, job_id) if complete else None
+    except LeaseLost:
+        raise
+    except Exception as exc:  # logged without its text, the job failed (as any stage)
+        return _crashed(ctx, job_id, "holdout", exc)
     with ctx.database.transaction() as session:
         job = jobs_repo.get(session, job_id, for_update=True)
         if job is None or job.state != "running":
             return job.state if job is not None else "missing"
         missing = runner.missing_texts(session, job_id)
         if not missing:
+            if scored is not None:
+                runner.save_utility(session, job_id, scored)
             runner.finish(session, job_id)
         else:
             failed = sum(missing.values())

@@ -403,6 +403,41 @@ _EXAMPLE: dict[str, Any] = {
 }
 
 
+class ClassUtility(BaseModel):
+    label: str = Field(description="A declared class")
+    accuracy: float | None = Field(
+        description="The class's noisy accuracy on the slice (null where the noise is too large)"
+    )
+    interval: list[float] | None = Field(
+        description="Its noise interval [low, high] at the figure's confidence (null likewise)"
+    )
+    units: int = Field(description="The class's evaluated units in the slice (a DP output)")
+    why_not: str | None = Field(description="Why the class's accuracy is not shown, if it is not")
+
+
+class Utility(BaseModel):
+    """The held-out slice's accuracy (docs/utility.md): every figure a DP output."""
+
+    accuracy: float | None = Field(
+        description="Accuracy of a classifier trained on the released corpus, on the units "
+        "held out from generation: noisy correct ÷ noisy total (null: nothing to divide)"
+    )
+    interval: list[float] = Field(
+        description="[low, high]: holds the slice's exact accuracy with probability ≥ "
+        "confidence over the noise (conservative; sampling error not included)"
+    )
+    confidence: float = Field(description="The interval's confidence")
+    useful: bool = Field(description="Whether the interval is within ±0.05")
+    slice_units: int = Field(description="The slice's evaluated units (a DP output)")
+    fraction: float = Field(description="The share of the units held out (public)")
+    epsilon: float = Field(description="ε of the noisy counts, on the slice's units only")
+    classifier: str = Field(description="The classifier trained on the released corpus")
+    per_class: list[ClassUtility] = Field(
+        description="Each class's accuracy where the noise allows"
+    )
+    in_words: str = Field(description="The figure in one sentence")
+
+
 class ReleaseReport(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE]})
 
@@ -429,6 +464,11 @@ class ReleaseReport(BaseModel):
     )
     what_the_data_is_good_for: str = Field(
         description="What the released documents are suited to, and their limits"
+    )
+    utility: Utility | None = Field(
+        default=None,
+        description="The accuracy measured, with noise, on a slice of the private units "
+        "held out from generation (null: the job held out none)",
     )
 
 
@@ -728,6 +768,51 @@ def prompt_attestation(
     )
 
 
+def utility_of(found: Mapping[str, Any] | None) -> Utility | None:
+    """The report's utility section from the job's stored figure (DP outputs only)."""
+    if not found:
+        return None
+    low, high = (float(x) for x in found["interval"])
+    accuracy = found.get("accuracy")
+    confidence = float(found["confidence"])
+    per_class = [
+        ClassUtility(
+            label=label,
+            accuracy=row.get("accuracy"),
+            interval=row.get("interval"),
+            units=int(row.get("units", 0)),
+            why_not=row.get("why_not"),
+        )
+        for label, row in (found.get("per_class") or {}).items()
+    ]
+    shown = sum(1 for c in per_class if c.accuracy is not None)
+    words = (
+        f"A classifier trained on the released documents labels {accuracy:.1%} of the "
+        if accuracy is not None
+        else "No accuracy could be computed on the "
+    )
+    words += (
+        f"{found['slice_units']} private units held out from generation correctly "
+        f"(between {low:.1%} and {high:.1%} with {confidence:.0%} confidence over the noise, "
+        f"ε = {float(found['epsilon']):g} on those units alone); {shown} of {len(per_class)} "
+        "classes have an accuracy of their own"
+        + ("" if shown == len(per_class) else ", the others too few for the noise")
+        + "."
+    )
+    return Utility(
+        accuracy=accuracy,
+        interval=[low, high],
+        confidence=confidence,
+        useful=bool(found.get("useful")),
+        slice_units=int(found["slice_units"]),
+        fraction=float(found["fraction"]),
+        epsilon=float(found["epsilon"]),
+        classifier=str(found.get("classifier", "tfidf")),
+        per_class=per_class,
+        in_words=words,
+    )
+
+
 def build(session: Session, principal: Principal, release_id: uuid.UUID) -> ReleaseReport:
     """The report of one release for ``principal`` (who must reach it: else 404)."""
     release, grantee_ids = releases.get_release(session, principal, release_id)
@@ -842,4 +927,5 @@ def build(session: Session, principal: Principal, release_id: uuid.UUID) -> Rele
         prompt_log=prompt_attestation(session, job, release, view, llm_used=llm_used),
         samples=None if view == "platform" else _samples(session, job, labels),
         what_the_data_is_good_for=_good_for(method, classes, released_total, llm_used),
+        utility=utility_of((job.manifest or {}).get("utility")),
     )

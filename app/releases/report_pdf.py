@@ -194,6 +194,26 @@ def render(report: ReleaseReport) -> bytes:
     pdf.heading("What the data is good for")
     pdf.para(r.what_the_data_is_good_for)
 
+    if r.utility is not None:
+        u = r.utility
+        pdf.heading("Accuracy on held-out private data")
+        pdf.para(u.in_words)
+        pdf.rows(
+            ["Class", "Units", "Accuracy", "Interval or why not"],
+            [
+                [
+                    c.label,
+                    str(c.units),
+                    "–" if c.accuracy is None else f"{c.accuracy:.3f}",
+                    f"[{c.interval[0]:.3f}, {c.interval[1]:.3f}]"
+                    if c.interval
+                    else c.why_not or "",
+                ]
+                for c in u.per_class
+            ],
+            [40, 20, 25, 89],
+        )
+
     v = r.provenance
     pdf.heading("Provenance")
     pdf.para(f"Method: {v.method} ({v.method_id}, keyseed {v.keyseed_version}).")

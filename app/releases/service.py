@@ -139,6 +139,8 @@ def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict
         "privacy": privacy_of(job, engine.get("privacy") or {}),
         "llm_costs": llm_costs_of(job),
         "documents": documents,
+        # the held-out slice's noisy accuracy (docs/utility.md): DP outputs, public key
+        "utility": engine.get("utility"),
         # drawn from the releases before the consistency filter kept some (post-processing)
         "sequences_drawn": jobs.sequences_drawn(job),
         "created_at": utcnow().isoformat(),

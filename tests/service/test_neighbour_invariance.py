@@ -207,6 +207,8 @@ def _without_dp_outputs(views: dict[str, Any]) -> None:
 
     def walk(value: Any) -> None:
         if isinstance(value, dict):
+            if isinstance(value.get("utility"), dict):  # the held-out figure: DP outputs
+                value["utility"] = _utility_shape(value["utility"])
             realised = value.get("name") and "sensitivity" in value and "noise" in value
             if realised:
                 for name in ("sensitivity", "scale"):
@@ -226,6 +228,14 @@ def _without_dp_outputs(views: dict[str, Any]) -> None:
     walk(views)
 
 
+def _utility_shape(found: dict[str, Any]) -> dict[str, Any]:
+    """The held-out accuracy figure with its DP outputs (the noisy cells and what is
+    computed from them) blanked and its public inputs kept: ε, fraction, key, split,
+    confidence and the noise bound q (a function of ε and the declared labels)."""
+    public = {"epsilon", "fraction", "key", "split", "confidence", "noise_bound", "classifier"}
+    return {k: (v if k in public else "<DP output>") for k, v in found.items()}
+
+
 def _flow(
     client: TestClient,
     world: factories.World,
@@ -233,6 +243,7 @@ def _flow(
     rows: Rows,
     labels: tuple[str, ...],
     vocabulary_id: str,
+    spec: dict[str, Any] = SPEC,
 ) -> dict[str, Any]:
     """Upload ``rows``, run a job on them to a release, and record what others see."""
     metrics_before = _metrics(client, world)
@@ -242,7 +253,7 @@ def _flow(
     dataset_id = factories.dataset(
         client, world.owner, content=factories.csv_bytes(rows), labels=labels
     )
-    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **spec)
     job_path = f"/v1/jobs/{job_id}"
     record["submitted"] = _views(client, world, [job_path])
     progress: list[dict[str, Any]] = []
@@ -391,6 +402,7 @@ def _report_views(
     rows: Rows,
     labels: tuple[str, ...],
     vocabulary_id: str,
+    spec: dict[str, Any] = SPEC,
 ) -> dict[str, Any]:
     """Upload ``rows``, run a job on them to a release, and record the release report as
     each non-owner reads it (JSON, and whether the HTML and the PDF are served). Sample
@@ -399,7 +411,7 @@ def _report_views(
     dataset_id = factories.dataset(
         client, world.owner, content=factories.csv_bytes(rows), labels=labels
     )
-    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **spec)
     budget_path = f"/v1/organisations/{world.owner.organisation_id}/budget"
     budget_before = client.get(budget_path, headers=world.admin.headers).json()
     stages.run_sequences(worker, uuid.UUID(job_id))
@@ -458,3 +470,34 @@ def test_the_release_report_looks_alike_to_everyone_but_the_owner(
     assert one["admin"]["samples"] is None and one["client"]["samples"]
     differing = [key for key in one if one[key] != other.get(key)]
     assert differing == [], _first_differences(one, other, differing)
+
+
+# -- a held-out slice (issue 66, item 2) ------------------------------------------------
+
+HOLDOUT = {**SPEC, "holdout": {"fraction": 0.5, "key": "neighbour-test-key"}}
+
+
+@pytest.mark.parametrize("case", ["one added row in a large class", "a row with a new label"])
+def test_a_job_with_a_holdout_looks_alike_to_everyone_but_its_owner(
+    case: str, client: TestClient, world: factories.World, worker: WorkerContext
+) -> None:
+    """The holdout's events (split and side), its figure's public fields and the shape of
+    the rest are the same on neighbouring uploads; the figure's values are DP outputs."""
+    rows, neighbour, labels = CASES[case]
+    vocabulary_id = vocabulary(client, world.owner)
+    one = _flow(client, world, worker, rows, labels, vocabulary_id, HOLDOUT)
+    other = _flow(client, world, worker, neighbour, labels, vocabulary_id, HOLDOUT)
+    assert one["prompts stage"] == "succeeded", one
+    end = one["the end"]["admin GET /v1/jobs/<id 0>"][1]
+    assert "holdout_accuracy" in end["epsilon"]["by_mechanism"]
+    differing = [key for key in one if one[key] != other.get(key)]
+    assert differing == [], _first_differences(one, other, differing)
+
+    reports = [
+        _report_views(client, world, worker, r, labels, vocabulary_id, HOLDOUT)
+        for r in (rows, neighbour)
+    ]
+    shown = reports[0]["client"]["utility"]
+    assert shown["epsilon"] == 0.5 + 0.5 and shown["fraction"] == 0.5
+    differing = [key for key in reports[0] if reports[0][key] != reports[1].get(key)]
+    assert differing == [], _first_differences(reports[0], reports[1], differing)

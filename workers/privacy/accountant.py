@@ -53,6 +53,14 @@ Gaussians of σ = 5 at δ = 1e-6 cost 3.879 (PLD), 3.922 (exact sum + PLD Gaussi
 4.047 (RDP with a Laplace event). A merged-Gaussian PLD builds in ~0.09 s, composing 30
 distinct pure events with it in ~0.2 s.
 
+Splits (``events.py``, "Splits"): a job that holds out a slice of the units releases its
+generation from one side of a keyed split and its evaluation from the other. A unit lies
+on one side of each split, so the events it can meet are the untagged ones and one side's
+per split: the figure is the worst over every choice of sides (2^splits choices, each
+composed as above; beyond MAX_SPLIT_CHOICES the sides compose sequentially, an upper
+bound). So a job whose evaluation costs no more than its generation is charged what the
+generation alone costs: the two act on disjoint units and compose in parallel.
+
 Sets of jobs: a dataset's ledger is the union of its jobs' events
 (:func:`compose_jobs`): one composition, so parallel groups of the same mechanism
 across jobs share their partitions (class ``a`` of job 1 and of job 2 compose
@@ -91,6 +99,7 @@ from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 
 from workers.errors import ConfigError
 from workers.privacy.events import (
+    SIDES,
     CompositionPlan,
     PrivacyEvent,
     exact_decimal,
@@ -108,6 +117,7 @@ FULL_PLD_MU_LIMIT = 3.0
 # dp-accounting's closed-form Gaussian ε is a root found to 1e-12: margin above it.
 GAUSSIAN_TOL = 1e-9
 MAX_CHOICES = 256  # partition choices evaluated before a group is composed sequentially
+MAX_SPLIT_CHOICES = 64  # side choices (2^splits) evaluated before splits compose sequentially
 INFINITY = Decimal("Infinity")
 
 PLD: TypeAlias = Any  # dp_accounting.pld.privacy_loss_distribution.PrivacyLossDistribution
@@ -418,6 +428,21 @@ def _choices(plan: CompositionPlan) -> tuple[_Signature, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def _side_choices(events: tuple[PrivacyEvent, ...]) -> tuple[tuple[PrivacyEvent, ...], ...]:
+    """The events a unit can meet, one tuple per choice of a side in every split (module
+    docstring, "Splits"): the untagged events and the chosen sides' events. Beyond
+    MAX_SPLIT_CHOICES choices every split's two sides compose sequentially (all events):
+    never less than any choice, so still an upper bound."""
+    splits = sorted({e.split for e in events if e.split is not None})
+    if not splits or len(SIDES) ** len(splits) > MAX_SPLIT_CHOICES:
+        return (events,)
+    out = []
+    for sides in product(SIDES, repeat=len(splits)):
+        chosen = dict(zip(splits, sides, strict=True))
+        out.append(tuple(e for e in events if e.split is None or chosen[e.split] == e.side))
+    return tuple(out)
+
+
 # ------------------------------------------------------------------ public API
 
 
@@ -459,7 +484,10 @@ class Composition(Guarantee):
     """Sequential composition of events, with their parallel groups (module docstring)."""
 
     def __init__(self, events: Iterable[PrivacyEvent]) -> None:
-        self.plan = plan_composition(events)
+        listed = tuple(events)
+        self.plan = plan_composition(listed)
+        # one plan per choice of a side in every split (module docstring, "Splits")
+        self.plans = tuple(plan_composition(kept) for kept in _side_choices(listed))
 
     @property
     def events(self) -> tuple[PrivacyEvent, ...]:
@@ -475,7 +503,7 @@ class Composition(Guarantee):
         """The δ the events spend outright (``delta`` fields), exactly: the sequential sum
         plus each parallel group's worst partition, the most any choice of partitions
         takes off a target δ. Below it no finite ε holds."""
-        return self.plan.added_delta()
+        return max(p.added_delta() for p in self.plans)
 
     @property
     def name(self) -> str:
@@ -483,12 +511,13 @@ class Composition(Guarantee):
 
     @cached_property
     def _choices(self) -> tuple[_Signature, ...]:
-        return _choices(self.plan)
+        found = (s for plan in self.plans for s in _choices(plan))
+        return tuple(dict.fromkeys(found))
 
     def epsilon(self, delta: float | Decimal | str = 0.0) -> Decimal:
         d = _check_delta(delta)
         if self.is_pure:
-            return _to_decimal(self.plan.pure_epsilon())
+            return _to_decimal(max(p.pure_epsilon() for p in self.plans))
         exact = _exact_delta(delta)
         return max(s.epsilon(d, exact) for s in self._choices)
 

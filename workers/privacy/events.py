@@ -61,9 +61,20 @@ class: conservative, and it keeps each mechanism's share readable. Partition nam
 parts of the dataset's one split by its label column; a mechanism may declare
 partitions only if each unit's contribution stays within one of them.
 
+Splits (``split`` and ``side``, optional, together): a job that holds out a slice of the
+units (``workers/evaluation/holdout.py``) divides them into two sides by a keyed hash
+of the unit — a public rule, and a unit lies wholly on one side. Its generation's
+releases read only the ``"rest"`` side, its evaluation's only the ``"slice"`` side, both
+under the split's name (a digest of the key and the fraction, so two jobs with the same
+key and fraction share one split). A unit added or removed is on one side of each split,
+so only that side's releases see it: the accountant composes, for every choice of one
+side per split, the untagged events with the chosen sides' events, and charges the
+worst choice (parallel composition of the two sides, the same worst-case as classes).
+
 ``to_dict``/``from_dict`` give the JSON form stored in the ledger and manifests. ε and δ
 are written as decimal strings, so that a stored spend reads back exactly; ``delta`` is
-left out when it is absent, so events stored before it existed read back unchanged.
+left out when it is absent, so events stored before it existed read back unchanged; so are
+``split`` and ``side``.
 
 >>> e = PrivacyEvent(mechanism="vocabulary-histogram", noise="discrete_laplace", scale=4.0,
 ...                  sensitivity=4, norm="l1", dimension=1000, epsilon="1")
@@ -91,6 +102,7 @@ PURE_NOISES = ("laplace", "discrete_laplace", "gumbel_top_k", "exponential")
 GAUSSIAN_NOISES = ("gaussian", "discrete_gaussian")
 NOISES = PURE_NOISES + GAUSSIAN_NOISES
 NORMS = ("l1", "l2", "linf")
+SIDES = ("slice", "rest")  # the two sides of a split (module docstring)
 _NORM_OF = {
     "laplace": "l1",
     "discrete_laplace": "l1",
@@ -165,6 +177,8 @@ class PrivacyEvent:
     epsilon: Decimal | None = field(default=None)
     name: str | None = None  # the release within its job, for display only
     delta: Decimal | None = None  # δ of one release, spent outright (module docstring)
+    split: str | None = None  # a public split of the units into two sides (module docstring)
+    side: str | None = None  # which side of ``split`` the release reads: "slice" or "rest"
 
     def __post_init__(self) -> None:
         if not isinstance(self.mechanism, str) or not self.mechanism.strip():
@@ -206,11 +220,21 @@ class PrivacyEvent:
             )
         if self.noise == "discrete_gaussian":
             self._check_discrete_gaussian()
+        self._check_split()
         if self.delta is not None:
             delta = exact_decimal(self.delta, field="delta")
             if delta >= 1:
                 raise ConfigError(f"must be in (0, 1) (got {delta})", field="delta")
             object.__setattr__(self, "delta", delta)
+
+    def _check_split(self) -> None:
+        if (self.split is None) != (self.side is None):
+            raise ConfigError("split and side are given together or not at all", field="side")
+        if self.split is not None:
+            if not isinstance(self.split, str) or not self.split:
+                raise ConfigError("must be a non-empty string or null", field="split")
+            if self.side not in SIDES:
+                raise ConfigError(f"must be one of {', '.join(SIDES)}", field="side")
 
     def _check_discrete_gaussian(self) -> None:
         if self.dimension == 1:
@@ -258,6 +282,8 @@ class PrivacyEvent:
         }
         if self.delta is not None:
             out["delta"] = str(self.delta)
+        if self.split is not None:
+            out["split"], out["side"] = self.split, self.side
         return out
 
     @classmethod
