@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -171,11 +171,18 @@ def no_progress(stage: str, fraction: float) -> None:
 
 
 def complete_texts(
-    requests: Sequence[Messages], *, endpoint: LLMEndpoint, concurrency: int, costs: LLMCosts
+    requests: Sequence[Messages],
+    *,
+    endpoint: LLMEndpoint,
+    concurrency: int,
+    costs: LLMCosts,
+    tick: Callable[[], None] | None = None,
 ) -> list[str | None]:
     """One completion per request, cleaned of the model's talk about the request
     (:func:`workers.text.cleanup.clean_completion`: every request of these methods asks
-    for a document); ``None`` where the endpoint failed."""
+    for a document); ``None`` where the endpoint failed. ``tick``
+    (:func:`workers.methods.progress.ticker`) is called after each request; if it raises,
+    the run stops and the exception propagates."""
     from workers.llm.client import complete, run_sync
 
     if not requests:
@@ -187,6 +194,7 @@ def complete_texts(
             endpoint=endpoint,
             concurrency=concurrency,
             costs=costs,
+            progress=None if tick is None else lambda done, total: tick(),
         )
     )
     return [None if o.text is None else clean_completion(o.text) for o in outcomes]

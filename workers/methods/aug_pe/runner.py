@@ -79,12 +79,13 @@ from workers.methods.common import (
     run_identity,
     save_costs,
 )
+from workers.methods.progress import ticker
 from workers.methods.proportions import split_by_counts
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import gaussian_noise
 from workers.privacy.units import group_units
-from workers.text.embeddings import Embedder
+from workers.text.embeddings import Embedder, encode_in_chunks
 
 METHOD = "aug-pe"
 DESCRIPTION = (
@@ -293,7 +294,9 @@ class _Run:
         """Embed the documents that vote (each unit's documents of its class)."""
         unit_of, class_of_unit, votes = group_units(labels, units, self.labels)
         rows = np.flatnonzero(votes)
-        embeddings = self.embedder.encode([documents[i] for i in rows.tolist()])
+        embeddings = encode_in_chunks(
+            self.embedder, [documents[i] for i in rows.tolist()], tick=ticker(self.progress)
+        )
         return _Private(
             embeddings=np.asarray(embeddings, dtype=np.float32),
             units=unit_of[rows],
@@ -344,7 +347,11 @@ class _Run:
     def generate(self, requests: Sequence[prompts.Messages]) -> list[str | None]:
         """One completion per request; ``None`` where the endpoint failed."""
         return complete_texts(
-            requests, endpoint=self.endpoint, concurrency=self.params.concurrency, costs=self.costs
+            requests,
+            endpoint=self.endpoint,
+            concurrency=self.params.concurrency,
+            costs=self.costs,
+            tick=ticker(self.progress),
         )
 
     def variations(self, texts: Sequence[str], labels: Sequence[str], *stream: int) -> list[str]:

@@ -53,6 +53,7 @@ from workers.methods.dp_eda.accounting import Plan, noise_plan, selection_event
 from workers.methods.dp_eda.evolution import normalise, offspring
 from workers.methods.dp_eda.limited_domain import select_parents, unit_means
 from workers.methods.dp_eda.params import DPEDAParams
+from workers.methods.progress import ticker
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import group_units
@@ -287,7 +288,11 @@ class _Run:
 
     def generate(self, requests: Sequence[decoding.Messages]) -> list[str | None]:
         return complete_texts(
-            requests, endpoint=self.endpoint, concurrency=self.params.concurrency, costs=self.costs
+            requests,
+            endpoint=self.endpoint,
+            concurrency=self.params.concurrency,
+            costs=self.costs,
+            tick=ticker(self.progress),
         )
 
     def initial_texts(self) -> dict[str, list[str]]:

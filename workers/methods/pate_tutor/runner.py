@@ -71,6 +71,7 @@ from workers.methods.pate_tutor.mechanism import (
     vote_sums,
 )
 from workers.methods.pate_tutor.params import PateTutorParams
+from workers.methods.progress import ticker
 from workers.methods.proportions import allocate
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
@@ -237,6 +238,7 @@ class _Run:
                 endpoint=self.endpoint,
                 concurrency=self.params.concurrency,
                 costs=self.costs,
+                tick=ticker(self.progress),
             )
             for i, answer in zip(missing, answers, strict=True):
                 texts[i] = answer
