@@ -162,9 +162,9 @@ def _prepare(
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     if dataset.state != "ready":  # a resumable upload not sealed yet (app.datasets.service)
         raise Conflict("the dataset's upload is not sealed: POST /v1/datasets/{id}/seal first")
-    limits.check_spec(spec, len(dataset.labels), settings)
     if isinstance(spec, LLMMethodJob):
         _check_llm_method(spec, len(dataset.labels), settings)
+        limits.check_spec(spec, len(dataset.labels), settings)  # then the organisation's
         vocabulary = None
         name = LLM_METHODS[spec.method].vocabulary(spec.params())
         if name is not None:
@@ -173,6 +173,7 @@ def _prepare(
     config = spec.generation_config()
     _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
+    limits.check_spec(spec, len(dataset.labels), settings)  # after the spec's own checks
     vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
     if config.vocabulary_size > vocabulary.size:
         raise Unprocessable(
