@@ -103,6 +103,19 @@ class Settings(CoreSettings):
     # carved out of it.
     default_organisation_epsilon: float = Field(default=10.0, gt=0, le=1e6)
     default_organisation_delta: float = Field(default=1e-6, ge=0, lt=1)
+    # Per-organisation limits, so that one organisation cannot hold the workers for
+    # everyone (refused in the dry run and at submit: problem type limit-exceeded). Jobs
+    # of one organisation queued or running at once; the LLM calls and tokens (calls ×
+    # max_tokens per call, as the dry run plans them) one job may ask for; the LLM
+    # requests one job may keep in flight.
+    org_max_active_jobs: int = Field(default=10, ge=1, le=10_000)
+    org_max_llm_calls_per_job: int = Field(default=20_000, ge=1)
+    org_max_llm_tokens_per_job: int = Field(default=10_000_000, ge=1)
+    org_max_llm_concurrency: int = Field(default=32, ge=1, le=1024)
+    # Fair queueing: at most this many jobs of one organisation are sent to the workers
+    # (queued in the broker or running) at once; its other jobs wait in the database and
+    # are sent, the organisations taking turns, as earlier ones end (app.jobs.admission).
+    org_dispatched_jobs: int = Field(default=1, ge=1, le=10_000)
 
     @field_validator("llm_endpoints")
     @classmethod

@@ -107,6 +107,17 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "has left. `detail` names what was asked and what remains; nothing is reserved.",
         ),
         ProblemType(
+            "limit-exceeded",
+            409,
+            "Organisation limit exceeded",
+            "A job is over one of the limits each organisation has, so that no organisation "
+            "holds the workers for everyone: jobs queued or running at once, LLM calls or "
+            "tokens (calls × max_tokens) per job, LLM requests in flight. The dry run and the "
+            "submission refuse it alike; `limit` names the limit, `value` gives it, `asked` "
+            "what the job would take, and `field` the spec field to change where one is to "
+            "blame. Nothing is reserved.",
+        ),
+        ProblemType(
             "content-too-large",
             413,
             "Content Too Large",
@@ -267,6 +278,10 @@ class Conflict(Problem):
 
 class BudgetExceeded(Conflict):
     title, type_slug = "Privacy budget exceeded", "budget-exceeded"
+
+
+class LimitExceeded(Conflict):
+    title, type_slug = "Organisation limit exceeded", "limit-exceeded"
 
 
 class ContentTooLarge(Problem):

@@ -162,24 +162,56 @@ def _said(value: float | Decimal) -> str:
     return f"{significant(value)} (exact {exact_text(value)})"
 
 
+class PublicTimes:
+    """Where the charts of the dashboard (admins and auditors: never a dataset's owner)
+    place each ledger entry in time. An entry a request wrote (a reservation at
+    submission, a release at a cancel) at its time; an entry a worker wrote (a commit, at
+    the job's start: it follows the jobs before it on the worker, whose durations depend
+    on their private corpora) at the time of its job's submission, or of the point
+    before it if that is later (:func:`app.ledger.service.time_shown`): a function of
+    public times only."""
+
+    def __init__(self) -> None:
+        self.submitted: dict[uuid.UUID, datetime] = {}
+        self.last: datetime | None = None
+
+    def at(self, entry: LedgerEntry) -> tuple[datetime, bool]:
+        """The entry's place in time, and whether that is its own time."""
+        if entry.kind == "reserve":
+            self.submitted.setdefault(entry.job_id, entry.created_at)
+        own = ledger.time_shown(entry.actor, owner=False)
+        at = entry.created_at if own else self.submitted.get(entry.job_id, entry.created_at)
+        if self.last is not None and at < self.last:
+            at = self.last
+        self.last = at
+        return at, own
+
+
+def _when(at: datetime, own: bool) -> str:
+    return f"{at:%Y-%m-%d %H:%M:%S} UTC" if own else f"submitted {at:%Y-%m-%d %H:%M:%S} UTC"
+
+
 def cumulative_chart(budget_cap: ledger.Amount, entries: Sequence[LedgerEntry]) -> Chart | None:
     """The step lines of ε spent and ε spent + reserved over time (each point the
     accountant's composition at the cap's δ), with the cap, and the δ spent is stated at;
-    None when the ledger is empty."""
+    None when the ledger is empty. Worker-written entries are placed in time by
+    :class:`PublicTimes`."""
     if not entries:
         return None
     points = []
+    times = PublicTimes()
     for entry, f in zip(entries, ledger.running_budgets(budget_cap, entries), strict=True):
+        at, own = times.at(entry)
         marker = None
         if entry.kind == "commit":
             marker = (
-                f"{entry.created_at:%Y-%m-%d %H:%M:%S} UTC: job {str(entry.job_id)[:8]} "
+                f"{_when(at, own)}: job {str(entry.job_id)[:8]} "
                 f"spent ε = {_said(entry.epsilon)}; ε spent in all, composed "
                 f"({entry.accountant}): {_said(f.spent)} at δ = {_said(f.spent_delta)}"
             )
         points.append(
             Point(
-                entry.created_at,
+                at,
                 float(f.spent),
                 float(f.spent + f.reserved),
                 float(f.spent_delta),
@@ -200,17 +232,17 @@ def organisation_chart(
     if not moments:
         return None
     points = []
+    times = PublicTimes()
     for m in moments:
         entry = m.entry
+        at, own = times.at(entry)
         marker = None
         if entry.kind == "commit":
             marker = (
-                f"{entry.created_at:%Y-%m-%d %H:%M:%S} UTC: job {str(entry.job_id)[:8]} of "
+                f"{_when(at, own)}: job {str(entry.job_id)[:8]} of "
                 f"{dataset_names.get(entry.dataset_id, '?')} spent ε = {_said(entry.epsilon)}; "
                 f"the organisation's ε spent, composed ({m.accountant}): {_said(m.spent)} "
                 f"at δ = {_said(m.spent_delta)}"
             )
-        points.append(
-            Point(entry.created_at, float(m.spent), float(m.held), float(m.spent_delta), marker)
-        )
+        points.append(Point(at, float(m.spent), float(m.held), float(m.spent_delta), marker))
     return _chart(float(budget.epsilon), float(budget.delta), points, "budget")

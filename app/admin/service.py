@@ -335,6 +335,14 @@ class DatasetPage:
         return {name: len(found) for name, found in sorted(classes.items()) if len(found) > 1}
 
 
+def _shown_time(entry: LedgerEntry | None) -> datetime | None:
+    """An entry's time as the dashboard (admins, auditors) shows it: None for one a
+    worker wrote (:func:`app.ledger.service.time_shown`)."""
+    if entry is None or not ledger.time_shown(entry.actor, owner=False):
+        return None
+    return entry.created_at
+
+
 def _ledger_jobs(
     entries: Sequence[LedgerEntry],
     jobs_by_id: Mapping[uuid.UUID, Job],
@@ -355,8 +363,8 @@ def _ledger_jobs(
                 budget_state=ledger.budget_state(kinds.keys()),
                 submitted_by=job.submitted_by if job is not None else first.actor,
                 reserved_at=first.created_at,
-                committed_at=kinds["commit"].created_at if "commit" in kinds else None,
-                freed_at=kinds["release"].created_at if "release" in kinds else None,
+                committed_at=_shown_time(kinds.get("commit")),
+                freed_at=_shown_time(kinds.get("release")),
                 job=job,
                 events=first.events,
                 report=reports.get(job_id),

@@ -499,9 +499,14 @@ def get_ledger(
 ) -> LedgerOut:
     dataset = service.get_dataset(session, principal, dataset_id)
     figures, entries = ledger.ledger_of(session, dataset)
+    owner = principal.organisation_id == dataset.organisation_id
+    shown = [LedgerEntryOut.model_validate(e) for e in entries]
+    for entry in shown:
+        if not ledger.time_shown(entry.actor, owner=owner):
+            entry.created_at = None
     return LedgerOut(
         dataset_id=dataset.id,
         budget=service.budget_out(figures),
-        entries=[LedgerEntryOut.model_validate(e) for e in entries],
-        reports=ledger.reports_out(session, dataset, entries),
+        entries=shown,
+        reports=ledger.reports_out(session, dataset, entries, owner=owner),
     )

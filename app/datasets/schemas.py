@@ -191,7 +191,13 @@ class LedgerEntryOut(BaseModel):
     actor: str = Field(
         description="Who caused the entry: 'key:<id>', 'user:<id>' or 'system:<name>'"
     )
-    created_at: datetime = Field(description="When the entry was written (UTC)")
+    created_at: datetime | None = Field(
+        description=(
+            "When the entry was written (UTC). Null to others than the dataset's owner for an "
+            "entry a worker wrote (a commit, at the job's start: it follows the jobs before it, "
+            "whose durations depend on their private corpora)"
+        )
+    )
 
 
 class LedgerReportOut(BaseModel):
@@ -206,7 +212,12 @@ class LedgerReportOut(BaseModel):
     )
     accountant: str = Field(description="The accountant that composed epsilon")
     actor: str = Field(description="Who wrote the report (a worker: 'system:<name>')")
-    created_at: datetime = Field(description="When the report was written (UTC)")
+    created_at: datetime | None = Field(
+        description=(
+            "When the report was written (UTC), at the end of the job's private stages; null "
+            "to others than the dataset's owner (it would time them)"
+        )
+    )
     differences: list[str] = Field(
         default_factory=list,
         description="Releases charged but not reported, reported but not charged, or "

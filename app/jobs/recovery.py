@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session
 
 from app.config import LEASE_SECONDS
 from app.db import Database, enqueue_after_commit
-from app.jobs import repository
+from app.jobs import admission, repository
 from app.models import Job, utcnow
 from app.worker import RUN_PROMPTS, RUN_SEQUENCES
 
@@ -206,6 +206,8 @@ def is_orphan(
     died (``unheld``: or it has none)."""
     if job.state not in repository.ACTIVE_STATES:
         return False
+    if admission.waiting(job):
+        return False  # it waits for its organisation's turn: no task was sent
     if waiting is not None and not waiting.isdisjoint(job.task_ids):
         return False  # a worker will take the job's task
     if job.worker_id is None:
@@ -233,6 +235,8 @@ def recover(
         recovered.append((job_id, task))
     with database.transaction() as session:
         repository.prune_workers(session, now - FORGET_AFTER)
+    with database.transaction() as session:  # what a crash left waiting for its turn
+        admission.admit(session)
     return recovered
 
 

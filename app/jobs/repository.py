@@ -45,6 +45,24 @@ def active(session: Session) -> Sequence[Job]:
     return session.scalars(query.execution_options(populate_existing=True)).all()
 
 
+def active_of_organisation(session: Session, organisation_id: uuid.UUID) -> Sequence[Job]:
+    """The organisation's queued and running jobs, oldest first."""
+    query = select(Job).where(Job.organisation_id == organisation_id, Job.state.in_(ACTIVE_STATES))
+    return session.scalars(query.order_by(Job.created_at, Job.id)).all()
+
+
+def lock_waiting(session: Session, job_id: uuid.UUID) -> Job | None:
+    """The job, locked, unless another transaction holds its row (then None: that one
+    is ending or sending it)."""
+    query = (
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
+    )
+    return session.scalar(query)
+
+
 def worker_expiry(session: Session, worker_id: str) -> datetime | None:
     """Until when a worker process counts as alive (None: no such process)."""
     return session.scalar(select(Worker.expires_at).where(Worker.id == worker_id))

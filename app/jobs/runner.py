@@ -39,7 +39,7 @@ from app.crypto import DocumentCipher
 from app.datasets import repository as datasets_repo
 from app.errors import Conflict, NotFound
 from app.identity.policy import Actor
-from app.jobs import recovery, repository
+from app.jobs import admission, recovery, repository
 from app.ledger import service as ledger
 from app.models import Dataset, Job, utcnow
 from workers.llm import attestation
@@ -144,12 +144,12 @@ def start_sequences(
             recovery.dispatch(session, job)
         return None
     if dataset is None or dataset.deleted_at is not None:
-        _end(job, "failed", "dataset_deleted", "the dataset was deleted")
+        _end(session, job, "failed", "dataset_deleted", "the dataset was deleted")
         if ledger.job_budget_state(session, job.id) == "reserved":
             ledger.release_reservation(session, job.id, actor)
         return None
     if job.cancel_requested:
-        _end(job, "cancelled")
+        _end(session, job, "cancelled")
         if ledger.job_budget_state(session, job.id) == "reserved":
             ledger.release_reservation(session, job.id, actor)
         return None
@@ -403,24 +403,29 @@ def cancel_requested(session: Session, job_id: uuid.UUID) -> bool:
     """Whether the job was asked to stop; if so it is marked cancelled (spend stays)."""
     job = _held_job(session, job_id)
     if job.cancel_requested and job.state not in TERMINAL_STATES:
-        _end(job, "cancelled")
+        _end(session, job, "cancelled")
     return job.cancel_requested
 
 
-def _end(job: Job, state: str, code: str | None = None, message: str | None = None) -> None:
+def _end(
+    session: Session, job: Job, state: str, code: str | None = None, message: str | None = None
+) -> None:
+    """The job ends in ``state``; its organisation's next waiting job (or another's, in
+    turn) is sent in its place (:mod:`app.jobs.admission`)."""
     job.state, job.finished_at = state, utcnow()
     job.error_code, job.error_message = code, message
     recovery.release(job)
     if state == "succeeded":
         job.progress, job.stage = 1.0, None
         job.stage_number = job.stage_count = job.stage_fraction = None
+    admission.admit(session)
 
 
 def finish(session: Session, job_id: uuid.UUID) -> None:
     job = _held_job(session, job_id)
     if job.state != "running":
         raise Conflict(f"only a running job can succeed (this one is {job.state})")
-    _end(job, "succeeded")
+    _end(session, job, "succeeded")
 
 
 def fail(session: Session, job_id: uuid.UUID, code: str, message: str) -> None:
@@ -433,6 +438,6 @@ def fail(session: Session, job_id: uuid.UUID, code: str, message: str) -> None:
     if job.state in TERMINAL_STATES:
         return
     _check_holder(session, job)
-    _end(job, "failed", code[:64], message[:1000])
+    _end(session, job, "failed", code[:64], message[:1000])
     if ledger.job_budget_state(session, job.id) == "reserved":
         ledger.release_reservation(session, job.id, WORKER)

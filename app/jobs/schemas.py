@@ -1020,7 +1020,9 @@ class JobOut(BaseModel):
     )
     created_at: datetime = Field(description="When the job was submitted (UTC)")
     started_at: datetime | None = Field(
-        description="When a worker started it (UTC); null while queued"
+        description="When a worker started it (UTC); null while queued, and for others than "
+        "the owning organisation (it follows the jobs before it on the worker, whose "
+        "durations depend on their private corpora)"
     )
     finished_at: datetime | None = Field(
         description="When it ended (UTC); null until it does, and for others than the "

@@ -18,11 +18,10 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.datasets import repository as datasets_repo
-from app.db import enqueue_after_commit
 from app.errors import Conflict, Unprocessable
 from app.identity import policy
 from app.identity.policy import Actor, Principal
-from app.jobs import holdout, recovery, repository, runner
+from app.jobs import admission, holdout, limits, recovery, repository, runner
 from app.jobs.schemas import (
     DPKPS,
     AnySpec,
@@ -42,7 +41,6 @@ from app.ledger import service as ledger
 from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
-from app.worker import RUN_SEQUENCES
 from workers.errors import ConfigError
 from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig, method_description
@@ -167,6 +165,7 @@ def _prepare(
         raise Conflict("the dataset's upload is not sealed: POST /v1/datasets/{id}/seal first")
     if isinstance(spec, LLMMethodJob):
         _check_llm_method(spec, len(dataset.labels), settings)
+        limits.check_spec(spec, len(dataset.labels), settings)  # then the organisation's
         vocabulary = None
         name = LLM_METHODS[spec.method].vocabulary(spec.params())
         if name is not None:
@@ -176,6 +175,7 @@ def _prepare(
     config = spec.generation_config()
     _check_size(spec, len(dataset.labels), settings)
     _check_prompting(spec, settings)
+    limits.check_spec(spec, len(dataset.labels), settings)  # after the spec's own checks
     vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
     if config.vocabulary_size > vocabulary.size:
         raise Unprocessable(
@@ -208,6 +208,7 @@ def dry_run(
         session, principal, dataset_id, spec, settings
     )
     owner = principal.organisation_id == dataset.organisation_id
+    limits.check_active_jobs(session, dataset.organisation_id, settings)
     # the same 409 a submission would get, before anything runs
     after = ledger.check_fits(session, dataset, the_plan.events)
     return {
@@ -333,7 +334,6 @@ def submit(
             "size": vocabulary.size,
             "fingerprint": vocabulary.fingerprint,
         }
-    task_id = str(uuid.uuid4())
     job = Job(
         id=uuid.uuid4(),
         dataset_id=dataset.id,
@@ -343,10 +343,11 @@ def submit(
         state="queued",
         epsilon=float(the_plan.epsilon),
         epsilon_by_mechanism=by_mechanism,
-        task_ids=[task_id],
+        task_ids=[],  # sent when its organisation's turn comes (app.jobs.admission)
         request_id=current_request_id(),
     )
     ledger.reserve(session, job, principal.actor, the_plan.events)
+    limits.check_active_jobs(session, dataset.organisation_id, settings, lock=True)
     audit.record(
         session,
         "job.submitted",
@@ -360,7 +361,7 @@ def submit(
         llm=spec.llm,
         **(prompt_provenance(spec, principal.actor) if isinstance(spec, JobSpec) else {}),
     )
-    enqueue_after_commit(session, RUN_SEQUENCES, str(job.id), task_id=task_id)
+    admission.admit(session, settings.org_dispatched_jobs)
     return job
 
 
@@ -402,6 +403,7 @@ def stop(session: Session, job: Job, actor: Actor) -> Job:
             target=target,
             epsilon_released=current.epsilon if reserved else 0.0,
         )
+        admission.admit(session)  # the next job, in turn, takes its place
     elif not current.cancel_requested:
         current.cancel_requested = True
         audit.record(
@@ -590,7 +592,7 @@ def to_out(session: Session, job: Job, viewer: Principal) -> JobOut:
         spec=job.spec,
         submitted_by=job.submitted_by,
         created_at=job.created_at,
-        started_at=job.started_at,
+        started_at=job.started_at if owner else None,
         finished_at=job.finished_at if owner else None,
         updated_at=job.updated_at if owner else None,
     )

@@ -187,7 +187,8 @@ class StageTracker:
     and DP outputs. A report of an earlier stage than the one shown (iterative DP-KPS
     goes back and forth between a class's density and its sampling) is not shown: k
     never goes down. No stage's duration is measured. Cancellation is checked at each
-    write and otherwise at most every ``progress_interval`` seconds.
+    write and otherwise at most every ``progress_interval`` seconds, at the engine's
+    reports and at its ticks (:meth:`tick`) between them.
     """
 
     def __init__(
@@ -214,6 +215,15 @@ class StageTracker:
             self.stage, self.number, self.shown = stage, number, shown
             self.write(stage, shown)
         elif due:
+            self.check_cancelled()
+
+    def tick(self) -> None:
+        """Called by the run between its progress reports (after each LLM call, every
+        few hundred documents read or embedded: :func:`workers.methods.progress.ticker`):
+        checks, at most every ``progress_interval`` seconds, whether the job was
+        cancelled (a cancel, its dataset deleted), and stops the run if so. Shows and
+        writes nothing else."""
+        if time.monotonic() - self.last_check >= self.ctx.settings.progress_interval:
             self.check_cancelled()
 
     def check_cancelled(self) -> None:

@@ -396,15 +396,27 @@ def reports_of(session: Session, dataset: Dataset) -> Sequence[LedgerReport]:
     return repository.reports_of_dataset(session, dataset.id)
 
 
+def time_shown(actor: str, *, owner: bool) -> bool:
+    """Whether the time of a ledger entry or report that ``actor`` wrote may be shown: to
+    the dataset's owner always; to others (admins, auditors) only when a request wrote
+    it (a submission's reservation, a cancel's release). A worker writes at a time that
+    depends on private corpora: a commit at the job's start, which follows the jobs
+    before it on the worker, a report at the end of the job's private stages."""
+    return owner or not actor.startswith("system:")
+
+
 def reports_out(
-    session: Session, dataset: Dataset, entries: Sequence[LedgerEntry]
+    session: Session, dataset: Dataset, entries: Sequence[LedgerEntry], *, owner: bool = True
 ) -> list[LedgerReportOut]:
-    """The dataset's reports, each with its differences from the job's entries."""
+    """The dataset's reports, each with its differences from the job's entries (their
+    times the owner's only: :func:`time_shown`)."""
     jobs = _by_job(entries)
     out = []
     for report in reports_of(session, dataset):
         shown = LedgerReportOut.model_validate(report)
         shown.differences = reconciliation(jobs.get(report.job_id, {}), report) or []
+        if not time_shown(report.actor, owner=owner):
+            shown.created_at = None
         out.append(shown)
     return out
 

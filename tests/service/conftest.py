@@ -67,6 +67,9 @@ def make_settings(database_url: str, data_dir: Path, **overrides: object) -> Set
             "vllm": LLMEndpointSettings(base_url="http://127.0.0.1:9/v1", model="open-model")
         },
         "log_json": True,
+        # every job is sent at submission, as before the fair queue: the tests that are
+        # about the fair queue set it to 1 (tests/service/test_fair_limits.py)
+        "org_dispatched_jobs": 1000,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

@@ -15,6 +15,10 @@ That covers the job's progress as others see it at every write: the running stag
 shown. The estimate's value is the wall-clock rate of public work (like the time stamps,
 it is left out of the comparison); the time stamps that would time the private stages
 (a stage's start, the job's last change and its end) must not be shown to others at all.
+Nor may any time stamp written while the job ran (its start, which follows the jobs
+before it on the worker, a worker's ledger entries and report): no time others see,
+through the API or on the admin dashboard's pages, falls between the worker's first
+step and its last.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.config import LLMEndpointSettings, Settings
 from app.jobs import stages
 from app.jobs.stages import WorkerContext
+from app.models import utcnow
+from tests.dashboard.factories import person, sign_in
 from tests.fake_llm import FakeLLM
 from tests.service import factories
 from tests.service.test_worker import vocabulary
@@ -85,7 +92,11 @@ CASES: dict[str, tuple[Rows, Rows, tuple[str, ...]]] = {
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 TIMES = frozenset({"created_at", "started_at", "finished_at", "updated_at", "deleted_at"})
 # Time stamps of a job that would time its private stages: the owner's only.
-OWNERS_TIMES = ("finished_at", "updated_at")
+OWNERS_TIMES = ("started_at", "finished_at", "updated_at")
+# A time stamp as the API (ISO 8601) or the dashboard (its <time> elements, its chart's
+# markers: "2026-12-07 05:31:59 UTC") writes it.
+STAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2}| UTC)?")
+DASHBOARD_ROLES = ("admin", "auditor")
 # Metric samples that are wall-clock times (sums and buckets of durations, creation times),
 # and those of the test process itself, which here runs the worker's stages too (a worker
 # is a process of its own in every deployment, and its process metrics are not exported).
@@ -197,6 +208,47 @@ def _times_shown(views: Any, path: str = "") -> list[str]:
     return found
 
 
+def _stamps(value: Any, path: str = "") -> Iterator[tuple[datetime, datetime, str]]:
+    """Every time stamp written in ``value`` (strings anywhere in it), as the earliest and
+    the latest time it may stand for (a time shown to the second, as the dashboard's
+    text shows them, stands for any time within that second), in UTC, with where it is
+    (the path to its string, and the text around it)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _stamps(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _stamps(item, f"{path}[{i}]")
+    elif isinstance(value, str):
+        for found in STAMP.finditer(value):
+            text = found[0].replace(" UTC", "+00:00").replace("Z", "+00:00")
+            at = datetime.fromisoformat(text.replace(" ", "T", 1))
+            at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+            within = timedelta(0) if "." in found[0] else timedelta(seconds=1)
+            around = value[max(0, found.start() - 80) : found.end() + 20]
+            yield at, at + within, f"{path}: {around}"
+
+
+def _stamped_while_running(views: Any, start: datetime, end: datetime) -> list[str]:
+    """Where ``views`` show a time stamp taken while the worker ran the job: each would
+    time what the worker did (and what ran before it)."""
+    return sorted({where for early, late, where in _stamps(views) if start <= early <= late <= end})
+
+
+def _dashboard(
+    dashboards: dict[str, TestClient], dataset_id: str, organisation_id: uuid.UUID
+) -> dict[str, Any]:
+    """The dashboard pages that show the job's dataset and organisation, as each platform
+    person reads them (HTML)."""
+    pages: dict[str, Any] = {}
+    for role, browser in dashboards.items():
+        for path in (f"/admin/datasets/{dataset_id}", f"/admin/organisations/{organisation_id}"):
+            response = browser.get(path)
+            assert response.status_code == 200, (role, path, response.text[:500])
+            pages[f"{role} GET {path}"] = response.text
+    return pages
+
+
 def _without_dp_outputs(views: dict[str, Any]) -> None:
     """Leave out what the engine derived from the private vocabulary Ṽ (a DP output): a
     realised release (it has a ``name``; the planned ones, which the ledger reserves,
@@ -243,6 +295,7 @@ def _flow(
     rows: Rows,
     labels: tuple[str, ...],
     vocabulary_id: str,
+    dashboards: dict[str, TestClient],
     spec: dict[str, Any] = SPEC,
 ) -> dict[str, Any]:
     """Upload ``rows``, run a job on them to a release, and record what others see."""
@@ -258,12 +311,14 @@ def _flow(
     record["submitted"] = _views(client, world, [job_path])
     progress: list[dict[str, Any]] = []
     worker.stage_hooks.append(lambda *_: progress.append(_views(client, world, [job_path])))
+    started = utcnow()
     record["sequences stage"] = stages.run_sequences(worker, uuid.UUID(job_id))
     worker.stage_hooks.clear()
     record["at every progress write"] = progress
     record["after the sequences stage"] = _views(client, world, [job_path])
     during: list[Any] = [*progress, record["after the sequences stage"]]
     record["prompts stage"] = stages.run_prompts(worker, uuid.UUID(job_id))
+    ended = utcnow()
 
     released = client.post(
         f"/v1/jobs/{job_id}/release",
@@ -292,6 +347,14 @@ def _flow(
         record["prompt log"] = _prompt_log_views(client, world, release_id)
     record["audit events"] = _audit_after(client, world, mark)
     record["time stamps shown to others"] = _times_shown([*during, record["the end"]])
+    seen_by_others = [
+        *during,
+        record["the end"],
+        record.get("released"),
+        record["audit events"],
+        _dashboard(dashboards, dataset_id, world.owner.organisation_id),
+    ]
+    record["stamped while the job ran"] = _stamped_while_running(seen_by_others, started, ended)
 
     after = _metrics(client, world)
     gained = {  # rounded: a counter's difference depends on what earlier tests added
@@ -361,21 +424,35 @@ def _first_differences(one: Any, other: Any, keys: list[str]) -> list[str]:
     return found
 
 
+def dashboard_browsers(app: Any, db: Any) -> dict[str, TestClient]:
+    """A signed-in dashboard session of a platform admin and of an auditor."""
+    browsers = {}
+    for role in DASHBOARD_ROLES:
+        person(db, f"{role}-person", role)
+        browser = TestClient(app)
+        response = sign_in(browser, f"{role}-person")
+        assert response.status_code == 303, response.text[:500]
+        browsers[role] = browser
+    return browsers
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_neighbouring_uploads_look_alike_to_everyone_but_their_owner(
-    case: str, client: TestClient, world: factories.World, worker: WorkerContext
+    case: str, client: TestClient, world: factories.World, worker: WorkerContext, db: Any
 ) -> None:
     rows, neighbour, labels = CASES[case]
     assert abs(len(rows) - len(neighbour)) == 1
     assert client.get("/metrics").status_code == 401  # no anonymous scrape
     vocabulary_id = vocabulary(client, world.owner)
+    dashboards = dashboard_browsers(client.app, db)
 
-    one = _flow(client, world, worker, rows, labels, vocabulary_id)
-    other = _flow(client, world, worker, neighbour, labels, vocabulary_id)
+    one = _flow(client, world, worker, rows, labels, vocabulary_id, dashboards)
+    other = _flow(client, world, worker, neighbour, labels, vocabulary_id, dashboards)
 
     assert one["prompts stage"] == "succeeded", one
     assert one["private stages timed"] == [], "the private stages' durations are exported"
     assert one["time stamps shown to others"] == [], "others see when private stages ran"
+    assert one["stamped while the job ran"] == [], "others see times the worker wrote"
     assert _stages_seen(one) == [
         ("extract", 1, 6, None),
         ("extract", 1, 6, None),  # its end
@@ -479,14 +556,15 @@ HOLDOUT = {**SPEC, "holdout": {"fraction": 0.5, "key": "neighbour-test-key"}}
 
 @pytest.mark.parametrize("case", ["one added row in a large class", "a row with a new label"])
 def test_a_job_with_a_holdout_looks_alike_to_everyone_but_its_owner(
-    case: str, client: TestClient, world: factories.World, worker: WorkerContext
+    case: str, client: TestClient, world: factories.World, worker: WorkerContext, db: Any
 ) -> None:
     """The holdout's events (split and side), its figure's public fields and the shape of
     the rest are the same on neighbouring uploads; the figure's values are DP outputs."""
     rows, neighbour, labels = CASES[case]
     vocabulary_id = vocabulary(client, world.owner)
-    one = _flow(client, world, worker, rows, labels, vocabulary_id, HOLDOUT)
-    other = _flow(client, world, worker, neighbour, labels, vocabulary_id, HOLDOUT)
+    dashboards = dashboard_browsers(client.app, db)
+    one = _flow(client, world, worker, rows, labels, vocabulary_id, dashboards, HOLDOUT)
+    other = _flow(client, world, worker, neighbour, labels, vocabulary_id, dashboards, HOLDOUT)
     assert one["prompts stage"] == "succeeded", one
     end = one["the end"]["admin GET /v1/jobs/<id 0>"][1]
     assert "holdout_accuracy" in end["epsilon"]["by_mechanism"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -178,12 +178,14 @@ def complete_texts(
     concurrency: int,
     costs: LLMCosts,
     sources: Sequence[Source],
+    tick: Callable[[], None] | None = None,
 ) -> list[str | None]:
     """One completion per request, cleaned of the model's talk about the request
     (:func:`workers.text.cleanup.clean_completion`: every request of these methods asks
     for a document); ``None`` where the endpoint failed. ``sources[i]`` says what request
     i was built from, for the job's prompt log (:mod:`workers.llm.attestation`); the
-    model is added to its refs."""
+    model is added to its refs. ``tick`` (:func:`workers.methods.progress.ticker`) is
+    called after each request; if it raises, the run stops and the exception propagates."""
     from workers.llm.client import complete, run_sync
 
     if len(sources) != len(requests):
@@ -201,6 +203,7 @@ def complete_texts(
             describe=lambda i, messages: replace(
                 sources[i], refs={**sources[i].refs, "model": endpoint.model}
             ).prompt(messages),
+            progress=None if tick is None else lambda done, total: tick(),
         )
     )
     return [None if o.text is None else clean_completion(o.text) for o in outcomes]

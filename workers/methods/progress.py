@@ -16,9 +16,22 @@ Nothing here imports the service: the CLI renders the same stages as progress ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DPKPS = "dpkps"
+TICK_EVERY = 256  # documents (or texts) a run reads between two ticks
+
+
+def ticker(progress: Callable[[str, float], None]) -> Callable[[], None] | None:
+    """The ``tick`` of a progress callback, if it has one: a method of the callback that
+    a run calls between progress reports where the work between two of them can be long
+    (after each LLM call, every :data:`TICK_EVERY` documents read or embedded), at which
+    the callback may stop the run by raising (the service's stage tracker checks there,
+    at most every few seconds, whether the job was cancelled). A tick shows nothing and
+    writes nothing. A plain function has none: nothing is called."""
+    tick = getattr(progress, "tick", None)
+    return tick if callable(tick) else None
 
 
 @dataclass(frozen=True)

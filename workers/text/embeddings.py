@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -138,17 +138,46 @@ def windows(text: str, size: int) -> list[tuple[str, int]]:
     return [(" ".join(run), len(run)) for run in runs]
 
 
+def encode_in_chunks(
+    embedder: Embedder,
+    texts: Sequence[str],
+    *,
+    tick: Callable[[], None] | None = None,
+    chunk: int = 1024,
+    batch_size: int = 256,
+) -> NDArray[np.float32]:
+    """``embedder.encode(texts)``, ``chunk`` texts at a time with ``tick`` (which may
+    raise to stop) called before each chunk; one call when there is no ``tick``."""
+    if tick is None or len(texts) <= chunk:
+        if tick is not None:
+            tick()
+        return embedder.encode(texts, batch_size=batch_size)
+    parts = []
+    for start in range(0, len(texts), chunk):
+        tick()
+        parts.append(
+            np.asarray(embedder.encode(texts[start : start + chunk], batch_size=batch_size))
+        )
+    return np.concatenate(parts).astype(np.float32, copy=False)
+
+
 def encode_documents(
-    embedder: Embedder, texts: Sequence[str], *, window: int, batch_size: int = 256
+    embedder: Embedder,
+    texts: Sequence[str],
+    *,
+    window: int,
+    batch_size: int = 256,
+    tick: Callable[[], None] | None = None,
 ) -> NDArray[np.float32]:
     """One unit-norm row per document, read whole: a document longer than ``window`` words is
     cut into windows (:func:`windows`), each embedded, and their embeddings averaged by
     word count, then renormalised. An embedding model reads only its first few hundred
     tokens (all-MiniLM-L6-v2: 256 word pieces), so without windows a long clinical note
     would be represented by its header alone. ``window`` 0 embeds each text as one piece,
-    exactly as ``embedder.encode`` does."""
+    exactly as ``embedder.encode`` does. ``tick`` (:func:`encode_in_chunks`) may stop
+    it between chunks."""
     if window <= 0:
-        return embedder.encode(texts, batch_size=batch_size)
+        return encode_in_chunks(embedder, texts, tick=tick, batch_size=batch_size)
     pieces: list[str] = []
     weights: list[int] = []
     owner: list[int] = []
@@ -157,7 +186,9 @@ def encode_documents(
             pieces.append(piece)
             weights.append(words)
             owner.append(i)
-    encoded = np.asarray(embedder.encode(pieces, batch_size=batch_size), dtype=np.float64)
+    encoded = np.asarray(
+        encode_in_chunks(embedder, pieces, tick=tick, batch_size=batch_size), dtype=np.float64
+    )
     out = np.zeros((len(texts), embedder.dim))
     np.add.at(out, np.asarray(owner, dtype=np.int64), encoded * np.asarray(weights)[:, None])
     norms = np.linalg.norm(out, axis=1, keepdims=True)

@@ -81,12 +81,13 @@ from workers.methods.common import (
     run_identity,
     save_costs,
 )
+from workers.methods.progress import ticker
 from workers.methods.proportions import split_by_counts
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import gaussian_noise
 from workers.privacy.units import group_units
-from workers.text.embeddings import Embedder
+from workers.text.embeddings import Embedder, encode_in_chunks
 
 METHOD = "aug-pe"
 DESCRIPTION = (
@@ -295,7 +296,9 @@ class _Run:
         """Embed the documents that vote (each unit's documents of its class)."""
         unit_of, class_of_unit, votes = group_units(labels, units, self.labels)
         rows = np.flatnonzero(votes)
-        embeddings = self.embedder.encode([documents[i] for i in rows.tolist()])
+        embeddings = encode_in_chunks(
+            self.embedder, [documents[i] for i in rows.tolist()], tick=ticker(self.progress)
+        )
         return _Private(
             embeddings=np.asarray(embeddings, dtype=np.float32),
             units=unit_of[rows],
@@ -354,6 +357,7 @@ class _Run:
             concurrency=self.params.concurrency,
             costs=self.costs,
             sources=sources,
+            tick=ticker(self.progress),
         )
 
     def variations(self, texts: Sequence[str], labels: Sequence[str], *stream: int) -> list[str]:

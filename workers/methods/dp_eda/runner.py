@@ -54,6 +54,7 @@ from workers.methods.dp_eda.accounting import Plan, noise_plan, selection_event
 from workers.methods.dp_eda.evolution import normalise, offspring
 from workers.methods.dp_eda.limited_domain import select_parents, unit_means
 from workers.methods.dp_eda.params import DPEDAParams
+from workers.methods.progress import ticker
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import group_units
@@ -295,6 +296,7 @@ class _Run:
             concurrency=self.params.concurrency,
             costs=self.costs,
             sources=sources,
+            tick=ticker(self.progress),
         )
 
     def initial_texts(self) -> dict[str, list[str]]:

@@ -71,6 +71,7 @@ from workers.methods.dpkps.sampling import (
     sample_near_direction,
 )
 from workers.methods.dpkps.subspace import project_units, public_basis
+from workers.methods.progress import TICK_EVERY, ticker
 from workers.methods.proportions import shrunk_counts, split_by_counts
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
@@ -233,9 +234,12 @@ def generate_sequences(
     # The thresholded histogram counts each unit's first S DISTINCT phrases: read a few
     # more matches so that repeats do not leave it short (the bound S applies later).
     limit = config.max_matches_per_document * (4 if thresholded else 1)
-    doc_matches = [
-        [] if extractor is None else extractor.extract(d, limit=limit) for d in documents
-    ]
+    tick = ticker(report_progress)  # may stop the run (a cancel); shows nothing
+    doc_matches: list[list[int]] = []
+    for n, d in enumerate(documents):
+        if tick is not None and n % TICK_EVERY == 0:
+            tick()
+        doc_matches.append([] if extractor is None else extractor.extract(d, limit=limit))
     without_match = sum(1 for m in doc_matches if not m)
     # one list of matches per unit: its documents' matches in input order
     matches = [[i for d in u.documents for i in doc_matches[d]] for u in pooled]
@@ -325,7 +329,7 @@ def generate_sequences(
     elif config.embeds_documents:
         # one vector per unit: the mean of its documents' embeddings (public model)
         document_embeddings = encode_documents(
-            embedder, list(documents), window=config.document_window
+            embedder, list(documents), window=config.document_window, tick=ticker(report_progress)
         )
         unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
         del document_embeddings

@@ -72,6 +72,7 @@ from workers.methods.pate_tutor.mechanism import (
     vote_sums,
 )
 from workers.methods.pate_tutor.params import PateTutorParams
+from workers.methods.progress import ticker
 from workers.methods.proportions import allocate
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
@@ -242,6 +243,7 @@ class _Run:
                     random_source(f"pate_tutor/pool/{name}/{i}", self.params, wanted[i])
                     for i in missing
                 ],
+                tick=ticker(self.progress),
             )
             for i, answer in zip(missing, answers, strict=True):
                 texts[i] = answer
