@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import statistics
 import sys
@@ -37,7 +38,7 @@ from fastapi.testclient import TestClient
 
 from app.db import Database
 from app.serve import api_command, free_port
-from benchmarks.bench_ingest import cpu_seconds
+from benchmarks.bench_ingest import BASELINE_TREE, _commit, cpu_seconds
 from benchmarks.bench_load import (
     RssSampler,
     _forget_prefix,
@@ -80,16 +81,52 @@ async def _burst(url: str, headers: dict[str, str], size: int) -> dict[str, floa
     return {"seconds": round(seconds, 3), "mb_per_s": sum(sizes) / seconds / 1e6}
 
 
-def _serve_plain(folder: Path, workdir: Path) -> tuple[Any, str]:
+def _plain_argv(folder: Path, port: int) -> list[str]:
+    """The baseline: Python's own file server (threaded) on the same loopback."""
+    return [
+        sys.executable,
+        "-m",
+        "http.server",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(folder),
+        str(port),
+    ]
+
+
+def _earlier_tree(
+    tree: Path, env: dict[str, str], workdir: Path, release_id: str, headers: dict[str, str]
+) -> dict[str, Any]:
+    """One round of :data:`CLIENTS` downloads from another checkout's API (``tree``, the
+    code before this change: each request rendered the corpus from the database), on
+    the same database, with its RSS before and after."""
     port = free_port()
-    argv = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory"]
-    plain = child("plain", [*argv, str(folder), str(port)], dict(os.environ), workdir / "plain.log")
-    return plain, f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{port}"
+    url = f"{base}/v1/releases/{release_id}/download"
+    tree_env = env | {"PYTHONPATH": str(tree), "KEYSEED_DATA_DIR": str(workdir / "earlier")}
+    argv = api_command("127.0.0.1", port)
+    with child("earlier", argv, tree_env, workdir / "earlier.log", cwd=tree) as api:
+        wait_until(lambda: http_ok(f"{base}/readyz"), api, f"the API of {tree}", 180)
+        size = len(httpx.get(url, headers=headers, timeout=600).content)
+        before_kb = RssSampler(api.pid).now_kb()
+        figures = asyncio.run(_burst(url, headers, size))
+        time.sleep(0.5)
+        after_kb = RssSampler(api.pid).now_kb()
+    return {
+        "tree": str(tree),
+        "commit": _commit(tree),
+        "mb_per_s": round(figures["mb_per_s"], 1),
+        "seconds": figures["seconds"],
+        "rss_before_mb": round(before_kb / 1024, 1),
+        "rss_after_mb": round(after_kb / 1024, 1),
+    }
 
 
 def run_download(
     database_url: str, db: Database, app_client: TestClient, workdir: Path
 ) -> dict[str, Any]:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     world = factories.build_world(db)
     prefix = f"keyseed_download_{uuid.uuid4().hex[:10]}:"
     env = service_env(database_url, prefix, workdir)
@@ -98,14 +135,21 @@ def run_download(
     base = f"http://127.0.0.1:{port}"
     headers = world.client.headers
     api_url = f"{base}/v1/releases/{seeded.release_id}/download"
+    here = Path(__file__).resolve().parents[1]
     results: dict[str, Any] = {
         "clients": CLIENTS,
         "documents": DOCUMENTS,
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
+        "commit": _commit(here),
         "loadavg_before": _loadavg(),
     }
     try:
+        if BASELINE_TREE.is_dir() and BASELINE_TREE.resolve() != here:
+            results["earlier"] = _earlier_tree(
+                BASELINE_TREE, env, workdir, seeded.release_id, headers
+            )
+            print("earlier tree", results["earlier"], file=sys.stderr, flush=True)
         with child("api", api_command("127.0.0.1", port), env, workdir / "api.log") as api:
             wait_until(lambda: http_ok(f"{base}/readyz"), api, "the API", 180)
             results["api_rss_start_mb"] = round(RssSampler(api.pid).now_kb() / 1024, 1)
@@ -125,9 +169,10 @@ def run_download(
             folder.mkdir()
             (folder / "release.jsonl").write_bytes(body)
             del body, first, again
-            plain_handle = _serve_plain(folder, workdir)
-            with plain_handle[0] as plain:
-                plain_url = f"{plain_handle[1]}/release.jsonl"
+            plain_port = free_port()
+            argv = _plain_argv(folder, plain_port)
+            with child("plain", argv, dict(os.environ), workdir / "plain.log") as plain:
+                plain_url = f"http://127.0.0.1:{plain_port}/release.jsonl"
                 wait_until(lambda: http_ok(plain_url), plain, "the file server", 60)
                 api_rounds: list[dict[str, float]] = []
                 plain_rounds: list[dict[str, float]] = []
@@ -136,8 +181,9 @@ def run_download(
                     before_kb = sampler.now_kb()
                     since = time.monotonic()
                     reset = sampler.reset_hwm()
-                    cpu = cpu_seconds(api.pid)
+                    cpu = {"api": 0.0, "plain": 0.0}
                     for round_ in range(ROUNDS):
+                        api_cpu, plain_cpu = cpu_seconds(api.pid), cpu_seconds(plain.pid)
                         api_figures = asyncio.run(_burst(api_url, headers, size))
                         plain_figures = asyncio.run(_burst(plain_url, {}, size))
                         print(
@@ -145,11 +191,11 @@ def run_download(
                             "load", _loadavg(), file=sys.stderr, flush=True,
                         )  # fmt: skip
                         if round_ == 0:  # warm-up: connections, code paths, page cache
-                            cpu = cpu_seconds(api.pid)
                             continue
+                        cpu["api"] += cpu_seconds(api.pid) - api_cpu
+                        cpu["plain"] += cpu_seconds(plain.pid) - plain_cpu
                         api_rounds.append(api_figures)
                         plain_rounds.append(plain_figures)
-                    api_cpu = cpu_seconds(api.pid) - cpu
                     peak_kb = sampler.peak_kb(since, reset)
                     time.sleep(0.5)
                     after_kb = sampler.now_kb()
@@ -167,7 +213,8 @@ def run_download(
         plain_median_mb_per_s=round(statistics.median(plain_rates), 1),
         ratio=round(statistics.median(api_rates) / statistics.median(plain_rates), 3),
         ratios=[round(a / p, 3) for a, p in zip(api_rates, plain_rates, strict=True)],
-        api_cpu_s_per_gb=round(api_cpu / sent_gb, 2),
+        api_cpu_s_per_gb=round(cpu["api"] / sent_gb, 2),
+        plain_cpu_s_per_gb=round(cpu["plain"] / sent_gb, 2),
         api_rss_before_mb=round(before_kb / 1024, 1),
         api_rss_peak_mb=round(peak_kb / 1024, 1),
         api_rss_after_mb=round(after_kb / 1024, 1),
@@ -210,31 +257,48 @@ def run() -> dict[str, Any]:
 def markdown(results: dict[str, Any]) -> str:
     r = results
     verdict = "meets" if r["ratio"] >= r["target"] else "misses"
+    rows = [
+        "| server | tree | median MB/s | each round (MB/s) | server CPU s per GB |",
+        "|---|---|---:|---|---:|",
+        f"| API | {r['commit']} | {r['api_median_mb_per_s']} | "
+        f"{', '.join(map(str, r['api_mb_per_s']))} | {r['api_cpu_s_per_gb']} |",
+        f"| plain file server | | {r['plain_median_mb_per_s']} | "
+        f"{', '.join(map(str, r['plain_mb_per_s']))} | {r['plain_cpu_s_per_gb']} |",
+    ]
+    earlier = r.get("earlier")
+    if earlier:
+        rows.append(
+            f"| API before (rendered per request) | {earlier['commit']} | "
+            f"{earlier['mb_per_s']} | one round | - |"
+        )
+    memory = (
+        f"API memory: {r['api_rss_start_mb']} MB at start, {r['api_rss_before_mb']} MB "
+        f"before the rounds, a peak of {r['api_rss_peak_mb']} MB during them and "
+        f"{r['api_rss_after_mb']} MB after"
+    )
+    if earlier:
+        memory += (
+            f" (the API before: {earlier['rss_before_mb']} MB before its round, "
+            f"{earlier['rss_after_mb']} MB after)"
+        )
     return "\n".join(
         [
             "## Downloads: 20 clients at once against a plain file server",
             "",
             f"A release of {r['documents']:,} documents ({r['release_mb']} MB of JSONL), "
-            f"{r['clients']} concurrent clients, each round from the API (`keyseed api`, the "
-            "file rendered once, sent with `os.sendfile`) and then from `python -m "
-            "http.server` serving the same bytes on the same loopback; "
+            f"{r['clients']} concurrent clients (httpx, one process), each round from the API "
+            "(`keyseed api`; the file rendered once, sent with `os.sendfile`) and then from "
+            "`python -m http.server` serving the same bytes on the same loopback; "
             f"{r['rounds']} rounds after a warm-up, {r['cpus']} CPUs, load average "
             f"{' '.join(r['loadavg_before'])} before and {' '.join(r['loadavg_after'])} after "
             "(`benchmarks/bench_download.py`).",
             "",
-            "| server | median MB/s | each round (MB/s) |",
-            "|---|---:|---|",
-            f"| API | {r['api_median_mb_per_s']} | {', '.join(map(str, r['api_mb_per_s']))} |",
-            f"| plain file server | {r['plain_median_mb_per_s']} | "
-            f"{', '.join(map(str, r['plain_mb_per_s']))} |",
+            *rows,
             "",
             f"The API gives {r['ratio']:.0%} of the plain server's aggregate ({verdict} the "
-            f"target of {r['target']:.0%}; per round {', '.join(f'{x:.0%}' for x in r['ratios'])}"
-            f"), at {r['api_cpu_s_per_gb']} API CPU seconds per GB sent. The first download "
-            f"(rendering the file) took {r['first_download_s']} s, the second "
-            f"{r['second_download_s']} s. API memory: {r['api_rss_start_mb']} MB at start, "
-            f"{r['api_rss_before_mb']} MB before the rounds, a peak of "
-            f"{r['api_rss_peak_mb']} MB during them and {r['api_rss_after_mb']} MB after.",
+            f"target of {r['target']:.0%}; per round {', '.join(f'{x:.0%}' for x in r['ratios'])})"
+            f". The first download (rendering the file) took {r['first_download_s']} s, the "
+            f"second {r['second_download_s']} s. {memory}.",
             "",
         ]
     )
