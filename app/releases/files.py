@@ -1,8 +1,10 @@
 """A release's corpus rendered once to a file per format and compression, then served
 from disk.
 
-Scheme: ``<data dir>/releases/<release id>/<sha256>.<format>[.gz|.zst]``. The file is
-rendered on its first download (:func:`rendered`), under a lock (a ``flock`` on a lock
+Scheme: ``<data dir>/releases/<release id>/<sha256>.<format>[.gz|.zst]``. The
+uncompressed files are rendered once the release's creation is answered
+(:func:`render_formats`), a compressed one on its first download; whoever comes first
+renders (:func:`rendered`), under a lock (a ``flock`` on a lock
 file beside it, so concurrent first requests, in one process or several, render once),
 written to a temporary file, fsynced and renamed into place; its name carries the
 sha256 of its bytes, which is the download's strong ETag. A released corpus never
@@ -42,12 +44,14 @@ from pathlib import Path
 from typing import IO, Literal
 
 import pyarrow as pa
+import structlog
 from starlette.datastructures import Headers
 from starlette.responses import FileResponse, MalformedRangeHeader
 from starlette.responses import RangeNotSatisfiable as Unsatisfiable
 
 from app.db import Database
 from app.errors import RangeNotSatisfiable
+from app.logging import exception_fields
 from app.releases import export
 
 Compression = Literal["none", "gzip", "zstd"]
@@ -55,6 +59,7 @@ SUFFIXES: dict[str, str] = {"none": "", "gzip": ".gz", "zstd": ".zst"}
 MEDIA_TYPES = {"gzip": "application/gzip", "zstd": "application/zstd"}
 FOLDER = "releases"
 _BUFFER = 1 << 20  # bytes handed to the compressor and the file at a time
+log = structlog.get_logger("keyseed.releases")
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,33 @@ def rendered(
             return found
         chunks = export.CHUNKS[fmt](database, job_id, texts_only=texts_only)
         return _render(directory, ending, chunks, compression, modified)
+
+
+def render_formats(
+    database: Database,
+    data_dir: Path,
+    release_id: uuid.UUID,
+    job_id: uuid.UUID,
+    *,
+    texts_only: bool,
+    modified: datetime,
+) -> None:
+    """Render a new release's uncompressed files (after its creation is answered): a
+    failure is logged by type and left to the first download to meet again."""
+    for fmt in export.FORMATS:
+        try:
+            rendered(
+                database,
+                data_dir,
+                release_id,
+                job_id,
+                texts_only=texts_only,
+                fmt=fmt,
+                compression="none",
+                modified=modified,
+            )
+        except Exception as exc:  # the release stands; its download renders on demand
+            log.warning("release.render_failed", format=fmt, **exception_fields(exc))
 
 
 def _render(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, BackgroundTasks, Query, Request, status
 from fastapi.responses import FileResponse, Response
 
 from app.admin.templating import render
@@ -28,11 +28,27 @@ def create_release(
     job_id: uuid.UUID,
     body: ReleaseIn,
     session: SessionDep,
+    database: DatabaseDep,
     settings: SettingsDep,
+    background: BackgroundTasks,
     principal: Annotated[Principal, allowed(Action.RELEASE_CREATE)],
 ) -> ReleaseOut:
-    """Release a succeeded job's synthetic corpus to the named client organisations."""
+    """Release a succeeded job's synthetic corpus to the named client organisations.
+
+    Once the release is stored, its files (JSONL, CSV, Parquet) are rendered after the
+    answer is sent, so the first download finds them ready (compressed ones are
+    rendered on their first download)."""
     release = service.create_release(session, principal, job_id, body, settings)
+    source, texts_only = service.download_source(session, release)
+    background.add_task(
+        files.render_formats,
+        database,
+        settings.data_path,
+        release.id,
+        source,
+        texts_only=texts_only,
+        modified=release.created_at,
+    )
     return service.to_out(release, list(body.client_organisations), principal)
 
 

@@ -144,9 +144,15 @@ def test_each_format_is_rendered_once(
     renders: list[str],
 ) -> None:
     release_id = _release(client, world, db)
+    # rendered once the release is made (after its answer), each format once
+    assert sorted(renders) == ["csv", "jsonl", "parquet"]
+    names = [p.name for p in _files(settings, release_id)]
+    assert sorted(n.split(".", 1)[1] for n in names) == ["csv", "jsonl", "parquet"]
+    files.remove(settings.data_path, [uuid.UUID(release_id)])  # as a deletion leaves it
+    renders.clear()
     path = f"/v1/releases/{release_id}/download"
     bodies = [client.get(path, headers=world.client.headers).content for _ in range(2)]
-    assert bodies[0] == bodies[1] and renders == ["jsonl"]
+    assert bodies[0] == bodies[1] and renders == ["jsonl"]  # two downloads, one render
     client.get(path + "?format=parquet", headers=world.owner.headers)
     client.get(path + "?format=parquet", headers=world.client.headers)
     assert renders == ["jsonl", "parquet"]
@@ -164,6 +170,7 @@ def test_concurrent_first_requests_render_once(
     renders: list[str],
 ) -> None:
     release_id = uuid.UUID(_release(client, world, db))
+    renders.clear()  # those made with the release (uncompressed)
     with db.session() as session:
         from app.releases import service
 
@@ -188,7 +195,8 @@ def test_concurrent_first_requests_render_once(
         found = list(pool.map(render, range(16)))
     assert renders == ["csv"]
     assert len({(f.path, f.etag) for f in found}) == 1
-    assert len(_files(settings, str(release_id))) == 1
+    assert [p.name for p in _files(settings, str(release_id))].count(found[0].path.name) == 1
+    assert len([p for p in _files(settings, str(release_id)) if p.name.endswith(".csv.gz")]) == 1
 
 
 def test_gzip_and_zstd_files(
@@ -269,7 +277,7 @@ def test_deleting_the_dataset_removes_its_release_files(
     path = f"/v1/releases/{release_id}/download"
     first = client.get(path, headers=world.client.headers)
     client.get(path + "?format=csv&compression=zstd", headers=world.client.headers)
-    assert len(_files(settings, release_id)) == 2
+    assert len(_files(settings, release_id)) == 4  # the three made with it, and the .csv.zst
     dataset_id = client.get(f"/v1/releases/{release_id}", headers=world.owner.headers).json()[
         "dataset_id"
     ]
