@@ -181,6 +181,8 @@ def rendered(
         found = _find(directory, ending)  # rendered while this request waited
         if found is not None:
             return found
+        for stale in directory.glob(f".*{ending}.tmp"):  # a render a crash cut short
+            stale.unlink(missing_ok=True)
         chunks = export.CHUNKS[fmt](database, job_id, texts_only=texts_only)
         return _render(directory, ending, chunks, compression, modified)
 

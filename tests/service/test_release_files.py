@@ -249,6 +249,13 @@ def test_files_are_private_on_disk(
     for path in _files(settings, release_id):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # no leftovers
+    # what a render cut short by a crash left is removed by the next render
+    stale = folder / ".abc.jsonl.gz.tmp"
+    stale.write_bytes(b"half a file")
+    packed = client.get(
+        f"/v1/releases/{release_id}/download?compression=gzip", headers=world.client.headers
+    )
+    assert packed.status_code == 200 and not stale.exists()
 
 
 def test_access_to_the_files_is_the_releases(
