@@ -153,6 +153,15 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "one is to blame.",
         ),
         ProblemType(
+            "range-not-satisfiable",
+            416,
+            "Range Not Satisfiable",
+            "A download's `Range` header cannot be served: it is not of the form `bytes=a-b` "
+            "(ranges separated by commas, `a-` and `-n` allowed), a range ends before it starts, "
+            "or no range starts within the file. `Content-Range: bytes */size` gives the "
+            "file's size; ask again without `Range`, or within it.",
+        ),
+        ProblemType(
             "internal-error",
             500,
             "Internal Server Error",
@@ -186,6 +195,7 @@ _TYPE_OF_STATUS: dict[int, str] = {
     409: "conflict",
     413: "content-too-large",
     415: "unsupported-media-type",
+    416: "range-not-satisfiable",
     422: "unprocessable",
     500: "internal-error",
     503: "service-unavailable",
@@ -290,6 +300,16 @@ class ContentTooLarge(Problem):
 
 class UnsupportedMediaType(Problem):
     status, title, type_slug = 415, "Unsupported Media Type", "unsupported-media-type"
+
+
+class RangeNotSatisfiable(Problem):
+    status, title, type_slug = 416, "Range Not Satisfiable", "range-not-satisfiable"
+
+    def __init__(self, size: int) -> None:
+        super().__init__(
+            "the Range header asks for no bytes of this file (its size is in Content-Range)",
+            headers={"Content-Range": f"bytes */{size}"},
+        )
 
 
 class Unprocessable(Problem):

@@ -18,19 +18,26 @@ uvicorn's defaults leave cheap attacks open; here every option comes from the se
 
 uvicorn's own log handlers are not installed: its lines go through the service's
 logging (:func:`app.logging.configure_logging`), which renders exceptions by type only.
+
+The protocol also speaks the ASGI ``http.response.pathsend`` extension, which uvicorn
+does not: Starlette's ``FileResponse`` then hands over a file's path instead of its
+bytes, and the kernel copies the file to the socket (``os.sendfile``, zero copy, on
+uvloop as on asyncio's loop: :func:`_sendfile`). Release downloads are served this way
+(:mod:`app.releases.files`); a byte range is still read and sent by Starlette.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
-from typing import Any
+from typing import IO, Any
 
 import h11
 import structlog
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from app.config import Settings, get_settings
 
@@ -46,6 +53,8 @@ def _answer(status: bytes, text: bytes) -> bytes:
     )
 
 
+PATHSEND = "http.response.pathsend"
+_FALLBACK_CHUNK = 1 << 20
 _TIMEOUT = _answer(b"408 Request Timeout", b"the request did not arrive in time\n")
 _HEADERS_TOO_LARGE = _answer(
     b"431 Request Header Fields Too Large", b"the request line and headers are too large\n"
@@ -103,6 +112,14 @@ class GuardedH11Protocol(H11Protocol):
         else:  # the request is complete (or the connection is ending)
             self._disarm()
 
+    def handle_events(self) -> None:
+        before = getattr(self, "cycle", None)
+        super().handle_events()
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and cycle is not before:  # a new request: its task not yet run
+            cycle.scope.setdefault("extensions", {})[PATHSEND] = {}
+            cycle.send = _PathSender(cycle, cycle.send)
+
     def _arm(self) -> None:
         self._disarm()
         self._deadline = self.loop.call_later(self.request_timeout, self._expired)
@@ -131,6 +148,121 @@ class GuardedH11Protocol(H11Protocol):
         if answer:
             self.transport.write(answer)
         self.transport.close()
+
+
+class _Passthrough:
+    """What h11 is told is the body (its length), handed back unchanged
+    (``send_with_data_passthrough``) where the file's bytes are to go."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class _PathSender:
+    """A request's ``send`` that also takes ``http.response.pathsend``: the whole file at
+    ``path`` as the response's body (after ``http.response.start``, whose headers give
+    its length)."""
+
+    def __init__(self, cycle: RequestResponseCycle, send: Any) -> None:
+        self.cycle = cycle
+        self.send = send
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] != PATHSEND:
+            await self.send(message)
+            return
+        cycle = self.cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return
+        if not cycle.response_started or cycle.response_complete:
+            raise RuntimeError(f"unexpected ASGI message {PATHSEND!r}")
+        if cycle.scope["method"] != "HEAD":
+            with open(message["path"], "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                # h11 takes any object with a length here, and hands it back as is
+                body = h11.Data(data=_Passthrough(size))  # type: ignore[arg-type]
+                pieces = cycle.conn.send_with_data_passthrough(body)
+                for piece in pieces or ():
+                    if isinstance(piece, _Passthrough):
+                        if not await _sendfile(cycle, file, size):
+                            return
+                    else:
+                        cycle.transport.write(piece)
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _sendfile(cycle: RequestResponseCycle, file: IO[bytes], size: int) -> bool:
+    """``size`` bytes of ``file`` to the connection; False when the client went away.
+
+    ``os.sendfile`` on a duplicate of the connection's socket, once the transport has
+    written all it holds (so nothing is reordered), waiting for the socket to take more
+    through the loop's writer callbacks on the duplicate (asyncio and uvloop both allow
+    that; uvloop has no ``loop.sendfile``). A transport without a plain socket (TLS)
+    gets the file read and written a MiB at a time."""
+    transport = cycle.transport
+    sock = transport.get_extra_info("socket")
+    try:
+        if sock is None or transport.get_extra_info("sslcontext") is not None:
+            return await _copy(cycle, file, size)
+        while transport.get_write_buffer_size():
+            if cycle.disconnected or transport.is_closing():
+                return False
+            await asyncio.sleep(0.001)
+        loop = asyncio.get_running_loop()
+        out = os.dup(sock.fileno())
+        try:
+            offset = 0
+            while offset < size:
+                try:
+                    sent = os.sendfile(out, file.fileno(), offset, size - offset)
+                except (BlockingIOError, InterruptedError):
+                    await _writable(loop, out)
+                    continue
+                if sent == 0:
+                    raise OSError("the file is shorter than its length")
+                offset += sent
+        finally:
+            os.close(out)
+        return True
+    except OSError:  # the client closed the connection, or the file cannot be read
+        cycle.disconnected = True
+        transport.close()
+        return False
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_writer(fd)
+
+
+async def _copy(cycle: RequestResponseCycle, file: IO[bytes], size: int) -> bool:
+    loop = asyncio.get_running_loop()
+    left = size
+    while left > 0:
+        chunk = await loop.run_in_executor(None, file.read, min(_FALLBACK_CHUNK, left))
+        if not chunk:
+            raise OSError("the file is shorter than its length")
+        cycle.transport.write(chunk)
+        left -= len(chunk)
+        if cycle.flow.write_paused:
+            await cycle.flow.drain()
+        if cycle.disconnected or cycle.transport.is_closing():
+            return False
+    return True
 
 
 def server_options(settings: Settings) -> dict[str, Any]:

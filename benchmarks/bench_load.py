@@ -229,12 +229,14 @@ class Child:
 
 
 @contextlib.contextmanager
-def child(name: str, argv: list[str], env: dict[str, str], log: Path) -> Iterator[Child]:
+def child(
+    name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path = REPO
+) -> Iterator[Child]:
     """A subprocess in a process group of its own, stopped (group and all) on exit."""
     with open(log, "wb") as output:
         process = subprocess.Popen(
             argv,
-            cwd=REPO,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=output,

@@ -31,6 +31,7 @@ SECTIONS = (
     "bench_prompting",
     "bench_methods",
     "bench_load",
+    "bench_download",
 )
 # The report's order: a module's function, or a line of text of its own.
 LAYOUT: tuple[tuple[str, str] | str, ...] = (
@@ -42,6 +43,7 @@ LAYOUT: tuple[tuple[str, str] | str, ...] = (
     ("bench_scoring", "markdown"),
     ("bench_prompting", "markdown"),
     ("bench_load", "markdown"),
+    ("bench_download", "markdown"),
 )
 # Figures a section's run() does not make (measured by hand, with their own records); a new
 # run keeps them from the previous BENCHMARKS.json.

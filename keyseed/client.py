@@ -105,6 +105,7 @@ __all__ = [
 ]
 
 DownloadFormat = Literal["jsonl", "csv", "parquet"]
+DownloadCompression = Literal["none", "gzip", "zstd"]
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 PROBLEM_JSON = "application/problem+json"
 CHUNK_SIZE = 64 * 1024
@@ -964,19 +965,23 @@ class Client:
         *,
         format: DownloadFormat = "jsonl",
         chunk_size: int = CHUNK_SIZE,
+        compression: DownloadCompression = "none",
     ) -> int:
         """Stream a release's corpus to a file, ``chunk_size`` bytes at a time; returns
         the bytes written. A path is written under a ``.part`` name and renamed when
         complete, so a broken download never passes for a whole one. Formats: ``jsonl``
         (``{"label", "text", "keyphrases"}`` a line), ``csv`` (``label, text,
         keyphrases``, phrases joined by ``"; "``, formula-like cells escaped with ``'``),
-        ``parquet`` (the JSONL's columns and types). Each download is an audit event::
+        ``parquet`` (the JSONL's columns and types). ``compression`` (``gzip``,
+        ``zstd``; not for Parquet) gets the file compressed, written as it comes (a
+        ``.gz`` or ``.zst`` file). Each download is an audit event::
 
             lab.download(release, "corpus.parquet", format="parquet")
             # datasets.load_dataset("parquet", data_files="corpus.parquet")
         """
         path = f"/v1/releases/{_ref(release)}/download"
-        with self._http.stream("GET", path, params={"format": format}) as response:
+        params = {"format": format, "compression": compression}
+        with self._http.stream("GET", path, params=params) as response:
             if response.is_error:
                 response.read()
                 raise KeyseedError.from_response(response)

@@ -468,12 +468,14 @@ def delete_dataset(
     dataset_id: uuid.UUID,
     session: SessionDep,
     cipher: CipherDep,
+    settings: SettingsDep,
     principal: Annotated[Principal, allowed(Action.DATASET_DELETE)],
 ) -> DatasetOut:
     """Purge the documents and destroy the dataset's key, so that no copy of them left
     anywhere (database WAL, backups) can be opened. The dataset's metadata, jobs,
-    releases and ledger remain."""
-    deleted = service.delete_dataset(session, principal, cipher, dataset_id)
+    releases and ledger remain; the files its releases were rendered to for download are
+    removed (rendered again from the database on a later download)."""
+    deleted = service.delete_dataset(session, principal, cipher, dataset_id, settings.data_path)
     return service.to_out(session, deleted, principal)
 
 

@@ -21,6 +21,7 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import structlog
@@ -46,6 +47,8 @@ from app.ledger import audit
 from app.ledger import service as ledger
 from app.logging import exception_fields
 from app.models import Dataset, utcnow
+from app.releases import files as release_files
+from app.releases import repository as releases_repo
 
 _BATCH = 2000
 MAX_TAIL_BYTES = 16 * 2**20  # an incomplete row carried to the next chunk
@@ -402,11 +405,16 @@ def list_datasets(session: Session, principal: Principal) -> Sequence[Dataset]:
 
 
 def delete_dataset(
-    session: Session, principal: Principal, cipher: DocumentCipher, dataset_id: uuid.UUID
+    session: Session,
+    principal: Principal,
+    cipher: DocumentCipher,
+    dataset_id: uuid.UUID,
+    data_dir: Path | None = None,
 ) -> Dataset:
     """Purge the documents and, once that commits, destroy the dataset's key (no copy of
     a document left anywhere opens after that); keep the dataset row, its jobs' outputs
-    and its ledger.
+    and its ledger. The files its releases were rendered to under ``data_dir`` are
+    removed too (a later download of a release renders them again from the database).
 
     Queued jobs are cancelled (their reservations released); running ones are asked to
     stop (their spend stays committed).
@@ -420,6 +428,9 @@ def delete_dataset(
     repository.purge_documents(session, dataset.id)
     dataset.deleted_at = utcnow()
     after_commit(session, lambda: cipher.destroy_key(dataset.id))
+    if data_dir is not None:
+        released = releases_repo.ids_of_dataset(session, dataset.id)
+        after_commit(session, lambda: release_files.remove(data_dir, released))
     audit.record(  # no count of the documents purged: a raw count (docs/privacy.md)
         session,
         "dataset.deleted",

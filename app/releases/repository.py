@@ -27,6 +27,10 @@ def of_job(session: Session, job_id: uuid.UUID) -> Release | None:
     return session.scalar(select(Release).where(Release.job_id == job_id))
 
 
+def ids_of_dataset(session: Session, dataset_id: uuid.UUID) -> list[uuid.UUID]:
+    return list(session.scalars(select(Release.id).where(Release.dataset_id == dataset_id)))
+
+
 def grantees(session: Session, release_id: uuid.UUID) -> list[uuid.UUID]:
     query = select(ReleaseGrant.organisation_id).where(ReleaseGrant.release_id == release_id)
     return list(session.scalars(query.order_by(ReleaseGrant.organisation_id)))

@@ -257,10 +257,18 @@ def ensure_downloadable(
         raise Forbidden("only the owner organisation and the grantees download a release")
 
 
+def download_source(session: Session, release: Release) -> tuple[uuid.UUID, bool]:
+    """The job whose sequences a release's files are rendered from, and whether only the
+    sequences with a text are released."""
+    job = jobs_repo.get(session, release.job_id)
+    assert job is not None
+    return job.id, _texts_only(job)
+
+
 def record_download(
-    session: Session, principal: Principal, release: Release, fmt: str
-) -> tuple[uuid.UUID, bool]:
-    """Audit one download; returns the job to stream and whether rows need a text."""
+    session: Session, principal: Principal, release: Release, fmt: str, compression: str = "none"
+) -> None:
+    """Audit one download (before its first byte is sent)."""
     repository.add_download(
         session,
         Download(
@@ -277,10 +285,8 @@ def record_download(
         organisation_id=release.organisation_id,
         target=("release", release.id),
         format=fmt,
+        compression=compression,
     )
-    job = jobs_repo.get(session, release.job_id)
-    assert job is not None
-    return job.id, _texts_only(job)
 
 
 def to_out(release: Release, grantees: list[uuid.UUID], principal: Principal) -> ReleaseOut:

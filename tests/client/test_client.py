@@ -340,6 +340,11 @@ def test_the_client_organisation_downloads_each_format_streamed(flow: Flow, tmp_
         flow.owner.download(flow.release, tmp_path / "own.jsonl") == paths["jsonl"].stat().st_size
     )
 
+    # compressed: the same bytes once decompressed
+    packed = tmp_path / "corpus.csv.gz"
+    assert lab.download(flow.release, packed, format="csv", compression="gzip") > 0
+    assert gzip.decompress(packed.read_bytes()) == paths["csv"].read_bytes()
+
 
 def test_the_parquet_export_sends_each_row_group_as_it_is_written(
     service: Service, flow: Flow

@@ -23,11 +23,13 @@ step and its last.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -342,8 +344,7 @@ def _flow(
         )
         _without_dp_outputs(views)
         record["released"] = views
-        download = client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
-        record["download"] = (download.status_code, len(download.text.splitlines()))
+        record["download"] = _download_seen(client, world, release_id)
         record["prompt log"] = _prompt_log_views(client, world, release_id)
     record["audit events"] = _audit_after(client, world, mark)
     record["time stamps shown to others"] = _times_shown([*during, record["the end"]])
@@ -392,6 +393,35 @@ def _prompt_log_views(
                 record["content"] = sorted(record["content"])
         seen[role] = (response.status_code, response.headers["content-type"], records)
     return seen
+
+
+def _download_seen(client: TestClient, world: factories.World, release_id: str) -> dict[str, Any]:
+    """A grantee's download as others could compare it: its status and size in lines
+    (DP outputs), which headers it carries, and that its ETag, length and time are
+    functions of the released bytes and of the release alone (the ETag their sha256,
+    Last-Modified the release's time, not when the file was rendered); revalidation and
+    a range answer alike."""
+    path = f"/v1/releases/{release_id}/download"
+    headers = world.client.headers
+    download = client.get(path, headers=headers)
+    etag = download.headers["etag"]
+    created = datetime.fromisoformat(
+        client.get(f"/v1/releases/{release_id}", headers=headers).json()["created_at"]
+    )
+    modified = parsedate_to_datetime(download.headers["last-modified"])
+    return {
+        "status": download.status_code,
+        "lines": len(download.text.splitlines()),
+        "headers": sorted(set(download.headers) - {"x-request-id"}),
+        "etag is the sha256": etag == f'"{hashlib.sha256(download.content).hexdigest()}"',
+        "length is the body's": download.headers["content-length"] == str(len(download.content)),
+        "time is the release's": abs(
+            (modified - created.replace(tzinfo=created.tzinfo or UTC)).total_seconds()
+        )
+        < 1,
+        "revalidated": client.get(path, headers={**headers, "If-None-Match": etag}).status_code,
+        "a range": client.get(path, headers={**headers, "Range": "bytes=0-0"}).status_code,
+    }
 
 
 def _stages_seen(record: dict[str, Any]) -> list[tuple[Any, ...]]:
