@@ -6,7 +6,7 @@ import uuid
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, BackgroundTasks, Query, Request, status
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.admin.templating import render
 from app.deps import DatabaseDep, SessionDep, SettingsDep, allowed, writing
