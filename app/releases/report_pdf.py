@@ -124,6 +124,30 @@ def render(report: ReleaseReport) -> bytes:
     pdf.labelled("The accountant", p.accountant_in_words)
     pdf.labelled("Releases over classes", p.parallel_composition)
 
+    a = r.empirical_audit
+    pdf.heading("Empirical privacy evidence")
+    if a is None:
+        pdf.para("The job ran without canaries: no empirical audit.")
+    else:
+        pdf.rows(
+            ["Claimed ε", "Audit: ε at least", "Confidence", "m canaries", "k guesses", "r right"],
+            [
+                [
+                    _eps(a.claimed_epsilon),
+                    _eps(a.epsilon_lower_bound),
+                    f"{a.confidence:.0%}",
+                    str(a.canaries),
+                    str(a.guesses),
+                    str(a.correct),
+                ]
+            ],
+            [27, 33, 27, 29, 29, 29],
+        )
+        pdf.para(a.finding_in_words, bold=a.exceeds_claim)
+        pdf.labelled("How", a.method)
+        pdf.labelled("Canaries and the released data", a.canaries_in_release)
+        pdf.labelled("Their cost to utility", a.utility_cost)
+
     s = r.spend
     pdf.heading("The spend")
     pdf.para(f"This release: ε = {_eps(s.epsilon)}, δ = {s.delta:g}. {s.note}")
