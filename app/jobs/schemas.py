@@ -59,6 +59,7 @@ from workers.methods.dpkps.config import (
 from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
 from workers.methods.pate_tutor.params import PateTutorParams
 from workers.methods.registry import AUG_PE, DP_EDA, LLM_METHODS, PATE_TUTOR
+from workers.privacy.audit import DEFAULT_CANARIES, MAX_CANARIES
 
 Example = Annotated[
     str,
@@ -507,6 +508,20 @@ class JobSpec(BaseModel):
         le=2**53 - 1,
         description="Seed of the public randomness (random features, sampling); the DP "
         "noise is never seeded. Default 0, 0 to 2⁵³ − 1",
+    )
+    audit_canaries: int = Field(
+        default=DEFAULT_CANARIES,
+        ge=0,
+        le=MAX_CANARIES,
+        description="The empirical privacy audit (Steinke, Nasr & Jagielski 2023): this many "
+        "public canary documents (a public prefix naming a class, then rare words of the "
+        "public vocabulary) each join the generation input by a fair coin, drawn by a seed "
+        "the worker keeps with the job; at release a membership test on the released corpus "
+        "alone gives a lower bound on ε, shown next to the claimed ε in the release report. "
+        "Canaries are never stored as dataset rows and never released as documents; the "
+        f"budget is unchanged. Default {DEFAULT_CANARIES}, 0 turns the audit off, at most "
+        f"{MAX_CANARIES}",
+        examples=[DEFAULT_CANARIES, 0],
     )
 
     @field_validator("*", mode="before")

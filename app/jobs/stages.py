@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import time
 import traceback
 import uuid
@@ -70,6 +71,7 @@ from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
 from workers.methods.progress import Stage, stage_number
 from workers.methods.registry import LLM_METHODS
+from workers.privacy.audit import CanarySet, make_canaries
 
 if TYPE_CHECKING:
     from workers.text.embeddings import SentenceEmbedder
@@ -324,6 +326,57 @@ class PrivateCorpus:
     units: list[str] | None
 
 
+def _canaries(
+    count: int,
+    document_type: str,
+    config: GenerationConfig,
+    vocabulary: Vocabulary,
+    started: runner.StartedJob,
+) -> CanarySet | None:
+    """The run's canaries (:mod:`workers.privacy.audit`), drawn by a fresh secret seed
+    before any private read, or None when the spec turned the audit off. Their words come
+    from the phrases the run can emit: a public Ṽ's candidates, else the whole vocabulary."""
+    if not count:
+        return None
+    public = config.vocabulary_selection == "public"
+    return make_canaries(
+        phrases=vocabulary.phrases,
+        labels=started.labels,
+        count=count,
+        seed=secrets.randbits(62),
+        document_type=document_type,
+        stop=config.candidate_count if public else len(vocabulary),
+    )
+
+
+def with_canaries(corpus: PrivateCorpus, canaries: CanarySet | None) -> PrivateCorpus:
+    """The generation input: the private documents, then the canaries whose coin came up
+    heads (public documents, each its own unit). Nothing here is stored: the dataset's
+    rows stay as uploaded."""
+    if canaries is None:
+        return corpus
+    added = canaries.included_canaries
+    units = corpus.units
+    if units is not None:
+        taken = set(units)
+        fresh = (f"canary-{canaries.seed}-{i}" for i in range(len(added) + len(taken) + 1))
+        units = [*units, *[u for u in fresh if u not in taken][: len(added)]]
+    return PrivateCorpus(
+        [*corpus.texts, *(c.text for c in added)],
+        [*corpus.labels, *(c.label for c in added)],
+        units,
+    )
+
+
+def with_audit(manifest: dict[str, Any], canaries: CanarySet | None) -> dict[str, Any]:
+    """The engine's manifest with the canary set (seed, canaries, coins) under ``audit``:
+    stored with the job, shown to no one before the release (the job's manifest is not
+    served; the release's audit block is built from it, :mod:`app.releases.service`)."""
+    if canaries is None:
+        return manifest
+    return {**manifest, "audit": canaries.to_dict()}
+
+
 def load_corpus(ctx: WorkerContext, job_id: uuid.UUID) -> PrivateCorpus:
     """Decrypt the job's documents (its spend must be committed: see ``runner``)."""
     texts: list[str] = []
@@ -411,10 +464,12 @@ def _dpkps(
     config = GenerationConfig(**spec.engine_parameters(), device=settings.device).validate()
     vocabulary = _vocabulary(ctx, started.spec)
     embedder = _embedder(settings.embedding_model, settings.device)
+    canaries = _canaries(spec.audit_canaries, spec.document_type, config, vocabulary, started)
     tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
     corpus = load_corpus(ctx, job_id)
     unit_name = _unit_column(ctx, started)
-    generation = _generation_side(corpus, spec, started.labels)
+    # the canaries join the generation side only: never the holdout's slice
+    generation = with_canaries(_generation_side(corpus, spec, started.labels), canaries)
     result = generate_sequences(
         generation.texts,
         generation.labels,
@@ -435,7 +490,7 @@ def _dpkps(
     )
     sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
     without_llm = spec.llm == "none"
-    manifest = result.manifest()
+    manifest = with_audit(result.manifest(), canaries)
     if spec.holdout is not None:
         # without an LLM the released corpus is known now: the slice is scored at once and
         # saved with the sequences; else once the prompts are done (_conclude)

@@ -124,6 +124,30 @@ def render(report: ReleaseReport) -> bytes:
     pdf.labelled("The accountant", p.accountant_in_words)
     pdf.labelled("Releases over classes", p.parallel_composition)
 
+    a = r.empirical_audit
+    pdf.heading("Empirical privacy evidence")
+    if a is None:
+        pdf.para("The job ran without canaries: no empirical audit.")
+    else:
+        pdf.rows(
+            ["Claimed ε", "Audit: ε at least", "Confidence", "m canaries", "k guesses", "r right"],
+            [
+                [
+                    _eps(a.claimed_epsilon),
+                    _eps(a.epsilon_lower_bound),
+                    f"{a.confidence:.0%}",
+                    str(a.canaries),
+                    str(a.guesses),
+                    str(a.correct),
+                ]
+            ],
+            [27, 33, 27, 29, 29, 29],
+        )
+        pdf.para(a.finding_in_words, bold=a.exceeds_claim)
+        pdf.labelled("How", a.method)
+        pdf.labelled("Canaries and the released data", a.canaries_in_release)
+        pdf.labelled("Their cost to utility", a.utility_cost)
+
     s = r.spend
     pdf.heading("The spend")
     pdf.para(f"This release: ε = {_eps(s.epsilon)}, δ = {s.delta:g}. {s.note}")
@@ -233,14 +257,14 @@ def render(report: ReleaseReport) -> bytes:
     if parameters:
         pdf.rows(["Parameter", "Value"], parameters, [60, 114])
 
-    a = r.prompt_log
+    log = r.prompt_log
     pdf.heading("What the LLM saw: the prompt log")
-    pdf.para(a.in_words)
-    pdf.labelled("Prompts recorded", str(a.prompts))
-    pdf.labelled("Head hash", a.head)
-    pdf.labelled("Log (JSONL)", a.log)
-    pdf.labelled("Hash", a.algorithm)
-    pdf.labelled("Verify", a.verify)
+    pdf.para(log.in_words)
+    pdf.labelled("Prompts recorded", str(log.prompts))
+    pdf.labelled("Head hash", log.head)
+    pdf.labelled("Log (JSONL)", log.log)
+    pdf.labelled("Hash", log.algorithm)
+    pdf.labelled("Verify", log.verify)
 
     pdf.heading("Sample documents")
     if r.samples is None:

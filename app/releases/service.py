@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -26,7 +27,7 @@ from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs
 from app.jobs.schemas import DPKPS, ENGINE_FIELDS, JobLLMCosts
 from app.ledger import audit
-from app.models import Download, Job, Release, utcnow
+from app.models import Download, Job, KeyphraseSequence, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
 from workers.methods.dpkps.config import GenerationConfig, method_description
@@ -147,6 +148,56 @@ def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict
     }
 
 
+AUDIT_METHOD = (
+    "one-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023) with canaries shaped as in "
+    "Meeus et al. (ICML 2025): a public prefix naming a class, then rare words of the public "
+    "vocabulary; each included in the generation input by a fair coin; a membership test on "
+    "the released corpus alone (the canary's words in its class's released documents); the "
+    "surest quarter of the canaries guessed in, the surest quarter out"
+)
+CANARIES_IN_RELEASE = (
+    "Canaries are public documents made by the worker; they are never stored as dataset "
+    "rows and never released as documents (each released document is drawn from the DP "
+    "releases; copied_as_documents counts the canaries found whole in one, and is 0). "
+    "Canary-influenced content can reach the release only through the DP mechanism, as any "
+    "input document's can."
+)
+
+
+def empirical_audit(session: Session, job: Job) -> dict[str, Any] | None:
+    """The audit of ``job``'s released corpus (:mod:`workers.privacy.audit`), for its
+    release's manifest; None for a job that ran without canaries. Public from the
+    release on: the figures, and the canaries with their coins and seed (so the owner or
+    an auditor can rerun it); a function of the released corpus and public randomness."""
+    from workers.privacy.audit import CanarySet, run_audit
+
+    stored = (job.manifest or {}).get("audit")
+    if not stored:
+        return None
+    canary_set = CanarySet.from_dict(stored)
+    released = [
+        (label, text or "")
+        for label, text in session.execute(
+            select(KeyphraseSequence.label, KeyphraseSequence.text).where(
+                KeyphraseSequence.job_id == job.id, KeyphraseSequence.text.is_not(None)
+            )
+        ).all()
+    ]
+    privacy = (job.manifest or {}).get("privacy") or {}
+    result = run_audit(
+        canary_set,
+        released,
+        claimed_epsilon=float(job.epsilon),
+        delta=float(privacy.get("delta", 0.0) or 0.0),
+    )
+    return {
+        **result.to_dict(),
+        "method": AUDIT_METHOD,
+        "canaries_in_release": CANARIES_IN_RELEASE,
+        "canary_set": canary_set.to_dict(),
+    }
+
+
 def _llm_method_manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
     """A release of an LLM method (Aug-PE, PATE-tutor, DP-EDA): the run's own public
     manifest (parameters, models, noise, released sizes, and what else the method
@@ -181,6 +232,10 @@ def _llm_method_manifest(job: Job, settings: Settings, documents: int) -> dict[s
     }
 
 
+def _with_audit(found: dict[str, Any], audit: dict[str, Any] | None) -> dict[str, Any]:
+    return found if audit is None else {**found, "empirical_audit": audit}
+
+
 def create_release(
     session: Session, principal: Principal, job_id: uuid.UUID, body: ReleaseIn, settings: Settings
 ) -> Release:
@@ -208,7 +263,10 @@ def create_release(
             organisation_id=job.organisation_id,
             name=body.name or f"job {job.id}",
             documents=documents,
-            manifest=manifest(job, settings, documents, len(dataset.labels)),
+            manifest=_with_audit(
+                manifest(job, settings, documents, len(dataset.labels)),
+                empirical_audit(session, job),
+            ),
             created_by=principal.actor.ref,
         ),
         wanted,

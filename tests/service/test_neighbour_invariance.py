@@ -10,6 +10,10 @@ events, and what ``/metrics`` gained. Apart from the DP outputs themselves (sequ
 texts, and the figures the engine derives from the private vocabulary), the two records
 must be identical: a function of DP releases and public inputs only.
 
+The release's canary audit (issue 66, item 3) is compared too: its canaries, guesses,
+confidence, claimed ε and words must match; its outcome (right guesses, the bound) is
+left out like the other DP outputs.
+
 That covers the job's progress as others see it at every write: the running stage, its
 "k of n", its fraction where the stage's work is public, and whether a time estimate is
 shown. The estimate's value is the wall-clock rate of public work (like the time stamps,
@@ -104,6 +108,17 @@ DASHBOARD_ROLES = ("admin", "auditor")
 # is a process of its own in every deployment, and its process metrics are not exported).
 TIMED = re.compile(r"(_sum|_bucket|_created)$|^(process|python)_")
 PRIVATE_STAGES = ("extract", "private_vocabulary", "embed", "dp_kde", "sequences")
+# The canary audit's outcome (release manifest and report): from the released corpus and
+# the run's own random canaries and coins
+AUDIT_OUTCOMES = (
+    "correct",
+    "included",
+    "epsilon_lower_bound",
+    "exceeds_claim",
+    "in_words",
+    "finding_in_words",
+    "canary_set",
+)
 
 
 @pytest.fixture
@@ -269,6 +284,12 @@ def _without_dp_outputs(views: dict[str, Any]) -> None:
                     value.pop(name, None)
             if "prompt_tokens" in value:  # LLM costs: of prompts built from DP outputs
                 for name in ("prompt_tokens", "completion_tokens", "wall_seconds"):
+                    value.pop(name, None)
+            if "guesses" in value and "claimed_epsilon" in value:  # the canary audit's
+                # result: the right guesses and what follows from them are a function of
+                # the released corpus (DP output), the coins and canaries of fresh public
+                # randomness; m, k, the confidence, the claim and the texts stay compared
+                for name in AUDIT_OUTCOMES:
                     value.pop(name, None)
             report = isinstance(value.get("events"), list)  # a ledger report, a manifest
             if (realised or report) and isinstance(value.get("epsilon"), float | str):
@@ -575,6 +596,8 @@ def test_the_release_report_looks_alike_to_everyone_but_the_owner(
     assert one["admin"]["view"] == "platform" and one["client"]["view"] == "grantee"
     assert one["admin"]["released"]["dataset_raw_counts"] is None
     assert one["admin"]["samples"] is None and one["client"]["samples"]
+    # the canary audit is in every view, its public part compared below
+    assert all(one[role]["empirical_audit"]["guesses"] == 32 for role in _others(world))
     differing = [key for key in one if one[key] != other.get(key)]
     assert differing == [], _first_differences(one, other, differing)
 
