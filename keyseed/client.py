@@ -304,7 +304,7 @@ class LedgerEntry(_Model):
     events: list[dict[str, Any]]
     accountant: str
     actor: str
-    created_at: datetime
+    created_at: datetime | None  # None: written by a worker, shown to the owner only
 
 
 class LedgerReport(_Model):
@@ -315,7 +315,7 @@ class LedgerReport(_Model):
     events: list[dict[str, Any]]
     accountant: str
     actor: str
-    created_at: datetime
+    created_at: datetime | None  # None: written by a worker, shown to the owner only
     differences: list[str] = Field(default_factory=list)
 
 
