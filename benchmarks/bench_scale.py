@@ -1,0 +1,168 @@
+"""Hospital scale (issue 65): the class-centroid default with a Poisson sample of units
+embedded, against the Laplace path, in the same run.
+
+``keyseed generate --llm none`` (this worktree's ``python -m app.cli``) on synthetic
+AG-size documents: AG News test rows (title. description, about 40 words) cycled and made
+distinct by a running number, 4 classes, written to a CSV. Three paths a size:
+
+* ``laplace``: ``--epsilon-vocab 1 --epsilon-kde 5`` (noisy histogram Ṽ, exact kernel),
+  the baseline of the issue;
+* ``sampled``: the total budget ``--epsilon 1 --delta 1e-6`` with class centroids and
+  ``--embed-sample M`` (about M units a class embedded);
+* ``default``: the same without the sample (every document embedded), only up to
+  ``--full-default-up-to`` documents: it embeds ≈ 20 documents per CPU second here.
+
+Each run is one child process; ``os.wait4`` gives its CPU time (user + system) and its
+peak RSS. The load average is read before and after each run. Figures are ratios to the
+Laplace path of the same size, in the same invocation.
+
+    python -m benchmarks.bench_scale --sizes 60000 600000 --embed-sample 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+AG_NEWS = REPO.parent.parent / "shared" / "data" / "ag_news_test.csv"
+SHARED_AG = Path("/work/shared/data/ag_news_test.csv")
+LABELS = ("1", "2", "3", "4")
+EMBED_SAMPLE = 2000
+
+
+def ag_rows() -> list[dict[str, str]]:
+    path = AG_NEWS if AG_NEWS.exists() else SHARED_AG
+    if not path.exists():
+        raise SystemExit(f"AG News is not at {path}: see the shared data README")
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def write_corpus(path: Path, size: int, rows: list[dict[str, str]]) -> None:
+    """``size`` AG-size documents: AG's rows cycled, each made distinct by its number."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "class"])
+        for i in range(size):
+            row = rows[i % len(rows)]
+            writer.writerow([f"{row['title']}. {row['description']} ({i})", row["class"]])
+
+
+PATHS: dict[str, list[str]] = {
+    "laplace": ["--epsilon-vocab", "1", "--epsilon-kde", "5"],
+    "sampled": ["--epsilon", "1", "--delta", "1e-6"],
+    "default": ["--epsilon", "1", "--delta", "1e-6"],
+}
+
+
+def run_path(corpus: Path, out: Path, path: str, embed_sample: int) -> dict[str, Any]:
+    argv = [
+        sys.executable, "-m", "app.cli", "generate", "--input", str(corpus),
+        "--text-column", "text", "--label-column", "class", "--labels", ",".join(LABELS),
+        "--llm", "none", "--output", str(out), *PATHS[path],
+    ]  # fmt: skip
+    if path == "sampled":
+        argv += ["--embed-sample", str(embed_sample)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert child.stderr is not None
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - started
+    err = child.stderr.read().decode("utf-8", "replace")
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise SystemExit(f"{path} failed ({child.returncode}): {err[-2000:]}")
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),  # Linux: KiB
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "records": len(out.read_text(encoding="utf-8").splitlines()),
+    }
+
+
+def run(
+    sizes: tuple[int, ...] = (60_000, 600_000),
+    *,
+    embed_sample: int = EMBED_SAMPLE,
+    full_default_up_to: int = 2_000,
+) -> dict[str, Any]:
+    rows = ag_rows()
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            corpus = Path(tmp) / f"corpus-{size}.csv"
+            write_corpus(corpus, size, rows)
+            entry: dict[str, Any] = {"documents": size}
+            paths = ["laplace", "sampled"] + (["default"] if size <= full_default_up_to else [])
+            for path in paths:
+                entry[path] = run_path(corpus, Path(tmp) / f"{path}.jsonl", path, embed_sample)
+                print(f"[scale] {size:,} {path}: {entry[path]}", file=sys.stderr, flush=True)
+            base = entry["laplace"]
+            for path in paths[1:]:
+                entry[path]["cpu_ratio"] = round(entry[path]["cpu_s"] / base["cpu_s"], 2)
+                entry[path]["wall_ratio"] = round(entry[path]["wall_s"] / base["wall_s"], 2)
+            results.append(entry)
+            corpus.unlink()
+    return {"embed_sample": embed_sample, "cpus": os.cpu_count(), "sizes": results}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = [
+        "### Hospital scale: class centroids on a sample of units (`benchmarks/bench_scale.py`)",
+        "",
+        "`keyseed generate --llm none` on synthetic AG-size documents (AG rows cycled), "
+        f"{r['cpus']} CPUs; `sampled` is `--epsilon 1 --delta 1e-6 --embed-sample "
+        f"{r['embed_sample']}`, `laplace` `--epsilon-vocab 1 --epsilon-kde 5`, `default` the "
+        "total budget with every document embedded; ratios to `laplace` in the same run.",
+        "",
+        "| documents | path | wall s | CPU s | CPU ratio | peak RSS MB | load before → after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in r["sizes"]:
+        for path in ("laplace", "sampled", "default"):
+            if path not in entry:
+                continue
+            e = entry[path]
+            lines.append(
+                f"| {entry['documents']:,} | {path} | {e['wall_s']} | {e['cpu_s']} | "
+                f"{e.get('cpu_ratio', 1.0)} | {e['peak_rss_mb']} | "
+                f"{e['load_before'][0]} → {e['load_after'][0]} |"
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[60_000, 600_000])
+    parser.add_argument("--embed-sample", type=int, default=EMBED_SAMPLE)
+    parser.add_argument("--full-default-up-to", type=int, default=2_000)
+    args = parser.parse_args(argv)
+    results = run(
+        tuple(args.sizes),
+        embed_sample=args.embed_sample,
+        full_default_up_to=args.full_default_up_to,
+    )
+    print(json.dumps(results, indent=1))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
