@@ -7,8 +7,8 @@ distinct by a running number, 4 classes, written to a CSV. Three paths a size:
 
 * ``laplace``: ``--epsilon-vocab 1 --epsilon-kde 5`` (noisy histogram Ṽ, exact kernel),
   the baseline of the issue;
-* ``sampled``: the total budget ``--epsilon 1 --delta 1e-6`` with class centroids and
-  ``--embed-sample M`` (about M units a class embedded);
+* ``sampled-M``: the total budget ``--epsilon 1 --delta 1e-6`` with class centroids and
+  ``--embed-sample M`` (about M units a class embedded), for each M of ``--embed-samples``;
 * ``default``: the same without the sample (every document embedded), only up to
   ``--full-default-up-to`` documents: it embeds ≈ 20 documents per CPU second here.
 
@@ -16,7 +16,7 @@ Each run is one child process; ``os.wait4`` gives its CPU time (user + system) a
 peak RSS. The load average is read before and after each run. Figures are ratios to the
 Laplace path of the same size, in the same invocation.
 
-    python -m benchmarks.bench_scale --sizes 60000 600000 --embed-sample 2000
+    python -m benchmarks.bench_scale --sizes 60000 600000 --embed-samples 300 2000
 """
 
 from __future__ import annotations
@@ -33,17 +33,19 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-AG_NEWS = REPO.parent.parent / "shared" / "data" / "ag_news_test.csv"
-SHARED_AG = Path("/work/shared/data/ag_news_test.csv")
-LABELS = ("1", "2", "3", "4")
-EMBED_SAMPLE = 2000
+AG_NEWS = (
+    Path(os.environ.get("KEYSEED_SHARED", REPO.parent / "shared")) / "data" / "ag_news_test.csv"
+)
+LABELS = ("World", "Sports", "Business", "Sci/Tech")
+EMBED_SAMPLES = (300, 2000)
 
 
 def ag_rows() -> list[dict[str, str]]:
-    path = AG_NEWS if AG_NEWS.exists() else SHARED_AG
-    if not path.exists():
-        raise SystemExit(f"AG News is not at {path}: see the shared data README")
-    with open(path, newline="", encoding="utf-8") as handle:
+    if not AG_NEWS.exists():
+        raise SystemExit(
+            f"AG News is not at {AG_NEWS} (KEYSEED_SHARED): see the shared data README"
+        )
+    with open(AG_NEWS, newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
 
 
@@ -59,19 +61,21 @@ def write_corpus(path: Path, size: int, rows: list[dict[str, str]]) -> None:
 
 PATHS: dict[str, list[str]] = {
     "laplace": ["--epsilon-vocab", "1", "--epsilon-kde", "5"],
-    "sampled": ["--epsilon", "1", "--delta", "1e-6"],
+    "sampled": ["--epsilon", "1", "--delta", "1e-6"],  # and --embed-sample M
     "default": ["--epsilon", "1", "--delta", "1e-6"],
 }
 
 
-def run_path(corpus: Path, out: Path, path: str, embed_sample: int) -> dict[str, Any]:
+def run_path(corpus: Path, out: Path, path: str) -> dict[str, Any]:
+    """One ``generate`` child on ``corpus``; ``path`` is ``laplace``, ``default`` or
+    ``sampled-M``."""
     argv = [
         sys.executable, "-m", "app.cli", "generate", "--input", str(corpus),
         "--text-column", "text", "--label-column", "class", "--labels", ",".join(LABELS),
-        "--llm", "none", "--output", str(out), *PATHS[path],
+        "--llm", "none", "--output", str(out), *PATHS[path.split("-")[0]],
     ]  # fmt: skip
-    if path == "sampled":
-        argv += ["--embed-sample", str(embed_sample)]
+    if path.startswith("sampled-"):
+        argv += ["--embed-sample", path.split("-")[1]]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     env["TRANSFORMERS_OFFLINE"] = "1"
     load_before = os.getloadavg()
@@ -99,7 +103,7 @@ def run_path(corpus: Path, out: Path, path: str, embed_sample: int) -> dict[str,
 def run(
     sizes: tuple[int, ...] = (60_000, 600_000),
     *,
-    embed_sample: int = EMBED_SAMPLE,
+    embed_samples: tuple[int, ...] = EMBED_SAMPLES,
     full_default_up_to: int = 2_000,
 ) -> dict[str, Any]:
     rows = ag_rows()
@@ -109,9 +113,10 @@ def run(
             corpus = Path(tmp) / f"corpus-{size}.csv"
             write_corpus(corpus, size, rows)
             entry: dict[str, Any] = {"documents": size}
-            paths = ["laplace", "sampled"] + (["default"] if size <= full_default_up_to else [])
+            paths = ["laplace", *(f"sampled-{m}" for m in embed_samples)]
+            paths += ["default"] if size <= full_default_up_to else []
             for path in paths:
-                entry[path] = run_path(corpus, Path(tmp) / f"{path}.jsonl", path, embed_sample)
+                entry[path] = run_path(corpus, Path(tmp) / f"{path}.jsonl", path)
                 print(f"[scale] {size:,} {path}: {entry[path]}", file=sys.stderr, flush=True)
             base = entry["laplace"]
             for path in paths[1:]:
@@ -119,7 +124,7 @@ def run(
                 entry[path]["wall_ratio"] = round(entry[path]["wall_s"] / base["wall_s"], 2)
             results.append(entry)
             corpus.unlink()
-    return {"embed_sample": embed_sample, "cpus": os.cpu_count(), "sizes": results}
+    return {"cpus": os.cpu_count(), "sizes": results}
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -127,18 +132,17 @@ def markdown(r: dict[str, Any]) -> str:
         "### Hospital scale: class centroids on a sample of units (`benchmarks/bench_scale.py`)",
         "",
         "`keyseed generate --llm none` on synthetic AG-size documents (AG rows cycled), "
-        f"{r['cpus']} CPUs; `sampled` is `--epsilon 1 --delta 1e-6 --embed-sample "
-        f"{r['embed_sample']}`, `laplace` `--epsilon-vocab 1 --epsilon-kde 5`, `default` the "
+        f"{r['cpus']} CPUs; `sampled-M` is `--epsilon 1 --delta 1e-6 --embed-sample M`, "
+        "`laplace` `--epsilon-vocab 1 --epsilon-kde 5`, `default` the "
         "total budget with every document embedded; ratios to `laplace` in the same run.",
         "",
         "| documents | path | wall s | CPU s | CPU ratio | peak RSS MB | load before → after |",
         "|---|---|---|---|---|---|---|",
     ]
     for entry in r["sizes"]:
-        for path in ("laplace", "sampled", "default"):
-            if path not in entry:
+        for path, e in entry.items():
+            if path == "documents":
                 continue
-            e = entry[path]
             lines.append(
                 f"| {entry['documents']:,} | {path} | {e['wall_s']} | {e['cpu_s']} | "
                 f"{e.get('cpu_ratio', 1.0)} | {e['peak_rss_mb']} | "
@@ -151,12 +155,12 @@ def markdown(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[60_000, 600_000])
-    parser.add_argument("--embed-sample", type=int, default=EMBED_SAMPLE)
+    parser.add_argument("--embed-samples", type=int, nargs="+", default=list(EMBED_SAMPLES))
     parser.add_argument("--full-default-up-to", type=int, default=2_000)
     args = parser.parse_args(argv)
     results = run(
         tuple(args.sizes),
-        embed_sample=args.embed_sample,
+        embed_samples=tuple(args.embed_samples),
         full_default_up_to=args.full_default_up_to,
     )
     print(json.dumps(results, indent=1))

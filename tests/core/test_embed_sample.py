@@ -266,3 +266,32 @@ def test_the_sampled_release_on_neighbouring_corpora_within_epsilon_delta() -> N
     assert 0.7 * EPSILON < loss(SIGMA_1) <= 1.3 * EPSILON
     # the same sampled release with half the noise is caught (its curve: ε ≈ 2.4)
     assert loss(SIGMA_1 / 2) > 1.6 * EPSILON
+
+
+def test_with_a_unit_column_a_unit_is_kept_or_dropped_whole(monkeypatch: Any) -> None:
+    from tests.core.test_pipeline import TOPICS, corpus
+    from workers.methods.dpkps import pipeline
+    from workers.text.embeddings import SentenceEmbedder
+    from workers.text.vocabulary import Vocabulary
+
+    seen: list[tuple[int, ...]] = []
+    real = pipeline.embed_units
+
+    def recording(embedder: Any, documents: Any, units: Any, **kwargs: Any) -> Any:
+        seen.extend(tuple(u) for u in units)
+        return real(embedder, documents, units, **kwargs)
+
+    monkeypatch.setattr(pipeline, "embed_units", recording)
+    texts, labels = corpus(per_class=120)
+    # three documents a patient, in input order: 40 patients a class
+    patients = [f"p{i // 3}" for i in range(len(texts))]
+    phrases = [w for words in TOPICS.values() for w in words]
+    cfg = config(epsilon=6.0, public_vocabulary_size=15, sequence_length=3, embed_sample=8)
+    result = pipeline.generate_sequences(
+        texts, labels, label_set=list(TOPICS), vocabulary=Vocabulary.from_phrases("t", phrases),
+        config=cfg, embedder=SentenceEmbedder(), units=patients,
+    )  # fmt: skip
+    assert result.report.as_planned
+    assert result.owner_diagnostics.units == 120
+    assert all(len(u) == 3 and u[2] - u[0] == 2 for u in seen)  # whole patients only
+    assert 3 <= len(seen) <= 3 * 8 + 20  # about 8 of each class's 40 patients
