@@ -275,7 +275,7 @@ def test_with_a_unit_column_a_unit_is_kept_or_dropped_whole(monkeypatch: Any) ->
     from workers.text.vocabulary import Vocabulary
 
     seen: list[tuple[int, ...]] = []
-    real = pipeline.embed_units
+    real = embed_units  # the one the pipeline imports from kde
 
     def recording(embedder: Any, documents: Any, units: Any, **kwargs: Any) -> Any:
         seen.extend(tuple(u) for u in units)
