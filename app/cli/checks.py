@@ -117,6 +117,7 @@ def dpkps_config(args: argparse.Namespace) -> Any:
         consistency_filter=args.consistency_filter,
         subspace=args.subspace,
         document_window=args.document_window,
+        embed_sample=args.embed_sample,
         temperature=args.temperature,
         class_contrast=args.class_contrast,
         max_phrases_per_document=args.max_phrases_per_document,

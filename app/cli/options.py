@@ -422,6 +422,13 @@ def _register_generate(sub: Any) -> None:
         "first tokens only)",
     )
     eng.add_argument(
+        "--embed-sample",
+        type=int,
+        default=d["embed_sample"],
+        help="with class centroids or moments: embed a Poisson sample of about this many "
+        "units a class (rate from the released class counts; 0: every unit)",
+    )
+    eng.add_argument(
         "--temperature",
         type=float,
         default=d["temperature"],

@@ -48,6 +48,7 @@ from workers.methods.dpkps.config import (
     LIMITS,
     MAX_CELLS,
     MAX_DOCUMENT_WINDOW,
+    MAX_EMBED_SAMPLE,
     MAX_EXTENSION_RATIO,
     MAX_LABEL_PRIOR,
     MAX_SELECTION,
@@ -457,6 +458,17 @@ class JobSpec(BaseModel):
         "words is embedded in windows of it, their embeddings averaged, so that the whole "
         "document counts and not only the first 256 word pieces the embedding model reads "
         "(same noise, same budget; 0: one piece, the model's first tokens only)",
+    )
+    embed_sample: int = Field(
+        default=_ENGINE["embed_sample"],
+        ge=0,
+        le=MAX_EMBED_SAMPLE,
+        description="with kde_method centroid or moments: embed only a Poisson sample of "
+        "about this many units of each class (each unit kept independently with probability "
+        "min(1, m / the class's released count)), so the embedding work is bounded whatever "
+        "the corpus holds; the class counts are released for the rate (a small share of the "
+        "budget, unless a total releases them anyway) and each class sum is charged as "
+        "before (0, the default: every unit)",
     )
     temperature: float | None = Field(
         default=_ENGINE["temperature"],

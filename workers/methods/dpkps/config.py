@@ -65,6 +65,15 @@ SUBSPACE_FROM_CLASSES = 20
 # piece, as before.
 DEFAULT_DOCUMENT_WINDOW = 0
 MAX_DOCUMENT_WINDOW = 10_000
+# A Poisson sample of units embedded (class centroids and moments; issue 65;
+# workers/privacy/sampling.py): each class's units are kept independently with probability
+# q_c = min(1, m / ñ_c), ñ_c the class's released (DP) count, so about m units a class are
+# embedded whatever the corpus holds. 0: every unit (the default). When the run releases no
+# class counts (no ``total``), the counts are released for the rate, with this share of μ²
+# (about 0.5 % more noise on the class sums; the counts' σ is ten times the sums').
+DEFAULT_EMBED_SAMPLE = 0
+MAX_EMBED_SAMPLE = 10_000_000
+SAMPLE_COUNT_SHARE = 0.01
 
 
 EPSILON_FLOOR = 1e-3  # per mechanism: below it a release is all noise, and a probe of one fact
@@ -159,6 +168,11 @@ def method_description(config: GenerationConfig) -> str:
         kde = f"random Fourier features ({config.mode} sequences)"
     if config.embeds_documents and config.document_window:
         kde += f"; each document embedded whole, in windows of {config.document_window} words"
+    if config.samples_units:
+        kde += (
+            f"; a Poisson sample of about {config.embed_sample:,} units a class embedded, at "
+            "a rate set by the released class counts"
+        )
     if config.selection_factor > 1:  # validated: only with a direction per class
         kde += (
             f"; of every {config.selection_factor} sequences drawn, the one whose phrases lie "
@@ -453,6 +467,9 @@ class GenerationConfig:
     document_window: int = DEFAULT_DOCUMENT_WINDOW  # centroid, moments: a document longer
     # than this many words is embedded in windows of it, averaged (text/embeddings.py); 0:
     # one piece, of which the model reads its first tokens only
+    embed_sample: int = DEFAULT_EMBED_SAMPLE  # centroid, moments: m, about this many units
+    # of each class embedded (a Poisson sample at q_c = min(1, m / ñ_c), ñ_c the released
+    # class count); 0: every unit
     num_features: int = 1024  # I: random Fourier features
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
     temperature: float | None = None  # τ: p ∝ clip(score)^(1/τ); None: per kde_method
@@ -617,6 +634,13 @@ class GenerationConfig:
                 "documents are read in windows for class centroids or moments: give "
                 "kde_method centroid or moments, or document_window 0",
                 field="document_window",
+            )
+        _check_int(self.embed_sample, name="embed_sample", low=0, high=MAX_EMBED_SAMPLE)
+        if self.embed_sample and not self.embeds_documents:
+            raise ConfigError(
+                "a sample of units is embedded for class centroids or moments: give "
+                "kde_method centroid or moments, or embed_sample 0",
+                field="embed_sample",
             )
         if self.subspace is not None:
             _check_int(self.subspace, name="subspace", low=0, high=EMBEDDING_DIMENSION)
@@ -818,8 +842,25 @@ class GenerationConfig:
 
     @property
     def uses_class_counts(self) -> bool:
-        """Whether the run releases noisy class counts (a total split by them)."""
+        """Whether the run splits a total among the classes by noisy class counts."""
         return self.total is not None
+
+    @property
+    def samples_units(self) -> bool:
+        """Whether only a Poisson sample of the units is embedded (``embed_sample``)."""
+        return self.embeds_documents and self.embed_sample > 0
+
+    @property
+    def releases_class_counts(self) -> bool:
+        """Whether the run releases noisy class counts: to split a total by them, or to
+        set the sampling rate of :attr:`samples_units`."""
+        return self.uses_class_counts or self.samples_units
+
+    @property
+    def count_share(self) -> float:
+        """The class counts' share: ``share_count`` with a total, else (counts released for
+        the sampling rate alone) :data:`SAMPLE_COUNT_SHARE`."""
+        return self.share_count if self.uses_class_counts else SAMPLE_COUNT_SHARE
 
     def to_dict(self) -> dict[str, Any]:
         """Every parameter, with the defaults that depend on the mode resolved."""

@@ -45,7 +45,7 @@ Per class, an ensemble of structures shares ``ε_kde`` equally: the logarithmic 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,6 +58,7 @@ from workers.methods.dpkps.config import EXACT_KERNEL_LIMIT, MODES, ensemble_blo
 from workers.methods.dpkps.features import RandomFourierFeatures, feature_map
 from workers.methods.dpkps.noise import noise_std, release_vector
 from workers.privacy.events import PrivacyEvent
+from workers.text.embeddings import Embedder, encode_documents
 
 _DOC_CHUNK = 2048
 SPECTRAL_EXACT_LIMIT = 4000  # |Ṽ| up to which λ_max(K) is computed (a |Ṽ|² matrix)
@@ -510,6 +511,42 @@ def unit_vectors(
     for i, docs in enumerate(units):
         if len(docs):
             out[i] = emb[list(docs)].mean(axis=0)
+    return out
+
+
+EMBED_BATCH = 4096  # documents embedded at a time by :func:`embed_units`
+
+
+def embed_units(
+    embedder: Embedder,
+    documents: Sequence[str],
+    units: Sequence[Sequence[int]],
+    *,
+    window: int,
+    batch: int = EMBED_BATCH,
+    tick: Callable[[], None] | None = None,
+) -> NDArray[np.float64]:
+    """:func:`unit_vectors` of ``units`` (each a tuple of indices into ``documents``),
+    embedding only their documents, about ``batch`` at a time: the documents' embeddings
+    are never held whole, only one float64 row per unit given (a sample's, when sampled).
+    ``tick`` (a cancel check) is passed on to :func:`encode_documents`."""
+    out = np.zeros((len(units), embedder.dim))
+    start = 0
+    while start < len(units):
+        stop, size = start, 0
+        while stop < len(units) and (size == 0 or size + len(units[stop]) <= batch):
+            size += len(units[stop])
+            stop += 1
+        chunk = units[start:stop]
+        texts = [documents[d] for docs in chunk for d in docs]
+        encoded = encode_documents(embedder, texts, window=window, tick=tick)
+        first, local = 0, []
+        for docs in chunk:
+            local.append(range(first, first + len(docs)))
+            first += len(docs)
+        out[start:stop] = unit_vectors(local, encoded)
+        del texts, encoded
+        start = stop
     return out
 
 

@@ -48,9 +48,9 @@ from workers.methods.dpkps.kde import (
     build_exact_structures,
     build_moment_structures,
     centroid_scores,
+    embed_units,
     moment_scores,
     name_directions,
-    unit_vectors,
 )
 from workers.methods.dpkps.noise import noise_std
 from workers.methods.dpkps.plan import CELLS, CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
@@ -74,9 +74,10 @@ from workers.methods.dpkps.subspace import project_units, public_basis
 from workers.methods.progress import TICK_EVERY, ticker
 from workers.methods.proportions import shrunk_counts, split_by_counts
 from workers.privacy.events import PrivacyEvent
+from workers.privacy.sampling import PoissonSample, sampling_rate
 from workers.privacy.units import pool
 from workers.text.corpus import check_corpus
-from workers.text.embeddings import Embedder, EmbeddingCache, encode_documents, select_device
+from workers.text.embeddings import Embedder, EmbeddingCache, select_device
 from workers.text.extraction import KeyphraseExtractor
 from workers.text.vocabulary import Vocabulary
 
@@ -303,12 +304,19 @@ def generate_sequences(
 
     # 5. sequences per class: fixed, or split by noisy class counts (one count per unit)
     released_counts: list[float] | None = None  # shrunk, for the names' gate
-    if config.uses_class_counts:
-        assert config.total is not None
+    rates: dict[str, float] | None = None  # each class's sampling rate (embed_sample)
+    if config.releases_class_counts:
         noisy, count_event = noisy_class_counts(
             unit_labels, label_set=label_set, planned=planned_event(CLASS_COUNTS)
         )
         events.append(count_event)
+        if config.samples_units:  # q_c = min(1, m / ñ_c): a DP count and a public m
+            rates = {
+                label: sampling_rate(config.embed_sample, float(noisy[label]))
+                for label in label_set
+            }
+    if config.uses_class_counts:
+        assert config.total is not None
         # pulled towards their mean as far as their noise explains their spread
         wanted = split_by_counts(config.total, noisy, noise_std(count_event))
         shrunk = shrunk_counts(noisy, noise_std(count_event))
@@ -327,12 +335,27 @@ def generate_sequences(
     if config.density_method == "exact":
         kernel = ExactKernel(embeddings, config.bandwidth)
     elif config.embeds_documents:
-        # one vector per unit: the mean of its documents' embeddings (public model)
-        document_embeddings = encode_documents(
-            embedder, list(documents), window=config.document_window, tick=ticker(report_progress)
+        # one vector per unit: the mean of its documents' embeddings (public model); only
+        # the units of a Poisson sample with embed_sample (workers/privacy/sampling.py)
+        embedded = list(range(len(pooled)))
+        if rates is not None:
+            sample = PoissonSample()
+            ids = (
+                [str(i) for i in range(len(pooled))]
+                if units is None
+                else [units[u.documents[0]] for u in pooled]
+            )
+            embedded = [i for i, u in enumerate(pooled) if sample.keeps(ids[i], rates[u.label])]
+            del sample, ids
+        unit_rows = embed_units(
+            embedder,
+            documents,
+            [pooled[i].documents for i in embedded],
+            window=config.document_window,
+            tick=ticker(report_progress),
         )
-        unit_rows = unit_vectors([u.documents for u in pooled], document_embeddings)
-        del document_embeddings
+        embedded_labels = [unit_labels[i] for i in embedded]
+        del embedded
         if config.release_dimension < EMBEDDING_DIMENSION:
             # released in a public subspace: units rescaled there, phrases scored there
             basis = public_basis(np.asarray(vectors)[:core], config.release_dimension)
@@ -344,7 +367,7 @@ def generate_sequences(
             else build_moment_structures
         )
         class_rows = [
-            (label, unit_rows[[i for i, u in enumerate(unit_labels) if u == label]])
+            (label, unit_rows[[i for i, u in enumerate(embedded_labels) if u == label]])
             for label in label_set
         ]
         centroids = build(class_rows, planned=planned_event(KDE))
@@ -358,7 +381,7 @@ def generate_sequences(
                 kappa=config.cell_kappa,
                 seed=config.seed,
             )
-        del unit_rows, class_rows
+        del unit_rows, class_rows, embedded_labels
         if config.density_method == "centroid" and (
             config.label_prior > 0 or config.label_prior_lead > 0
         ):

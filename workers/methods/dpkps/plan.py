@@ -45,6 +45,13 @@ events alone — what the ledger reserves and composes — come to the run's (ε
 counted once (``private_vocab``'s docstring has the argument, which needs no ε of its
 own for the threshold).
 
+A Poisson sample of units (``embed_sample`` > 0, class centroids or moments) changes no
+release: each class's sum is over the units sampled, with the planned Gaussian at L2
+Δ = 1, and the ledger charges it as the Gaussian on every unit (sampling never raises the
+privacy loss; ``workers/privacy/sampling.py`` has the argument, and why no amplification
+is claimed). The rate comes from the class counts, which such a run releases even without
+a total (``class_counts`` with ``SAMPLE_COUNT_SHARE`` of μ²).
+
 Default shares (``share_vocab`` = ``share_kde`` = 1, ``share_count`` = 0.1): on AG News at
 ε = 1 an even vocabulary/KDE split beat 0.2/0.8 (0.635 against 0.497 synthetic accuracy,
 landed code, Laplace), because at low ε the private vocabulary is the bottleneck; the
@@ -119,7 +126,7 @@ def _mechanisms(
                 delta=threshold or None,
             )
         )
-    if config.uses_class_counts:
+    if config.releases_class_counts:
         out.append(
             PlannedMechanism(
                 mechanism=CLASS_COUNTS,
@@ -127,7 +134,7 @@ def _mechanisms(
                 sensitivity=1.0,
                 norm="l2" if gaussian else "l1",
                 dimension=len(label_set),
-                share=float(config.epsilon_count if per else config.share_count),  # type: ignore[arg-type]
+                share=float(config.epsilon_count if per else config.count_share),  # type: ignore[arg-type]
             )
         )
     exact = config.density_method == "exact"

@@ -1,0 +1,178 @@
+"""Hospital scale (issue 65): the class-centroid default with a Poisson sample of units
+embedded, against the Laplace path, in the same run.
+
+``keyseed generate --llm none`` (this worktree's ``python -m app.cli``) on synthetic
+AG-size documents: AG News test rows (title. description, about 40 words) cycled and made
+distinct by a running number, 4 classes, written to a CSV. Three paths a size:
+
+* ``laplace``: ``--epsilon-vocab 1 --epsilon-kde 5`` (noisy histogram Ṽ, exact kernel),
+  the baseline of the issue;
+* ``sampled-M``: the total budget ``--epsilon 1 --delta 1e-6`` with class centroids and
+  ``--embed-sample M`` (about M units a class embedded), for each M of ``--embed-samples``;
+* ``default``: the same without the sample (every document embedded), only up to
+  ``--full-default-up-to`` documents: it embeds ≈ 20 documents per CPU second here.
+
+Each run is one child process; ``os.wait4`` gives its CPU time (user + system) and its
+peak RSS. The load average is read before and after each run. Figures are ratios to the
+Laplace path of the same size, in the same invocation.
+
+    python -m benchmarks.bench_scale --sizes 60000 600000 --embed-samples 300 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+AG_NEWS = (
+    Path(os.environ.get("KEYSEED_SHARED", REPO.parent / "shared")) / "data" / "ag_news_test.csv"
+)
+LABELS = ("World", "Sports", "Business", "Sci/Tech")
+EMBED_SAMPLES = (300, 2000)
+
+
+def ag_rows() -> list[dict[str, str]]:
+    if not AG_NEWS.exists():
+        raise SystemExit(
+            f"AG News is not at {AG_NEWS} (KEYSEED_SHARED): see the shared data README"
+        )
+    with open(AG_NEWS, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def write_corpus(path: Path, size: int, rows: list[dict[str, str]]) -> None:
+    """``size`` AG-size documents: AG's rows cycled, each made distinct by its number."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "class"])
+        for i in range(size):
+            row = rows[i % len(rows)]
+            writer.writerow([f"{row['title']}. {row['description']} ({i})", row["class"]])
+
+
+PATHS: dict[str, list[str]] = {
+    "laplace": ["--epsilon-vocab", "1", "--epsilon-kde", "5"],
+    "sampled": ["--epsilon", "1", "--delta", "1e-6"],  # and --embed-sample M
+    "default": ["--epsilon", "1", "--delta", "1e-6"],
+}
+
+
+def run_path(corpus: Path, out: Path, path: str) -> dict[str, Any]:
+    """One ``generate`` child on ``corpus``; ``path`` is ``laplace``, ``default`` or
+    ``sampled-M``."""
+    argv = [
+        sys.executable, "-m", "app.cli", "generate", "--input", str(corpus),
+        "--text-column", "text", "--label-column", "class", "--labels", ",".join(LABELS),
+        "--llm", "none", "--output", str(out), *PATHS[path.split("-")[0]],
+    ]  # fmt: skip
+    if path.startswith("sampled-"):
+        argv += ["--embed-sample", path.split("-")[1]]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert child.stderr is not None
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - started
+    err = child.stderr.read().decode("utf-8", "replace")
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise SystemExit(f"{path} failed ({child.returncode}): {err[-2000:]}")
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),  # Linux: KiB
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "records": len(out.read_text(encoding="utf-8").splitlines()),
+    }
+
+
+def run(
+    sizes: tuple[int, ...] = (60_000, 600_000),
+    *,
+    embed_samples: tuple[int, ...] = EMBED_SAMPLES,
+    full_default_up_to: int = 2_000,
+) -> dict[str, Any]:
+    rows = ag_rows()
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        # warm the embedding cache of Ṽ (30,000 public phrases with class centroids, about
+        # 2,000 CPU s cold on 2 cores): every timed run below finds it warm
+        warm = Path(tmp) / "warm.csv"
+        write_corpus(warm, 400, rows)
+        run_path(warm, Path(tmp) / "warm.jsonl", f"sampled-{embed_samples[0]}")
+        run_path(warm, Path(tmp) / "warm.jsonl", "laplace")
+        for size in sizes:
+            corpus = Path(tmp) / f"corpus-{size}.csv"
+            write_corpus(corpus, size, rows)
+            entry: dict[str, Any] = {"documents": size}
+            paths = ["laplace", *(f"sampled-{m}" for m in embed_samples)]
+            paths += ["default"] if size <= full_default_up_to else []
+            for path in paths:
+                entry[path] = run_path(corpus, Path(tmp) / f"{path}.jsonl", path)
+                print(f"[scale] {size:,} {path}: {entry[path]}", file=sys.stderr, flush=True)
+            base = entry["laplace"]
+            for path in paths[1:]:
+                entry[path]["cpu_ratio"] = round(entry[path]["cpu_s"] / base["cpu_s"], 2)
+                entry[path]["wall_ratio"] = round(entry[path]["wall_s"] / base["wall_s"], 2)
+            results.append(entry)
+            corpus.unlink()
+    return {"cpus": os.cpu_count(), "sizes": results}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = [
+        "### Hospital scale: class centroids on a sample of units (`benchmarks/bench_scale.py`)",
+        "",
+        "`keyseed generate --llm none` on synthetic AG-size documents (AG rows cycled), "
+        f"{r['cpus']} CPUs; `sampled-M` is `--epsilon 1 --delta 1e-6 --embed-sample M`, "
+        "`laplace` `--epsilon-vocab 1 --epsilon-kde 5`, `default` the "
+        "total budget with every document embedded; ratios to `laplace` in the same run.",
+        "",
+        "| documents | path | wall s | CPU s | CPU ratio | peak RSS MB | load before → after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in r["sizes"]:
+        for path, e in entry.items():
+            if path == "documents":
+                continue
+            lines.append(
+                f"| {entry['documents']:,} | {path} | {e['wall_s']} | {e['cpu_s']} | "
+                f"{e.get('cpu_ratio', 1.0)} | {e['peak_rss_mb']} | "
+                f"{e['load_before'][0]} → {e['load_after'][0]} |"
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[60_000, 600_000])
+    parser.add_argument("--embed-samples", type=int, nargs="+", default=list(EMBED_SAMPLES))
+    parser.add_argument("--full-default-up-to", type=int, default=2_000)
+    args = parser.parse_args(argv)
+    results = run(
+        tuple(args.sizes),
+        embed_samples=tuple(args.embed_samples),
+        full_default_up_to=args.full_default_up_to,
+    )
+    print(json.dumps(results, indent=1))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
