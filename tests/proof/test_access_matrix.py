@@ -225,6 +225,7 @@ MATRIX: tuple[Row, ...] = (
     ("GET", "/v1/releases", "200 200 200 200 401 401", _none),
     ("GET", "/v1/releases/{release_id}", "200 200 200/404 200/404 401 401", _release),
     ("GET", "/v1/releases/{release_id}/report", "200 200 200/404 200/404 401 401", _release),
+    ("GET", "/v1/releases/{release_id}/prompts", "200 200 200/404 200/404 401 401", _release),
     (
         "GET",
         "/v1/releases/{release_id}/download",
