@@ -284,29 +284,15 @@ def run_ingest(database_url: str, db: Database, workdir: Path) -> dict[str, Any]
 
 def run() -> dict[str, Any]:
     """:func:`run_ingest` on a database of its own (created, migrated, dropped)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    from benchmarks.scratch import scratch_database
 
-    import migrations
-    from tests.service.conftest import SERVER
-
-    name = f"keyseed_bench_{uuid.uuid4().hex[:12]}"
-    server = create_engine(SERVER, isolation_level="AUTOCOMMIT")
-    with server.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(SERVER).set(database=name).render_as_string(hide_password=False)
-    try:
-        migrations.upgrade(url)
+    with scratch_database() as url:
         db = Database.from_url(url)
         try:
             with tempfile.TemporaryDirectory() as folder:
                 return run_ingest(url, db, Path(folder))
         finally:
             db.dispose()
-    finally:
-        with server.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        server.dispose()
 
 
 def markdown(results: dict[str, Any]) -> str:

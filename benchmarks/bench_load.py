@@ -678,34 +678,20 @@ def run() -> dict[str, Any]:
     """:func:`run_load` on a database of its own (created, migrated, dropped)."""
     import tempfile
 
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    import migrations
     from app.main import create_app
-    from tests.service.conftest import SERVER, make_settings
+    from benchmarks.scratch import scratch_database
+    from tests.service.conftest import make_settings
 
-    name = f"keyseed_bench_{uuid.uuid4().hex[:12]}"
-    server = create_engine(SERVER, isolation_level="AUTOCOMMIT")
-    with server.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(SERVER).set(database=name).render_as_string(hide_password=False)
-    try:
-        migrations.upgrade(url)
-        with tempfile.TemporaryDirectory() as folder:
-            workdir = Path(folder)
-            app = create_app(make_settings(url, workdir / "inproc"))
-            try:
-                with TestClient(app) as app_client:
-                    db: Database = app.state.database
-                    world = factories.build_world(db)
-                    return run_load(url, db, app_client, world, workdir)
-            finally:
-                app.state.database.dispose()
-    finally:
-        with server.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        server.dispose()
+    with scratch_database() as url, tempfile.TemporaryDirectory() as folder:
+        workdir = Path(folder)
+        app = create_app(make_settings(url, workdir / "inproc"))
+        try:
+            with TestClient(app) as app_client:
+                db: Database = app.state.database
+                world = factories.build_world(db)
+                return run_load(url, db, app_client, world, workdir)
+        finally:
+            app.state.database.dispose()
 
 
 def markdown(results: dict[str, Any]) -> str:
