@@ -20,6 +20,21 @@ from app.models import JobCheckpoint
 from tests.fake_llm import FakeLLM
 from tests.service import factories
 
+# a small Aug-PE job on the fake vLLM endpoint (two iterations, two texts a class)
+AUG_PE: dict[str, Any] = {
+    "method": "aug-pe",
+    "llm": "vllm",
+    "document_type": "clinical note",
+    "epsilon": 2.0,
+    "delta": 1e-5,
+    "iterations": 2,
+    "population": 2,
+    "initial_variation_folds": 1,
+    "variation_folds": 1,
+    "num_released": 2,
+    "max_tokens": 16,
+}
+
 
 class Crash(BaseException):
     """The worker process dies here (nothing of the stage catches it)."""

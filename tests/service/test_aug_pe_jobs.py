@@ -25,6 +25,7 @@ from app.jobs.stages import WorkerContext
 from tests.fake_llm import FakeLLM
 from tests.service import factories
 from tests.service.method_jobs import (
+    AUG_PE,
     Crash,
     checkpoints,
     ledger_kinds,
@@ -35,19 +36,6 @@ from tests.service.method_jobs import job as job_of
 from workers.methods.aug_pe.runner import COSTS_KEY
 
 LABELS = list(factories.LABELS)
-AUG_PE: dict[str, Any] = {
-    "method": "aug-pe",
-    "llm": "vllm",
-    "document_type": "clinical note",
-    "epsilon": 2.0,
-    "delta": 1e-5,
-    "iterations": 2,
-    "population": 2,
-    "initial_variation_folds": 1,
-    "variation_folds": 1,
-    "num_released": 2,
-    "max_tokens": 16,
-}
 
 
 @pytest.fixture

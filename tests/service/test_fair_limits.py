@@ -29,21 +29,8 @@ from app.jobs.stages import WorkerContext
 from app.models import Job
 from tests.fake_llm import FakeLLM
 from tests.service import factories
-from tests.service.method_jobs import llm_worker, submit
+from tests.service.method_jobs import AUG_PE, llm_worker, submit
 
-AUG_PE: dict[str, Any] = {
-    "method": "aug-pe",
-    "llm": "vllm",
-    "document_type": "clinical note",
-    "epsilon": 2.0,
-    "delta": 1e-5,
-    "iterations": 2,
-    "population": 2,
-    "initial_variation_folds": 1,
-    "variation_folds": 1,
-    "num_released": 2,
-    "max_tokens": 16,
-}
 SMALL_DPKPS: dict[str, Any] = {"vocabulary_size": 8, "num_features": 64, "sequence_length": 3}
 
 

@@ -30,6 +30,7 @@ from app.jobs.stages import WorkerContext
 from tests.fake_llm import Behaviour, FakeLLM
 from tests.service import factories
 from tests.service.method_jobs import (
+    AUG_PE,
     Crash,
     check_prompt_log,
     checkpoints,
@@ -300,20 +301,7 @@ def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spe
     counts); a retry runs it again from its checkpoints: the counts are loaded, not drawn
     again, and the spend stays committed once."""
     dataset_id = _dataset(client, world)
-    spec = {
-        "method": "aug-pe",
-        "llm": "vllm",
-        "document_type": "clinical note",
-        "epsilon": 2.0,
-        "delta": 1e-5,
-        "iterations": 2,
-        "population": 2,
-        "initial_variation_folds": 1,
-        "variation_folds": 1,
-        "num_released": 2,
-        "max_tokens": 16,
-    }
-    job_id = submit(client, world, dataset_id, spec)
+    job_id = submit(client, world, dataset_id, AUG_PE)
     fake_llm.default = Behaviour.parse("500")  # the endpoint is down
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "failed"
     failed = job_of(client, world, job_id)
