@@ -1,7 +1,7 @@
 """Ingest: documents stored per second, one-shot and in chunks, and the API's memory
 while a large file streams in.
 
-The service runs as in production (``uvicorn --factory app.main:create_app``, a process
+The service runs as in production (``keyseed api``, a process
 of its own whose ``/proc/<pid>/status`` is read) on a Postgres database of this run's
 own. The corpus is synthetic and AG-News-sized: ~40 words (~240 bytes) a row, four
 labels, every row distinct, made on the fly.

@@ -1,6 +1,6 @@
 """Load: 20 clients download a large release while 5 owners upload and a job runs.
 
-The service runs as it does in production: ``uvicorn --factory app.main:create_app`` in
+The service runs as it does in production: ``keyseed api`` (uvicorn, :mod:`app.server`) in
 a process of its own (so its memory can be read from ``/proc/<pid>/status``), a real
 Celery worker on Redis, the given Postgres database. The releases are seeded cheaply:
 a job of the in-process app (``llm: "none"``) is driven to success through
@@ -258,19 +258,19 @@ def child(
 
 
 def api_argv(port: int) -> list[str]:
+    """The API as production runs it (``keyseed api``: uvicorn with the settings' limits
+    and the ``pathsend`` extension, so a release file goes out by ``sendfile``)."""
     return [
         sys.executable,
         "-m",
-        "uvicorn",
-        "--factory",
-        "app.main:create_app",
+        "app.cli",
+        "api",
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
-        "--no-access-log",
-        "--log-level",
-        "warning",
+        "--workers",
+        "1",
     ]
 
 
