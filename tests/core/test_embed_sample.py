@@ -22,7 +22,11 @@ from tests.core.test_neighbouring import DELTA, EPSILON, SIGMA_1, projected
 from tests.privacy_audit import estimate_epsilon_at_delta, planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import SAMPLE_COUNT_SHARE, GenerationConfig, method_description
-from workers.methods.dpkps.kde import build_centroid_structures, embed_units, unit_vectors
+from workers.methods.dpkps.density.centroid import (
+    build_centroid_structures,
+    embed_units,
+    unit_vectors,
+)
 from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, plan
 from workers.privacy.accountant import compose
 from workers.privacy.noise import gaussian_noise

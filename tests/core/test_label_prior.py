@@ -19,9 +19,9 @@ import pytest
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import DEFAULT_LABEL_PRIOR, GenerationConfig
-from workers.methods.dpkps.kde import (
-    CellMixture,
-    CentroidKDE,
+from workers.methods.dpkps.density.cells import CellMixture
+from workers.methods.dpkps.density.centroid import CentroidKDE
+from workers.methods.dpkps.density.label_prior import (
     agreement_power,
     apply_label_prior,
     cells_with_label_prior,

@@ -35,23 +35,20 @@ from workers.methods.dpkps.config import (
     GenerationConfig,
     method_description,
 )
-from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import (
+from workers.methods.dpkps.density.cells import CellMixture, build_cell_structures
+from workers.methods.dpkps.density.centroid import (
     CENTROID_SCALE,
-    CellMixture,
     CentroidKDE,
-    ExactKernel,
-    apply_label_prior,
-    build_cell_structures,
     build_centroid_structures,
-    build_class_ensemble,
-    build_exact_structures,
     build_moment_structures,
     centroid_scores,
     embed_units,
     moment_scores,
-    name_directions,
 )
+from workers.methods.dpkps.density.exact import ExactKernel, build_exact_structures
+from workers.methods.dpkps.density.label_prior import apply_label_prior, name_directions
+from workers.methods.dpkps.density.random_features import build_class_ensemble
+from workers.methods.dpkps.features import RandomFourierFeatures
 from workers.methods.dpkps.noise import noise_std
 from workers.methods.dpkps.plan import CELLS, CLASS_COUNTS, KDE, VOCABULARY, Plan, plan
 from workers.methods.dpkps.private_vocab import (
