@@ -82,7 +82,7 @@ from numpy.typing import NDArray
 
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import LowEpsilonConfig
-from workers.methods.dpkps.kde import combined_scale
+from workers.methods.dpkps.density.cells import combined_scale
 from workers.methods.dpkps.pipeline import SyntheticSequence, generate_sequences
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.settings import CoreSettings

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from workers.methods.dpkps.density.random_features import build_class_ensemble
 from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import build_class_ensemble
 from workers.methods.dpkps.sampling import direct_scores, draw, sample_iterative, structure_for
 
 VOCAB, FEATURES, LENGTH, DIM, SEQUENCES = 1000, 4096, 10, 384, 1000

@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 from benchmarks.bench_low_epsilon import DELTA, REPO, Bench
 from benchmarks.paired import parse_seeds, seeded_noise
 from workers.methods.dpkps.config import PUBLIC_VOCABULARY_SIZE, SUGGESTED_SUBSPACE
-from workers.methods.dpkps.kde import name_directions
+from workers.methods.dpkps.density.label_prior import name_directions
 from workers.methods.dpkps.subspace import project_units, public_basis
 from workers.privacy import noise as samplers
 from workers.privacy.calibration import gaussian_noise_multiplier

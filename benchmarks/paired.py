@@ -45,14 +45,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-import workers.methods.dpkps.pipeline as dpkps_pipeline
+import workers.methods.dpkps.stages as dpkps_stages
 import workers.privacy.noise as samplers
 from benchmarks.bench_low_epsilon import SPLITS, Bench, parse_settings
 from workers.methods.proportions import allocate
 
 OUT = Path(__file__).resolve().parent / "paired.jsonl"
 SEED_OFFSET = 1000  # run s draws its noise from numpy's generator seeded 1000 + s
-SPLIT = "split_by_counts"  # the name under which DP-KPS's pipeline splits `total`
+SPLIT = "split_by_counts"  # the name under which DP-KPS's class-counts stage splits `total`
 
 
 def check_factor(factor: float) -> float:
@@ -96,16 +96,16 @@ def exact_counts(labels: Sequence[str]) -> Iterator[None]:
     """Within the block, DP-KPS splits ``total`` by the exact counts of ``labels`` (not DP;
     a ceiling for the count release's post-processing); restored on leaving."""
     counts = Counter(labels)
-    saved = getattr(dpkps_pipeline, SPLIT)
+    saved = getattr(dpkps_stages, SPLIT)
 
     def split(total: int, noisy: Mapping[str, float], noise_std: float) -> dict[str, int]:
         return allocate(total, {label: float(counts.get(label, 0)) for label in noisy})
 
-    setattr(dpkps_pipeline, SPLIT, split)
+    setattr(dpkps_stages, SPLIT, split)
     try:
         yield
     finally:
-        setattr(dpkps_pipeline, SPLIT, saved)
+        setattr(dpkps_stages, SPLIT, saved)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import doctest
 import numpy as np
 import pytest
 
-import workers.methods.dpkps.pipeline as dpkps_pipeline
+import workers.methods.dpkps.stages as dpkps_stages
 import workers.privacy.noise as samplers
 from benchmarks import paired
 from tests.privacy_audit import planned
@@ -79,11 +79,11 @@ def test_the_engine_reads_the_seeded_samplers_through_the_module() -> None:
 
 
 def test_exact_counts_split_the_total_by_the_private_counts_inside_the_block_only() -> None:
-    original = dpkps_pipeline.split_by_counts
+    original = dpkps_stages.split_by_counts
     noisy = {"a": 500.0, "b": -3.0, "c": 40.0}
     with paired.exact_counts(["a"] * 30 + ["b"] * 60 + ["c"] * 10):
-        assert dpkps_pipeline.split_by_counts(100, noisy, 14.0) == {"a": 30, "b": 60, "c": 10}
-    assert dpkps_pipeline.split_by_counts is original
+        assert dpkps_stages.split_by_counts(100, noisy, 14.0) == {"a": 30, "b": 60, "c": 10}
+    assert dpkps_stages.split_by_counts is original
 
 
 def test_variants_and_seeds_parse_or_name_what_is_wrong() -> None:

@@ -24,13 +24,8 @@ from workers.methods.dpkps.config import (
     GenerationConfig,
     method_description,
 )
-from workers.methods.dpkps.kde import (
-    CentroidKDE,
-    build_cell_structures,
-    build_centroid_structures,
-    cell_centres,
-    cell_count,
-)
+from workers.methods.dpkps.density.cells import build_cell_structures, cell_centres, cell_count
+from workers.methods.dpkps.density.centroid import CentroidKDE, build_centroid_structures
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent

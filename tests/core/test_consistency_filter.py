@@ -19,7 +19,7 @@ import pytest
 from app.jobs.schemas import JobSpec
 from tests.core.test_pipeline import TOPICS, assert_same_releases, corpus
 from workers.errors import ConfigError
-from workers.methods.dpkps import pipeline
+from workers.methods.dpkps import stages
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.sampling import consistent_sequences
@@ -135,7 +135,7 @@ def test_with_cells_a_sequence_is_judged_by_every_class_s_cells(
         seen.append((np.asarray(directions), None if owners is None else list(owners)))
         return consistent_sequences(vectors, own, directions, owners)
 
-    monkeypatch.setattr(pipeline, "consistent_sequences", spied)
+    monkeypatch.setattr(stages, "consistent_sequences", spied)
     embedder = SentenceEmbedder()
     phrases = [w for words in TOPICS.values() for w in words] + ["zz unrelated"]
     texts, labels = corpus(per_class=12)

@@ -107,19 +107,20 @@ def test_the_class_sums_are_built_from_the_windowed_documents(
     """A run's units are the documents as ``document_window`` reads them: the rows the
     class sums add up are :func:`encode_documents`'s, and the releases are unchanged."""
     from tests.core.test_pipeline import TOPICS, corpus
-    from workers.methods.dpkps import kde, pipeline
+    from workers.methods.dpkps import pipeline
+    from workers.methods.dpkps.density import centroid
     from workers.text.vocabulary import Vocabulary
 
     texts, labels = corpus(per_class=4)
     texts = [HEADER + " " + t if i % 2 else t for i, t in enumerate(texts)]  # some long
     seen: list[np.ndarray] = []
-    real = kde.unit_vectors  # embed_units adds up each batch's rows with it
+    real = centroid.unit_vectors  # embed_units adds up each batch's rows with it
 
     def spied(units: Any, document_embeddings: Any) -> Any:
         seen.append(np.asarray(document_embeddings))
         return real(units, document_embeddings)
 
-    monkeypatch.setattr(kde, "unit_vectors", spied)
+    monkeypatch.setattr(centroid, "unit_vectors", spied)
     config = GenerationConfig(
         epsilon=1.0, delta=1e-6, noise="gaussian", per_class=5, sequence_length=2,
         document_window=window, seed=1,

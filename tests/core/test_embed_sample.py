@@ -22,7 +22,11 @@ from tests.core.test_neighbouring import DELTA, EPSILON, SIGMA_1, projected
 from tests.privacy_audit import estimate_epsilon_at_delta, planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import SAMPLE_COUNT_SHARE, GenerationConfig, method_description
-from workers.methods.dpkps.kde import build_centroid_structures, embed_units, unit_vectors
+from workers.methods.dpkps.density.centroid import (
+    build_centroid_structures,
+    embed_units,
+    unit_vectors,
+)
 from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, plan
 from workers.privacy.accountant import compose
 from workers.privacy.noise import gaussian_noise
@@ -270,18 +274,18 @@ def test_the_sampled_release_on_neighbouring_corpora_within_epsilon_delta() -> N
 
 def test_with_a_unit_column_a_unit_is_kept_or_dropped_whole(monkeypatch: Any) -> None:
     from tests.core.test_pipeline import TOPICS, corpus
-    from workers.methods.dpkps import pipeline
+    from workers.methods.dpkps import pipeline, stages
     from workers.text.embeddings import SentenceEmbedder
     from workers.text.vocabulary import Vocabulary
 
     seen: list[tuple[int, ...]] = []
-    real = embed_units  # the one the pipeline imports from kde
+    real = embed_units  # the one the stages import from density.centroid
 
     def recording(embedder: Any, documents: Any, units: Any, **kwargs: Any) -> Any:
         seen.extend(tuple(u) for u in units)
         return real(embedder, documents, units, **kwargs)
 
-    monkeypatch.setattr(pipeline, "embed_units", recording)
+    monkeypatch.setattr(stages, "embed_units", recording)
     texts, labels = corpus(per_class=120)
     # three documents a patient, in input order: 40 patients a class
     patients = [f"p{i // 3}" for i in range(len(texts))]

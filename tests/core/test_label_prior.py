@@ -19,9 +19,9 @@ import pytest
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import DEFAULT_LABEL_PRIOR, GenerationConfig
-from workers.methods.dpkps.kde import (
-    CellMixture,
-    CentroidKDE,
+from workers.methods.dpkps.density.cells import CellMixture
+from workers.methods.dpkps.density.centroid import CentroidKDE
+from workers.methods.dpkps.density.label_prior import (
     agreement_power,
     apply_label_prior,
     cells_with_label_prior,
@@ -122,17 +122,17 @@ def test_where_the_agreement_can_tell_unrelated_names_stay_as_gated() -> None:
 
 
 def test_a_run_gates_the_names_by_its_released_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.methods.dpkps.pipeline as pipeline
+    import workers.methods.dpkps.stages as stages
     from tests.core.test_pipeline import TOPICS, run_on_topics
 
     seen: list[Any] = []
-    real = pipeline.apply_label_prior
+    real = stages.apply_label_prior
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs.get("counts"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "apply_label_prior", recording)
+    monkeypatch.setattr(stages, "apply_label_prior", recording)
     common: dict[str, Any] = dict(
         epsilon=1.0, delta=1e-6, noise="gaussian", sequence_length=3,
         public_vocabulary_size=16, seed=5,
@@ -192,17 +192,17 @@ def test_the_lead_turns_agreeing_sums_to_their_names_and_leaves_the_rest() -> No
 def test_a_run_passes_the_lead_and_leads_with_the_names_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import workers.methods.dpkps.pipeline as pipeline
+    import workers.methods.dpkps.stages as stages
     from tests.core.test_pipeline import run_on_topics
 
     leads: list[float] = []
-    real = pipeline.apply_label_prior
+    real = stages.apply_label_prior
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         leads.append(kwargs["lead"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "apply_label_prior", recording)
+    monkeypatch.setattr(stages, "apply_label_prior", recording)
     cfg = GenerationConfig(
         epsilon=1.0, delta=1e-6, noise="gaussian", sequence_length=3, per_class=None,
         total=60, public_vocabulary_size=16, seed=5,

@@ -17,17 +17,15 @@ import torch
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import GenerationConfig
-from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import (
-    ExactKernel,
+from workers.methods.dpkps.density.common import kde_sensitivity
+from workers.methods.dpkps.density.exact import ExactKernel, build_exact_structure, phrase_weights
+from workers.methods.dpkps.density.random_features import (
     bag_sum,
     build_class_ensemble,
-    build_exact_structure,
     build_structure,
-    kde_sensitivity,
-    phrase_weights,
     sequence_sum,
 )
+from workers.methods.dpkps.features import RandomFourierFeatures
 from workers.methods.dpkps.noise import release_counts, release_vector
 from workers.methods.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
 from workers.methods.dpkps.proportions import noisy_class_counts

@@ -17,14 +17,9 @@ import pytest
 import torch
 
 from tests.privacy_audit import estimate_epsilon_at_delta, estimate_privacy_loss, planned
+from workers.methods.dpkps.density.exact import ExactKernel, build_exact_structure, phrase_weights
+from workers.methods.dpkps.density.random_features import bag_sum, build_structure
 from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import (
-    ExactKernel,
-    bag_sum,
-    build_exact_structure,
-    build_structure,
-    phrase_weights,
-)
 from workers.methods.dpkps.private_vocab import phrase_histogram, select_private_vocabulary
 from workers.methods.dpkps.proportions import noisy_class_counts
 from workers.privacy.calibration import analytic_gaussian_sigma

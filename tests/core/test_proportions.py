@@ -21,7 +21,7 @@ import pytest
 from tests.core.test_pipeline import TOPICS, corpus
 from workers.errors import ConfigError
 from workers.methods import proportions
-from workers.methods.dpkps import pipeline
+from workers.methods.dpkps import stages
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.proportions import allocate, shrunk_counts
@@ -95,13 +95,13 @@ def test_the_pipeline_splits_by_the_shrunk_counts_at_its_own_sigma(
     sequences per class are the split of the total by the released counts shrunk with the
     count release's σ, and the run's releases are those it planned."""
     seen: list[Any] = []
-    released = pipeline.noisy_class_counts
+    released = stages.noisy_class_counts
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(released(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(pipeline, "noisy_class_counts", spy)
+    monkeypatch.setattr(stages, "noisy_class_counts", spy)
     texts, labels = corpus(per_class=12)
     label_set = [*TOPICS, "oncology", "paediatrics"]
     phrases = [p for words in TOPICS.values() for p in words] + ["zz unrelated"]

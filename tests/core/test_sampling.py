@@ -11,8 +11,8 @@ import torch
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import ensemble_block_counts
+from workers.methods.dpkps.density.random_features import build_class_ensemble
 from workers.methods.dpkps.features import RandomFourierFeatures
-from workers.methods.dpkps.kde import build_class_ensemble
 from workers.methods.dpkps.sampling import (
     bag_scores,
     class_contrast,

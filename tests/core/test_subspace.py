@@ -27,7 +27,7 @@ from workers.methods.dpkps.config import (
     GenerationConfig,
     method_description,
 )
-from workers.methods.dpkps.kde import build_centroid_structures
+from workers.methods.dpkps.density.centroid import build_centroid_structures
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.methods.dpkps.subspace import project_units, public_basis

@@ -251,7 +251,7 @@ def test_phrases_of_the_added_unit_cross_the_threshold_at_most_delta(
 def _two_phrase_kernel() -> Any:
     import torch
 
-    from workers.methods.dpkps.kde import ExactKernel
+    from workers.methods.dpkps.density.exact import ExactKernel
 
     first = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     second = torch.tensor([[math.cos(0.74), math.sin(0.74)]], dtype=torch.float64)
@@ -261,7 +261,7 @@ def _two_phrase_kernel() -> Any:
 def test_l2_weights_sensitivity_is_the_largest_eigenvalue_and_is_reached() -> None:
     import torch
 
-    from workers.methods.dpkps.kde import ExactKernel, phrase_weights
+    from workers.methods.dpkps.density.exact import ExactKernel, phrase_weights
 
     kernel = _two_phrase_kernel()
     k = float(torch.exp(-torch.tensor(2 - 2 * math.cos(0.74))))
@@ -293,7 +293,7 @@ def test_l2_weights_need_gaussian_noise() -> None:
 
 @pytest.mark.slow
 def test_l2_weighted_exact_kde_within_epsilon_delta() -> None:
-    from workers.methods.dpkps.kde import build_exact_structure, phrase_weights
+    from workers.methods.dpkps.density.exact import build_exact_structure, phrase_weights
 
     kernel = _two_phrase_kernel()
     corpus = [[0], [1]]
@@ -320,14 +320,14 @@ def test_collatz_wielandt_bound_is_above_the_largest_eigenvalue_and_close(
 ) -> None:
     import torch
 
-    from workers.methods.dpkps import kde
+    from workers.methods.dpkps.density import exact as kernels
 
     emb = torch.nn.functional.normalize(
         torch.randn(300, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64), dim=1
     )
-    exact = kde.ExactKernel(emb, 0.6).spectral_norm
-    monkeypatch.setattr(kde, "SPECTRAL_EXACT_LIMIT", 10)
-    kernel = kde.ExactKernel(emb, 0.6)
+    exact = kernels.ExactKernel(emb, 0.6).spectral_norm
+    monkeypatch.setattr(kernels, "SPECTRAL_EXACT_LIMIT", 10)
+    kernel = kernels.ExactKernel(emb, 0.6)
     bound = kernel.spectral_norm
     # a dense kernel (8 dimensions, wide bandwidth): three steps land within 10 %,
     # well inside Gershgorin's largest row sum
@@ -337,7 +337,11 @@ def test_collatz_wielandt_bound_is_above_the_largest_eigenvalue_and_close(
 def test_all_classes_in_one_pass_release_each_class_density() -> None:
     import torch
 
-    from workers.methods.dpkps.kde import ExactKernel, build_exact_structures, phrase_weights
+    from workers.methods.dpkps.density.exact import (
+        ExactKernel,
+        build_exact_structures,
+        phrase_weights,
+    )
 
     emb = torch.nn.functional.normalize(
         torch.randn(40, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64), dim=1
@@ -380,7 +384,7 @@ def test_a_public_vocabulary_is_no_release() -> None:
 
 
 def test_a_unit_vector_has_norm_at_most_one_whatever_its_documents() -> None:
-    from workers.methods.dpkps.kde import unit_vectors
+    from workers.methods.dpkps.density.centroid import unit_vectors
 
     rng = np.random.default_rng(4)
     emb = rng.normal(size=(10, 6))
@@ -391,7 +395,7 @@ def test_a_unit_vector_has_norm_at_most_one_whatever_its_documents() -> None:
 
 
 def test_centroid_release_clips_rows_to_norm_one_and_refuses_pure_noise() -> None:
-    from workers.methods.dpkps.kde import build_centroid_structures
+    from workers.methods.dpkps.density.centroid import build_centroid_structures
 
     plan_event = planned("gaussian", 1.0, multiplier=1e-9, dimension=3)
     # a row above norm 1 is scaled down to it: the sum moves by 1 at most
@@ -408,7 +412,7 @@ def test_centroid_release_clips_rows_to_norm_one_and_refuses_pure_noise() -> Non
 
 @pytest.mark.slow
 def test_centroid_release_within_epsilon_delta() -> None:
-    from workers.methods.dpkps.kde import build_centroid_structures
+    from workers.methods.dpkps.density.centroid import build_centroid_structures
 
     rows = np.array([[0.6, 0.8, 0.0], [0.0, 1.0, 0.0]])
     added = np.array([[0.0, 0.0, 1.0]])  # a unit vector: the sum moves by exactly 1
@@ -424,7 +428,11 @@ def test_centroid_release_within_epsilon_delta() -> None:
 def test_moments_move_by_at_most_sqrt2_and_score_the_class_directions() -> None:
     import torch
 
-    from workers.methods.dpkps.kde import CentroidKDE, build_moment_structures, moment_scores
+    from workers.methods.dpkps.density.centroid import (
+        CentroidKDE,
+        build_moment_structures,
+        moment_scores,
+    )
 
     rng = np.random.default_rng(5)
     rows = rng.normal(size=(30, 6))
@@ -450,7 +458,7 @@ def test_moments_move_by_at_most_sqrt2_and_score_the_class_directions() -> None:
 
 @pytest.mark.slow
 def test_moment_release_within_epsilon_delta() -> None:
-    from workers.methods.dpkps.kde import build_moment_structures
+    from workers.methods.dpkps.density.centroid import build_moment_structures
 
     rows = np.array([[0.6, 0.8, 0.0], [0.0, 1.0, 0.0]])
     added = np.array([[0.0, 0.0, 1.0]])  # moves the sum by 1 and one square by 1: √2

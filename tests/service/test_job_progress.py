@@ -20,7 +20,7 @@ from app.jobs import runner, stages
 from app.jobs.stages import WorkerContext
 from tests.service import factories
 from tests.service.test_worker import cache_dir, job_of, submit, worker  # noqa: F401
-from workers.methods.dpkps import pipeline
+from workers.methods.dpkps import stages as dpkps_stages
 from workers.methods.progress import run_stages, stage_number, time_left
 from workers.progress_bars import StageBars
 
@@ -89,15 +89,15 @@ def test_the_running_stage_is_shown_while_it_runs_with_k_of_n_and_public_fractio
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, job_id = submit(client, world, llm="local")
-    monkeypatch.setattr(pipeline, "EMBED_CHUNK", 3)  # Ṽ's 8 phrases: 3 chunks, 3 reports
+    monkeypatch.setattr(dpkps_stages, "EMBED_CHUNK", 3)  # Ṽ's 8 phrases: 3 chunks, 3 reports
     during_embedding: list[dict[str, Any]] = []
-    embedded = pipeline._embedded
+    embedded = dpkps_stages._embedded
 
     def watched(*args: Any, **kwargs: Any) -> Any:
         during_embedding.append(_seen_by(client, world.auditor, job_id))
         return embedded(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "_embedded", watched)
+    monkeypatch.setattr(dpkps_stages, "_embedded", watched)
     seen: list[dict[str, Any]] = []
     worker.stage_hooks.append(lambda *_: seen.append(_seen_by(client, world.auditor, job_id)))
 

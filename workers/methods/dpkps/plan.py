@@ -23,7 +23,8 @@ mechanism           Laplace (pure ε)      Gaussian (ε, δ)      dimension, par
 A public Ṽ (``vocabulary_method = "public"``) makes no ``vocabulary`` release. Class
 centroids (``kde_method = "centroid"``, Gaussian only) release per class the sum of the
 units' document embeddings, L2 Δ = 1 in 384 coordinates; ``"moments"`` adds the upper
-triangle of the sum of their outer products, L2 Δ = √2 (:mod:`workers.methods.dpkps.kde`).
+triangle of the sum of their outer products, L2 Δ = √2
+(:mod:`workers.methods.dpkps.density.centroid`).
 With cells (``centroid_cells`` > 1, by default from ε = 4 on) the class sum takes
 ``cell_share`` of the KDE's share and a second release, ``kde_cells``, the rest: each
 unit's vector in the one cell of its class that the first release placed nearest it.

@@ -28,8 +28,9 @@ from numpy.typing import NDArray
 
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import check_class_contrast, check_noise_floor, check_temperature
+from workers.methods.dpkps.density.exact import ExactKDE
+from workers.methods.dpkps.density.random_features import DPKDE
 from workers.methods.dpkps.features import RandomFourierFeatures, feature_map
-from workers.methods.dpkps.kde import DPKDE, ExactKDE
 from workers.methods.dpkps.noise import noise_std
 
 
