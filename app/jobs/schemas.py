@@ -41,10 +41,7 @@ from workers.methods.dpkps.config import (
     DEFAULT_EXTENSION_RATIO,
     DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
-    DELTA_CEILING,
     EMBEDDING_DIMENSION,
-    EPSILON_CEILING,
-    EPSILON_FLOOR,
     LIMITS,
     MAX_CELLS,
     MAX_DOCUMENT_WINDOW,
@@ -61,6 +58,7 @@ from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
 from workers.methods.pate_tutor.params import PateTutorParams
 from workers.methods.registry import AUG_PE, DP_EDA, LLM_METHODS, PATE_TUTOR
 from workers.privacy.audit import DEFAULT_CANARIES, MAX_CANARIES
+from workers.privacy.limits import DELTA_CEILING, EPSILON_CEILING, EPSILON_FLOOR
 
 Example = Annotated[
     str,

@@ -42,13 +42,12 @@ from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from workers.errors import ConfigError
-from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.plan import Plan, plan
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 from workers.methods.progress import time_left
 from workers.methods.registry import LLM_METHODS
-from workers.privacy.accountant import compose
+from workers.privacy.accountant import compose, epsilon_by_mechanism
 from workers.privacy.events import PrivacyEvent
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")

@@ -66,11 +66,11 @@ from workers.llm.attestation import Prompt
 from workers.llm.client import LLMCosts
 from workers.methods.checkpoints import check_key
 from workers.methods.dpkps import prompting
-from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
 from workers.methods.progress import Stage, stage_number
 from workers.methods.registry import LLM_METHODS
+from workers.privacy.accountant import epsilon_by_mechanism
 from workers.privacy.audit import CanarySet, make_canaries
 
 if TYPE_CHECKING:
