@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from app.jobs import holdout
 from app.jobs.schemas import JOB_SPEC, JobSpec
 from app.jobs.stages import job_spec
 from workers.errors import ConfigError
@@ -72,3 +73,9 @@ def test_a_job_stored_before_the_registry_reads_and_plans_as_before() -> None:
         plan(config, LABELS, 5_000).events
     )
     assert JOB_SPEC.validate_python(spec.model_dump(mode="json")) == spec  # round trip
+
+
+def test_a_method_without_a_holdout_has_no_utility_block() -> None:
+    spec = {k: v for k, v in SPEC.items() if k != "vocabulary"}
+    aug_pe = JOB_SPEC.validate_python({**spec, "method": "aug-pe"})
+    assert holdout.dry_run_block(aug_pe, None, None, 1_000, 3) is None
