@@ -78,52 +78,17 @@ def declared_labels(args: argparse.Namespace) -> list[str]:
 
 
 def dpkps_config(args: argparse.Namespace) -> Any:
-    """The validated :class:`GenerationConfig` of the options."""
+    """The validated :class:`GenerationConfig` of the options: every DP-KPS parameter
+    (:data:`~workers.methods.dpkps.params.ENGINE_FIELDS`) that has an option of its own
+    name, the others at their defaults."""
     from workers.methods.dpkps.config import GenerationConfig
+    from workers.methods.dpkps.params import ENGINE_FIELDS
 
-    per_class = args.per_class
-    if args.total is None and per_class is None:
-        per_class = dpkps_defaults()["per_class"]
-    noise = args.noise or ("gaussian" if args.delta else "laplace")
-    return GenerationConfig(
-        epsilon_vocab=args.epsilon_vocab,
-        epsilon_kde=args.epsilon_kde,
-        epsilon_count=args.epsilon_count,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        noise=noise,
-        share_vocab=args.share_vocab,
-        share_kde=args.share_kde,
-        share_count=args.share_count,
-        per_class=per_class,
-        total=args.total,
-        vocabulary_size=args.vocabulary_size,
-        max_matches_per_document=args.max_matches_per_document,
-        sequence_length=args.sequence_length,
-        mode=args.mode,
-        ensemble=args.ensemble,
-        num_features=args.num_features,
-        bandwidth=args.bandwidth,
-        kde_method=args.kde_method,
-        vocabulary_method=args.vocabulary_method,
-        kde_weighting=args.kde_weighting,
-        public_vocabulary_size=args.public_vocabulary_size,
-        public_extension=args.public_extension,
-        extension_ratio=args.extension_ratio,
-        centroid_cells=args.centroid_cells,
-        label_prior=args.label_prior,
-        label_prior_lead=args.label_prior_lead,
-        sequence_selection=args.sequence_selection,
-        consistency_filter=args.consistency_filter,
-        subspace=args.subspace,
-        document_window=args.document_window,
-        embed_sample=args.embed_sample,
-        temperature=args.temperature,
-        class_contrast=args.class_contrast,
-        max_phrases_per_document=args.max_phrases_per_document,
-        seed=args.seed,
-        device=args.device,
-    ).validate()
+    values = {name: getattr(args, name) for name in ENGINE_FIELDS if hasattr(args, name)}
+    if args.total is None and args.per_class is None:
+        values["per_class"] = dpkps_defaults()["per_class"]
+    values["noise"] = args.noise or ("gaussian" if args.delta else "laplace")
+    return GenerationConfig(**values, device=args.device).validate()
 
 
 def method_params(args: argparse.Namespace) -> Any:

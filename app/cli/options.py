@@ -28,9 +28,6 @@ from workers.methods.dpkps.config import (
     DEFAULT_LABEL_PRIOR,
     DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
-    DELTA_CEILING,
-    EPSILON_CEILING,
-    EPSILON_FLOOR,
     KDE_METHODS,
     KDE_WEIGHTINGS,
     PUBLIC_VOCABULARY_DEFAULTS,
@@ -38,6 +35,7 @@ from workers.methods.dpkps.config import (
     SUGGESTED_SUBSPACE,
     VOCABULARY_METHODS,
 )
+from workers.privacy.limits import DELTA_CEILING, EPSILON_CEILING, EPSILON_FLOOR
 
 METHODS = ("dpkps", "aug-pe", "pate-tutor", "dp-eda")  # workers.methods.registry's, in order
 DESCRIPTION = (

@@ -147,7 +147,9 @@ def dry_run_block(
     (and the verdict on it) is given to the dataset's owner only (``documents`` None
     otherwise). With a unit column the slice holds fewer units than ``fraction`` × the
     documents: the width is then a lower bound."""
-    holdout = getattr(spec, "holdout", None)
+    if "holdout" not in type(spec).model_fields:
+        return None  # the method's job spec has no holdout
+    holdout = spec.holdout
     fraction = holdout.fraction if holdout is not None else maths.DEFAULT_FRACTION
     epsilon = (
         evaluation_epsilon(holdout, generation)

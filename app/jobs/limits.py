@@ -7,12 +7,13 @@ naming the limit (``limit``, the setting's name), its value (``value``), what th
 would take (``asked``) and the spec field to change (``field``), where one is to blame:
 
 * ``org_max_active_jobs``: the organisation's jobs queued or running at once;
-* ``org_max_llm_calls_per_job``: the LLM requests the job plans (an LLM method's planned
-  calls, retries excluded; DP-KPS: one per keyphrase sequence asked for);
+* ``org_max_llm_calls_per_job``: the LLM requests the job plans (the method's planned
+  calls, retries excluded, :mod:`workers.methods.registry`; none without an LLM);
 * ``org_max_llm_tokens_per_job``: those calls × the most tokens each may generate
-  (the method's ``max_tokens``; DP-KPS: the server's ``llm_max_tokens``);
-* ``org_max_llm_concurrency``: the LLM requests in flight an LLM method's spec asks for
-  (``concurrency``; the server's own LLM concurrency caps it further when it runs).
+  (the method's ``max_tokens``, or the server's ``llm_max_tokens`` where it has none);
+* ``org_max_llm_concurrency``: the LLM requests in flight a method's spec asks for
+  (``concurrency``, where it has one; the server's own LLM concurrency caps it further
+  when it runs).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.errors import LimitExceeded, NotFound
 from app.jobs import repository
-from app.jobs.schemas import AnySpec, LLMMethodJob
+from app.jobs.schemas import AnySpec
 from app.ledger import repository as ledger_repo
-from workers.methods.registry import LLM_METHODS
+from workers.methods.registry import METHODS
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class LLMUse:
 
     calls: int
     max_tokens: int
-    concurrency: int | None  # None: the spec has no say (DP-KPS: the server's)
+    concurrency: int | None  # None: the spec has no say (the server's)
     calls_field: str
+    tokens_field: str  # the spec field that bounds the tokens of a call
 
     @property
     def tokens(self) -> int:
@@ -47,18 +49,16 @@ class LLMUse:
 
 def llm_use(spec: AnySpec, classes: int, settings: Settings) -> LLMUse:
     """What ``spec`` plans to ask of the LLM over ``classes`` declared labels."""
-    if isinstance(spec, LLMMethodJob):
-        method = LLM_METHODS[spec.method]
-        params = spec.params()
-        return LLMUse(
-            calls=method.planned_calls(params, classes),
-            max_tokens=int(getattr(params, "max_tokens", settings.llm_max_tokens)),
-            concurrency=params.concurrency,
-            calls_field=method.calls_field,
-        )
-    calls = 0 if spec.llm == "none" else spec.sequences_requested(classes)
-    field = "total" if spec.total is not None else "per_class"
-    return LLMUse(calls, settings.llm_max_tokens, None, field)
+    method = METHODS[spec.method]
+    params = spec.params()
+    calls_field = method.calls_field(params)
+    return LLMUse(
+        calls=0 if spec.llm == "none" else method.planned_calls(params, classes),
+        max_tokens=int(getattr(params, "max_tokens", settings.llm_max_tokens)),
+        concurrency=getattr(params, "concurrency", None),
+        calls_field=calls_field,
+        tokens_field="max_tokens" if "max_tokens" in type(params).model_fields else calls_field,
+    )
 
 
 def _refuse(what: str, limit: str, value: int, asked: int, field: str | None) -> LimitExceeded:
@@ -98,7 +98,7 @@ def check_spec(spec: AnySpec, classes: int, settings: Settings) -> None:
             "org_max_llm_tokens_per_job",
             settings.org_max_llm_tokens_per_job,
             use.tokens,
-            "max_tokens" if isinstance(spec, LLMMethodJob) else use.calls_field,
+            use.tokens_field,
         )
 
 

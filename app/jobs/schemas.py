@@ -1,22 +1,21 @@
-"""A job spec carries every engine parameter, the vocabulary, the LLM and the prompt.
+"""A job spec carries its method's parameters, the LLM and, for DP-KPS, the prompt.
 
-Bounds here give early, typed 422s; the engine's own :meth:`GenerationConfig.validate`
-and :meth:`PromptSpec.validate` run as well, so a spec the engine would refuse is never
-queued. The LLM is named (``none``, ``local`` or an endpoint configured on the server):
-a spec never carries a URL or a key. ``device`` is the worker's business, not the spec's.
+A method's parameters are its own model's (:mod:`workers.methods.registry`); a job adds
+the LLM and a cap on its calls. Bounds give early, typed 422s; the engine's own
+:meth:`GenerationConfig.validate` and :meth:`PromptSpec.validate` run as well, so a spec
+the engine would refuse is never queued. The LLM is named (``none``, ``local`` or an
+endpoint configured on the server): a spec never carries a URL or a key.
+``device`` is the worker's business, not the spec's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -25,7 +24,6 @@ from pydantic import (
     TypeAdapter,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from app.datasets.schemas import not_a_boolean
@@ -33,33 +31,14 @@ from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
 from workers.evaluation.holdout import DEFAULT_FRACTION as HOLDOUT_FRACTION
 from workers.evaluation.holdout import MAX_FRACTION as HOLDOUT_MAX_FRACTION
 from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.catalog import METHOD_PARAMS
 from workers.methods.common import MethodParams
 from workers.methods.dp_eda.params import DPEDAParams
-from workers.methods.dpkps.config import (
-    CELLS_FROM_EPSILON,
-    DEFAULT_CELLS,
-    DEFAULT_EXTENSION_RATIO,
-    DEFAULT_SELECTION,
-    DEFAULT_TEMPERATURE,
-    DELTA_CEILING,
-    EMBEDDING_DIMENSION,
-    EPSILON_CEILING,
-    EPSILON_FLOOR,
-    LIMITS,
-    MAX_CELLS,
-    MAX_DOCUMENT_WINDOW,
-    MAX_EMBED_SAMPLE,
-    MAX_EXTENSION_RATIO,
-    MAX_LABEL_PRIOR,
-    MAX_SELECTION,
-    PUBLIC_VOCABULARY_DEFAULTS,
-    SUBSPACE_FROM_CLASSES,
-    SUGGESTED_SUBSPACE,
-    GenerationConfig,
-)
+from workers.methods.dpkps.params import DPKPSParams, MechanismEpsilon
+from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
 from workers.methods.pate_tutor.params import PateTutorParams
-from workers.methods.registry import AUG_PE, DP_EDA, LLM_METHODS, PATE_TUTOR
+from workers.methods.registry import AUG_PE, DP_EDA, DPKPS, METHODS, PATE_TUTOR
 from workers.privacy.audit import DEFAULT_CANARIES, MAX_CANARIES
 
 Example = Annotated[
@@ -68,22 +47,6 @@ Example = Annotated[
         min_length=1, max_length=PROMPT_LIMITS["example_chars"], pattern=TEXT_PATTERN
     ),
 ]
-
-_BOOLEAN_FIELDS = frozenset({"distinct", "consistency_filter"})
-
-# ε of one mechanism, within the engine's floor and ceiling (see ``check_epsilon``): a
-# job at a negligible ε could only serve to probe the data at no charge.
-MechanismEpsilon = Annotated[
-    float, Field(ge=EPSILON_FLOOR, le=EPSILON_CEILING), BeforeValidator(not_a_boolean)
-]
-
-# Every engine parameter but the device, which is the worker's business.
-ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "device")
-_ENGINE: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
-
-
-DPKPS: Final = "dpkps"
-METHODS = (DPKPS, *LLM_METHODS)
 
 LLMName = Annotated[
     str,
@@ -149,8 +112,9 @@ class HoldoutSpec(BaseModel):
         return not_a_boolean(value)
 
 
-class JobSpec(BaseModel):
-    """A DP-KPS job (``method`` absent or ``dpkps``)."""
+class JobSpec(DPKPSParams):
+    """A DP-KPS job (``method`` absent or ``dpkps``): its :class:`DPKPSParams`, the LLM that
+    writes the texts and its prompt, a holdout and the privacy audit's canaries."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -183,12 +147,6 @@ class JobSpec(BaseModel):
         default="dpkps",
         description="The generation method: 'dpkps' (DP keyphrase prompt seeding, the default "
         "when absent); 'aug-pe', 'pate-tutor' and 'dp-eda' select the other methods' specs",
-    )
-    vocabulary: str = Field(
-        min_length=1,
-        max_length=64,
-        description="A built-in vocabulary name ('english', 'medical') or the id of an "
-        "uploaded vocabulary",
     )
     llm: LLMName = "local"
     document_type: str = Field(
@@ -223,304 +181,6 @@ class JobSpec(BaseModel):
         examples=[None, {"fraction": 0.1}],
     )
 
-    # The budget: a total ``epsilon`` (and ``delta``: > 0 selects Gaussian noise) split
-    # among the mechanisms by the shares, or per-mechanism ε (Laplace, pure).
-    epsilon: MechanismEpsilon | None = Field(
-        default=None,
-        description="The job's total privacy budget ε, split among the mechanisms "
-        "(vocabulary, density, class counts) by the shares. Give either this or the "
-        f"per-mechanism epsilon_vocab and epsilon_kde (Laplace). {EPSILON_FLOOR:g} to "
-        f"{EPSILON_CEILING:g}; charged to the dataset's cap when the job is submitted",
-    )
-    delta: float = Field(
-        default=0.0,
-        ge=0,
-        le=DELTA_CEILING,
-        description="With epsilon: the total δ of the (ε, δ) guarantee, a probability of "
-        "failure per record; > 0 selects Gaussian noise (noise null), 0 (the default) pure "
-        f"ε-DP with Laplace noise. 0 to {DELTA_CEILING:g}; at most the dataset's delta_cap",
-    )
-    noise: Literal["laplace", "gaussian"] | None = Field(
-        default=None, description="default: gaussian when delta > 0, else laplace"
-    )
-    share_vocab: float = Field(
-        default=_ENGINE["share_vocab"],
-        gt=0,
-        le=1000,
-        description="With epsilon: the vocabulary histogram's share of the total (of ε with "
-        "Laplace noise, of the Gaussian μ² otherwise), relative to the other shares; "
-        f"> 0 to 1000, default {_ENGINE['share_vocab']:g}. Unused when Ṽ is public",
-    )
-    share_kde: float = Field(
-        default=_ENGINE["share_kde"],
-        gt=0,
-        le=1000,
-        description="With epsilon: the density release's (kernel density, class centroids) "
-        f"share of the total; > 0 to 1000, default {_ENGINE['share_kde']:g}",
-    )
-    share_count: float = Field(
-        default=_ENGINE["share_count"],
-        gt=0,
-        le=1000,
-        description="With epsilon and a total: the noisy class counts' share of the total; "
-        f"> 0 to 1000, default {_ENGINE['share_count']:g}",
-    )
-    epsilon_vocab: MechanismEpsilon | None = Field(
-        default=None,
-        description="Instead of epsilon: ε of the vocabulary histogram alone (Laplace noise); "
-        f"{EPSILON_FLOOR:g} to {EPSILON_CEILING:g}",
-    )
-    epsilon_kde: MechanismEpsilon | None = Field(
-        default=None,
-        description="Instead of epsilon: ε of the kernel density release alone (Laplace "
-        "noise; classes are disjoint, so each class's structures share the whole of it); "
-        f"{EPSILON_FLOOR:g} to {EPSILON_CEILING:g}",
-    )
-    epsilon_count: MechanismEpsilon | None = Field(
-        default=None,
-        description="Instead of epsilon: ε of the noisy class counts (Laplace noise); given, "
-        f"total is split among the classes by them. {EPSILON_FLOOR:g} to {EPSILON_CEILING:g}",
-    )
-    # Defaults are the engine's own (chosen by measurement; see benchmarks/notes/README.md).
-    per_class: int | None = Field(
-        default=_ENGINE["per_class"],
-        ge=1,
-        le=LIMITS["per_class"],
-        description="Keyphrase sequences (so documents) per declared label; default "
-        f"{_ENGINE['per_class']}, cleared when total is given; 1 to {LIMITS['per_class']:,}",
-    )
-    total: int | None = Field(
-        default=_ENGINE["total"],
-        ge=1,
-        le=LIMITS["total"],
-        description="Instead of per_class: sequences in all, split among the classes by noisy "
-        "class counts (epsilon_count, or the count share of epsilon); null, the default: "
-        f"per_class. 1 to {LIMITS['total']:,}",
-    )
-    vocabulary_size: int = Field(
-        default=_ENGINE["vocabulary_size"],
-        ge=1,
-        le=LIMITS["vocabulary_size"],
-        description="N, the phrases the noisy vocabulary histogram keeps as the private "
-        f"vocabulary Ṽ; default {_ENGINE['vocabulary_size']:,}, 1 to "
-        f"{LIMITS['vocabulary_size']:,}, at most the vocabulary's size",
-    )
-    max_matches_per_document: int = Field(
-        default=_ENGINE["max_matches_per_document"],
-        ge=1,
-        le=LIMITS["max_matches_per_document"],
-        description="S, the most vocabulary phrases one document (unit) counts in the "
-        "histogram: the histogram's sensitivity, so its noise grows with it; default "
-        f"{_ENGINE['max_matches_per_document']}, 1 to {LIMITS['max_matches_per_document']:,}",
-    )
-    sequence_length: int = Field(
-        default=_ENGINE["sequence_length"],
-        ge=1,
-        le=LIMITS["sequence_length"],
-        description=f"L, keyphrases per sequence (per prompt); default "
-        f"{_ENGINE['sequence_length']}, 1 to {LIMITS['sequence_length']}",
-    )
-    mode: Literal["independent", "iterative"] = Field(
-        default=_ENGINE["mode"],
-        description="independent (the default): each phrase of a sequence is drawn from its "
-        "class's density alone; iterative: conditioned on the sequence's prefix (random "
-        "features and an ensemble of structures; see ensemble)",
-    )
-    ensemble: Literal["log", "linear"] = Field(
-        default=_ENGINE["ensemble"],
-        description="Iterative mode: the block counts of each class's ensemble of "
-        "structures, which share epsilon_kde equally: log (1, 2, 4, … up to L; the default) "
-        "or linear (1, 2, …, L: more structures, more noise in each)",
-    )
-    num_features: int = Field(
-        default=_ENGINE["num_features"],
-        ge=1,
-        le=LIMITS["num_features"],
-        description="I, random Fourier features of the density with kde_method "
-        f"random_features; default {_ENGINE['num_features']:,}, 1 to "
-        f"{LIMITS['num_features']:,}",
-    )
-    bandwidth: float = Field(
-        default=_ENGINE["bandwidth"],
-        gt=0,
-        le=1e6,
-        description="σ of the Gaussian kernel on unit embedding vectors (exact kernel and "
-        f"random features); default {_ENGINE['bandwidth']:g}, > 0 to 1e6",
-    )
-    kde_method: Literal["exact", "random_features", "centroid", "moments"] | None = Field(
-        default=_ENGINE["kde_method"],
-        description="default: centroid for a total Gaussian budget in independent mode, "
-        "exact for Laplace, random_features in iterative mode; centroid and moments need "
-        "Gaussian noise and independent mode",
-    )
-    vocabulary_method: Literal["histogram", "threshold", "public"] | None = Field(
-        default=_ENGINE["vocabulary_method"],
-        description="how Ṽ is chosen: a noisy histogram over the vocabulary, a thresholded "
-        "Gaussian histogram over the phrases that occur (Gaussian noise; spends half of "
-        "delta outright), or the first public_vocabulary_size phrases (no release); "
-        "default: public for centroid and moments, else histogram",
-    )
-    kde_weighting: Literal["l1", "l2"] | None = Field(
-        default=_ENGINE["kde_weighting"],
-        description="a document's weights in the exact kernel density: l1 (default) or l2 "
-        "(Gaussian noise, kde_method exact)",
-    )
-    public_vocabulary_size: int | None = Field(
-        default=_ENGINE["public_vocabulary_size"],
-        ge=1,
-        le=LIMITS["vocabulary_size"],
-        description=f"|Ṽ| of a public Ṽ; default {PUBLIC_VOCABULARY_DEFAULTS}",
-    )
-    public_extension: int = Field(
-        default=_ENGINE["public_extension"],
-        ge=0,
-        le=LIMITS["vocabulary_size"],
-        description="with kde_method centroid, one cell and a total: a class whose released "
-        "count is at least extension_ratio times its sum's noise sigma samples from this many "
-        "public phrases instead of public_vocabulary_size (0, the default: off)",
-    )
-    extension_ratio: float = Field(
-        default=_ENGINE["extension_ratio"],
-        ge=0,
-        le=MAX_EXTENSION_RATIO,
-        description="the released class count, over the class sum's noise sigma, from which "
-        f"a class samples from public_extension's phrases (default {DEFAULT_EXTENSION_RATIO:g})",
-    )
-    centroid_cells: int | None = Field(
-        default=_ENGINE["centroid_cells"],
-        ge=1,
-        le=MAX_CELLS,
-        description="cells per class with kde_method centroid: the class sum places up to "
-        "this many, whose sums a second release gives (1: the class sum alone); default "
-        f"{DEFAULT_CELLS} from epsilon {CELLS_FROM_EPSILON:g} on, else 1",
-    )
-    cell_share: float = Field(
-        default=_ENGINE["cell_share"],
-        gt=0,
-        lt=1,
-        description="with cells: the class sum's share of the density's budget",
-    )
-    cell_kappa: float = Field(
-        default=_ENGINE["cell_kappa"],
-        gt=0,
-        le=1000,
-        description="with cells: a class gets as many as keep each cell's sum this many "
-        "noise norms above its noise",
-    )
-    label_prior: float = Field(
-        default=_ENGINE["label_prior"],
-        ge=0,
-        le=MAX_LABEL_PRIOR,
-        description="with kde_method centroid: how far the declared label names' embeddings "
-        "pull each class's released direction, in noise-matched units, when the released "
-        "sums agree with them (0: off)",
-    )
-    label_prior_lead: float = Field(
-        default=_ENGINE["label_prior_lead"],
-        ge=0,
-        le=MAX_LABEL_PRIOR,
-        description="with kde_method centroid: how far the label names may lead each class's "
-        "released direction, in the same units, as the released sums' agreement with them "
-        "grows from 1 to 2 standard deviations of its noise (0, the default: no lead)",
-    )
-    sequence_selection: int | None = Field(
-        default=_ENGINE["sequence_selection"],
-        ge=1,
-        le=MAX_SELECTION,
-        description="with kde_method centroid or moments: draw this many times the sequences "
-        "and keep those whose phrases lie nearest their class's (or cell's) released "
-        "direction (1: keep every draw); post-processing, no budget; default "
-        f"{DEFAULT_SELECTION} with cells, else 1",
-    )
-    consistency_filter: bool | None = Field(
-        default=_ENGINE["consistency_filter"],
-        description="with kde_method centroid: keep a sequence only where its own class's "
-        "released direction (with cells: one of its class's cells) is the nearest to its "
-        "embedding (post-processing, no budget; the job returns fewer sequences than asked "
-        "for, in proportions the releases decide, and counts.sequences_drawn says how many "
-        "were drawn); null, the default: on with class centroids, else off",
-    )
-    subspace: int | None = Field(
-        default=_ENGINE["subspace"],
-        ge=0,
-        le=EMBEDDING_DIMENSION,
-        description="with kde_method centroid: release each class sum in this many top "
-        "principal directions of the public phrases' embeddings, each unit rescaled there to "
-        "its own norm (same noise, same budget; 0: the whole embedding space; null, the "
-        f"default: {SUGGESTED_SUBSPACE} with {SUBSPACE_FROM_CLASSES} or more declared labels "
-        "and one cell per class, else the whole space)",
-    )
-    document_window: int = Field(
-        default=_ENGINE["document_window"],
-        ge=0,
-        le=MAX_DOCUMENT_WINDOW,
-        description="with kde_method centroid or moments: a document longer than this many "
-        "words is embedded in windows of it, their embeddings averaged, so that the whole "
-        "document counts and not only the first 256 word pieces the embedding model reads "
-        "(same noise, same budget; 0: one piece, the model's first tokens only)",
-    )
-    embed_sample: int = Field(
-        default=_ENGINE["embed_sample"],
-        ge=0,
-        le=MAX_EMBED_SAMPLE,
-        description="with kde_method centroid or moments: embed only a Poisson sample of "
-        "about this many units of each class (each unit kept independently with probability "
-        "min(1, m / the class's released count)), so the embedding work is bounded whatever "
-        "the corpus holds; the class counts are released for the rate (a small share of the "
-        "budget, unless a total releases them anyway) and each class sum is charged as "
-        "before (0, the default: every unit)",
-    )
-    temperature: float | None = Field(
-        default=_ENGINE["temperature"],
-        gt=0,
-        le=1e6,
-        description="τ: a phrase is drawn with probability ∝ clip(score)^(1/τ) (lower: "
-        "sharper, fewer distinct phrases; post-processing); null, the default: per "
-        f"kde_method ({', '.join(f'{k} {v:g}' for k, v in DEFAULT_TEMPERATURE.items())})",
-    )
-    noise_floor: float = Field(
-        default=_ENGINE["noise_floor"],
-        ge=0,
-        le=10,
-        description="Scores lose this many noise standard deviations before they are "
-        "clipped at 0 (post-processing); default 0, 0 to 10",
-    )
-    class_contrast: float = Field(
-        default=_ENGINE["class_contrast"],
-        ge=0,
-        le=10,
-        description="β: a class's phrase scores are weighted by the class's share of the "
-        "phrase to the power β, so words every class uses fade (independent mode; "
-        f"post-processing); default {_ENGINE['class_contrast']:g}, 0 (off) to 10",
-    )
-    contribution_bound: float = Field(
-        default=_ENGINE["contribution_bound"],
-        gt=0,
-        le=math.sqrt(2.0),
-        description="c: each document's random-feature vector is clipped to L1 norm c·I, "
-        "so the density's sensitivity is c·I (kde_method random_features); default "
-        f"{_ENGINE['contribution_bound']:g}, > 0 to √2",
-    )
-    max_phrases_per_document: int = Field(
-        default=_ENGINE["max_phrases_per_document"],
-        ge=1,
-        le=LIMITS["max_phrases_per_document"],
-        description="M, the most private-vocabulary phrases of one document averaged into "
-        f"its density contribution (independent mode); default "
-        f"{_ENGINE['max_phrases_per_document']}, 1 to {LIMITS['max_phrases_per_document']:,}",
-    )
-    distinct: bool = Field(
-        default=_ENGINE["distinct"],
-        description="No phrase twice in one sequence (post-processing); default true",
-    )
-    # At most 2**53 - 1: beyond it a JSON number is not exact in most clients (I-JSON).
-    seed: int = Field(
-        default=_ENGINE["seed"],
-        ge=0,
-        le=2**53 - 1,
-        description="Seed of the public randomness (random features, sampling); the DP "
-        "noise is never seeded. Default 0, 0 to 2⁵³ − 1",
-    )
     audit_canaries: int = Field(
         default=DEFAULT_CANARIES,
         ge=0,
@@ -536,32 +196,18 @@ class JobSpec(BaseModel):
         examples=[DEFAULT_CANARIES, 0],
     )
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
-        return value if info.field_name in _BOOLEAN_FIELDS else not_a_boolean(value)
+    def params(self) -> DPKPSParams:
+        """The method's own parameters (what the engine sees), checked as the engine
+        checks them (``ConfigError`` naming the field)."""
+        params = DPKPSParams.model_validate(self.model_dump(include=set(DPKPSParams.model_fields)))
+        params.generation_config()
+        return params
 
-    @model_validator(mode="after")
-    def _counts_replace_per_class(self) -> JobSpec:
-        # With noisy class counts, `total` is split by them and `per_class` means nothing.
-        if self.total is not None and "per_class" not in self.model_fields_set:
-            self.per_class = None
-        if self.noise is None:
-            self.noise = "gaussian" if self.delta > 0 else "laplace"
-        return self
-
-    def sequences_requested(self, labels: int) -> int:
-        """How many keyphrase sequences the job asks for over ``labels`` declared labels."""
-        if self.total is not None:
-            return self.total
-        return (self.per_class or 0) * labels
-
-    def engine_parameters(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in ENGINE_FIELDS}
-
-    def generation_config(self) -> GenerationConfig:
-        """The engine's configuration; raises ``ConfigError`` naming the field."""
-        return GenerationConfig(**self.engine_parameters()).validate()
+    def prompt(self) -> PromptSpec:
+        """The prompt that writes each sequence out (public)."""
+        return PromptSpec(
+            self.document_type, tuple(self.few_shot), self.template or DEFAULT_TEMPLATE
+        )
 
 
 class LLMMethodJob(BaseModel):
@@ -586,7 +232,11 @@ class LLMMethodJob(BaseModel):
     def params(self) -> MethodParams:
         """The method's own parameters (what the engine and its checkpoints see)."""
         fields = self.model_dump(exclude={"method", "llm", "max_llm_calls"})
-        return LLM_METHODS[self.method].params.model_validate(fields)
+        return METHOD_PARAMS[self.method].model_validate(fields)
+
+    def prompt(self) -> None:
+        """None: the method's prompts are its own (:mod:`workers.methods.registry`)."""
+        return None
 
 
 class AugPEJobSpec(LLMMethodJob, AugPEParams):

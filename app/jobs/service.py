@@ -23,7 +23,6 @@ from app.identity import policy
 from app.identity.policy import Actor, Principal
 from app.jobs import admission, holdout, limits, recovery, repository, runner
 from app.jobs.schemas import (
-    DPKPS,
     AnySpec,
     JobCharge,
     JobCounts,
@@ -31,9 +30,7 @@ from app.jobs.schemas import (
     JobError,
     JobLLMCosts,
     JobOut,
-    JobSpec,
     JobStage,
-    LLMMethodJob,
 )
 from app.jobs.verdict import noise_std, verdict
 from app.ledger import amounts, audit
@@ -42,29 +39,22 @@ from app.logging import current_request_id
 from app.models import Job, utcnow
 from app.vocabularies import service as vocabularies
 from workers.errors import ConfigError
-from workers.methods.dpkps.accounting import epsilon_by_mechanism
-from workers.methods.dpkps.config import GenerationConfig, method_description
-from workers.methods.dpkps.plan import Plan, plan
-from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
+from workers.methods.dpkps.plan import Plan
 from workers.methods.progress import time_left
-from workers.methods.registry import LLM_METHODS
-from workers.privacy.accountant import compose
+from workers.methods.registry import DPKPS, METHODS
+from workers.privacy.accountant import compose, epsilon_by_mechanism
 from workers.privacy.events import PrivacyEvent
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
-def planned(config: GenerationConfig, labels: list[str], vocabulary_size: int) -> Plan:
-    """Every release a run of ``config`` will make (public inputs only, before it runs)."""
-    return plan(config, labels, vocabulary_size)
-
-
-def planned_llm_method(spec: LLMMethodJob, labels: list[str]) -> Plan:
-    """Every release a run of ``spec``'s LLM method will make, composed at its δ."""
-    events = tuple(LLM_METHODS[spec.method].plan(spec.params(), labels))
+def planned_run(spec: AnySpec, labels: list[str], vocabulary_size: int | None) -> Plan:
+    """Every release a run of ``spec``'s method will make (public inputs only: the label
+    set and the size of the vocabulary it reads), composed at its δ."""
+    params = spec.params()
+    events = tuple(METHODS[spec.method].plan(params, labels, vocabulary_size))
     composition = compose(events)
-    delta = spec.params().delta
-    return Plan(events, composition.epsilon(delta), delta, composition.name)
+    return Plan(events, composition.epsilon(params.delta), params.delta, composition.name)
 
 
 def method_of(spec: Mapping[str, Any]) -> str:
@@ -72,7 +62,7 @@ def method_of(spec: Mapping[str, Any]) -> str:
     return str(spec.get("method", DPKPS))
 
 
-def _check_llm(spec: JobSpec | LLMMethodJob, settings: Settings) -> None:
+def _check_llm(spec: AnySpec, settings: Settings) -> None:
     if spec.llm not in settings.llm_names:
         raise Unprocessable(
             f"unknown LLM endpoint; this server offers {', '.join(settings.llm_names)}",
@@ -84,64 +74,64 @@ def _check_llm(spec: JobSpec | LLMMethodJob, settings: Settings) -> None:
         )
 
 
-def _check_llm_method(spec: LLMMethodJob, classes: int, settings: Settings) -> None:
-    """An LLM method's job within the server's limits: an LLM named, the documents it can
-    release and the LLM calls it will make (public parameters only)."""
-    method = LLM_METHODS[spec.method]
-    if spec.llm == "none":
+def _check_run(spec: AnySpec, params: Any, classes: int, settings: Settings) -> None:
+    """A job within the server's limits: an LLM named where the method writes its texts
+    with one, the documents it can release, its prompt, and, for a method that writes
+    within the run, the LLM calls it will make (public parameters only; a DP-KPS job's
+    prompting stage stops at its cap instead)."""
+    method = METHODS[spec.method]
+    if method.writes_texts and spec.llm == "none":
         raise Unprocessable(f"{method.title} needs an LLM: name one", field="llm")
-    _check_llm(spec, settings)
-    params = spec.params()
     released = method.max_released(params, classes)
     if released > settings.max_sequences_per_job:
         raise Unprocessable(
             f"may release up to {released} documents; this server makes at most "
             f"{settings.max_sequences_per_job} per job",
-            field=method.released_field,
+            field=method.released_field(params),
         )
+    _check_llm(spec, settings)
+    prompt = spec.prompt()
+    if prompt is not None:
+        prompt.validate()
+    if not method.writes_texts:
+        return
     calls = method.planned_calls(params, classes)
     allowed = spec.max_llm_calls or settings.llm_max_calls
     if calls > allowed:
         raise Unprocessable(
             f"the run makes up to {calls} LLM calls, more than the {allowed} allowed",
-            field="max_llm_calls" if spec.max_llm_calls else method.calls_field,
+            field="max_llm_calls" if spec.max_llm_calls else method.calls_field(params),
         )
 
 
-def _check_prompting(spec: JobSpec, settings: Settings) -> None:
-    _check_llm(spec, settings)
-    PromptSpec(
-        spec.document_type, tuple(spec.few_shot), spec.template or DEFAULT_TEMPLATE
-    ).validate()
-
-
-def _check_size(spec: JobSpec, labels: int, settings: Settings) -> None:
-    wanted = spec.sequences_requested(labels)
-    if wanted > settings.max_sequences_per_job:
-        field = "total" if spec.total is not None else "per_class"
+def _check_vocabulary(params: Any, vocabulary: Any) -> None:
+    """A run that asks for N of the vocabulary's phrases needs that many."""
+    wanted = getattr(params, "vocabulary_size", None)
+    if wanted is not None and wanted > vocabulary.size:
         raise Unprocessable(
-            f"asks for {wanted} keyphrase sequences; this server makes at most "
-            f"{settings.max_sequences_per_job} per job",
-            field=field,
+            f"asks for {wanted} phrases but vocabulary {vocabulary.name!r} has {vocabulary.size}",
+            field="vocabulary_size",
         )
 
 
-def prompt_provenance(spec: JobSpec, actor: Actor) -> dict[str, Any]:
+def prompt_provenance(spec: AnySpec, actor: Actor) -> dict[str, Any]:
     """Who supplied the job's few-shot examples and prompt template, and a SHA-256 of
-    each (for the audit trail: the texts themselves are in the spec, not the event)."""
+    each (for the audit trail: the texts themselves are in the spec, not the event);
+    nothing for a job without a prompt of its own."""
     supplied: dict[str, Any] = {}
-    if spec.few_shot:
+    few_shot, template = getattr(spec, "few_shot", None), getattr(spec, "template", None)
+    if few_shot:
         supplied["few_shot"] = {
             "supplied_by": actor.ref,
             "organisation_id": str(actor.organisation_id),
-            "examples": len(spec.few_shot),
-            "sha256": _sha256(json.dumps(spec.few_shot, ensure_ascii=False)),
+            "examples": len(few_shot),
+            "sha256": _sha256(json.dumps(few_shot, ensure_ascii=False)),
         }
-    if spec.template:
+    if template:
         supplied["template"] = {
             "supplied_by": actor.ref,
             "organisation_id": str(actor.organisation_id),
-            "sha256": _sha256(spec.template),
+            "sha256": _sha256(template),
         }
     return supplied
 
@@ -163,35 +153,23 @@ def _prepare(
     dataset = policy.visible(principal, datasets_repo.get(session, dataset_id), "dataset")
     if dataset.state != "ready":  # a resumable upload not sealed yet (app.datasets.service)
         raise Conflict("the dataset's upload is not sealed: POST /v1/datasets/{id}/seal first")
-    if isinstance(spec, LLMMethodJob):
-        _check_llm_method(spec, len(dataset.labels), settings)
-        limits.check_spec(spec, len(dataset.labels), settings)  # then the organisation's
-        vocabulary = None
-        name = LLM_METHODS[spec.method].vocabulary(spec.params())
-        if name is not None:
-            vocabulary = vocabularies.resolve(session, principal, name)
-        llm_plan = planned_llm_method(spec, list(dataset.labels))
-        return dataset, vocabulary, llm_plan, llm_plan
-    config = spec.generation_config()
-    _check_size(spec, len(dataset.labels), settings)
-    _check_prompting(spec, settings)
-    limits.check_spec(spec, len(dataset.labels), settings)  # after the spec's own checks
-    vocabulary = vocabularies.resolve(session, principal, spec.vocabulary)
-    if config.vocabulary_size > vocabulary.size:
-        raise Unprocessable(
-            f"asks for {config.vocabulary_size} phrases but vocabulary {vocabulary.name!r} "
-            f"has {vocabulary.size}",
-            field="vocabulary_size",
-        )
-    generation = planned(config, list(dataset.labels), vocabulary.size)
-    return dataset, vocabulary, holdout.plan(spec, generation, len(dataset.labels)), generation
+    params = spec.params()  # DP-KPS: the engine's own checks, errors naming the field
+    classes = len(dataset.labels)
+    _check_run(spec, params, classes, settings)
+    limits.check_spec(spec, classes, settings)  # after the spec's own checks
+    vocabulary = None
+    name = METHODS[spec.method].vocabulary(params)
+    if name is not None:
+        vocabulary = vocabularies.resolve(session, principal, name)
+        _check_vocabulary(params, vocabulary)
+    size = vocabulary.size if vocabulary is not None else None
+    generation = planned_run(spec, list(dataset.labels), size)
+    return dataset, vocabulary, holdout.plan(spec, generation, classes), generation
 
 
 def description(spec: AnySpec, classes: int) -> str:
     """What the method of ``spec`` runs on a label set of ``classes`` classes, in words."""
-    if isinstance(spec, LLMMethodJob):
-        return LLM_METHODS[spec.method].description
-    return method_description(spec.generation_config().for_classes(classes))
+    return METHODS[spec.method].described(spec.params(), classes)
 
 
 def dry_run(
@@ -233,32 +211,22 @@ def dry_run(
             "accountant": after.accountant,
         },
         "verdict": _verdict(spec, the_plan, dataset, vocabulary) if owner else None,
-        "utility": (
-            None
-            if isinstance(spec, LLMMethodJob)
-            else holdout.dry_run_block(
-                spec,
-                the_plan,
-                generation,
-                dataset.documents if owner else None,
-                len(dataset.labels),
-            )
+        "utility": holdout.dry_run_block(
+            spec, the_plan, generation, dataset.documents if owner else None, len(dataset.labels)
         ),
     }
 
 
 def _verdict(spec: AnySpec, the_plan: Plan, dataset: Any, vocabulary: Any) -> dict[str, Any] | None:
     """The owner's verdict on the class signal against the noise (:mod:`app.jobs.verdict`);
-    None for the LLM methods, whose releases are votes rather than class densities."""
-    if isinstance(spec, LLMMethodJob):
-        return None
+    None for a plan without class densities (the LLM methods' releases are votes)."""
+    method, params = METHODS[spec.method], spec.params()
     labels = list(dataset.labels)
-    total = spec.epsilon is not None and spec.epsilon_vocab is None and spec.epsilon_kde is None
+    size = vocabulary.size if vocabulary is not None else None
 
     def replan(epsilon: float) -> Sequence[PrivacyEvent]:
-        again = spec.model_copy(update={"epsilon": epsilon})
         try:
-            return planned(again.generation_config(), labels, vocabulary.size).events
+            return method.plan(params.model_copy(update={"epsilon": epsilon}), labels, size)
         except ConfigError:  # an ε this spec's noise cannot be calibrated for
             return ()
 
@@ -266,20 +234,17 @@ def _verdict(spec: AnySpec, the_plan: Plan, dataset: Any, vocabulary: Any) -> di
         the_plan.events,
         documents=dataset.documents,
         classes=len(labels),
-        epsilon=spec.epsilon,
-        replan=replan if total else None,
+        epsilon=params.epsilon,
+        # a total ε (not per-mechanism ones, which have no single ε to raise)
+        replan=replan if params.epsilon is not None else None,
     )
     return found.to_dict() if found is not None else None
 
 
 def _resolved_parameters(spec: AnySpec, classes: int) -> dict[str, Any] | None:
-    """A DP-KPS spec's engine parameters, defaults resolved for a label set of ``classes``
-    classes (None for the LLM methods)."""
-    if isinstance(spec, LLMMethodJob):
-        return None
-    parameters = spec.generation_config().for_classes(classes).to_dict()
-    del parameters["device"]  # the worker's business, not the spec's
-    return parameters
+    """The spec's parameters as the method resolves them for a label set of ``classes``
+    classes (None for a method that resolves none)."""
+    return METHODS[spec.method].resolved(spec.params(), classes)
 
 
 def noise_report(
@@ -359,7 +324,7 @@ def submit(
         epsilon_by_mechanism=by_mechanism,
         method=spec.method,
         llm=spec.llm,
-        **(prompt_provenance(spec, principal.actor) if isinstance(spec, JobSpec) else {}),
+        **prompt_provenance(spec, principal.actor),
     )
     admission.admit(session, settings.org_dispatched_jobs)
     return job
@@ -439,7 +404,7 @@ def retry(session: Session, principal: Principal, job_id: uuid.UUID) -> Job:
     assert current is not None
     if current.state in repository.ACTIVE_STATES:
         return _resume(session, principal, current)
-    if current.state == "failed" and method_of(current.spec) in LLM_METHODS:
+    if current.state == "failed" and METHODS[method_of(current.spec)].writes_texts:
         return _rerun_from_checkpoints(session, principal, current)
     if current.sequences_total == 0:
         raise Conflict("the job has no saved keyphrase sequences to prompt again; submit a new job")

@@ -66,11 +66,11 @@ from workers.llm.attestation import Prompt
 from workers.llm.client import LLMCosts
 from workers.methods.checkpoints import check_key
 from workers.methods.dpkps import prompting
-from workers.methods.dpkps.accounting import epsilon_by_mechanism
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
 from workers.methods.progress import Stage, stage_number
-from workers.methods.registry import LLM_METHODS
+from workers.methods.registry import METHODS
+from workers.privacy.accountant import epsilon_by_mechanism
 from workers.privacy.audit import CanarySet, make_canaries
 
 if TYPE_CHECKING:
@@ -457,11 +457,12 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
 def _dpkps(
     ctx: WorkerContext, started: runner.StartedJob, spec: JobSpec, tracker: StageTracker
 ) -> str:
-    from workers.methods.dpkps.pipeline import generate_sequences, shuffled
+    from workers.methods.dpkps.pipeline import shuffled
     from workers.text.embeddings import EmbeddingCache
 
     settings, job_id = ctx.settings, started.job_id
-    config = GenerationConfig(**spec.engine_parameters(), device=settings.device).validate()
+    method, params = METHODS[spec.method], spec.params()
+    config = params.generation_config(settings.device)
     vocabulary = _vocabulary(ctx, started.spec)
     embedder = _embedder(settings.embedding_model, settings.device)
     canaries = _canaries(spec.audit_canaries, spec.document_type, config, vocabulary, started)
@@ -470,17 +471,18 @@ def _dpkps(
     unit_name = _unit_column(ctx, started)
     # the canaries join the generation side only: never the holdout's slice
     generation = with_canaries(_generation_side(corpus, spec, started.labels), canaries)
-    result = generate_sequences(
+    result = method.run(
         generation.texts,
         generation.labels,
         label_set=started.labels,
+        units=generation.units,
+        params=params,
         vocabulary=vocabulary,
-        config=config,
         embedder=embedder,
         cache=EmbeddingCache(settings.embedding_cache_dir),
         progress=tracker,
-        units=generation.units,
         unit_name=unit_name,
+        device=settings.device,
     )
     del generation
     if not result.report.as_planned:
@@ -539,7 +541,7 @@ def _llm_method(
 
     The run's LLM calls carry public prompts and synthetic texts only; its progress
     reports are stage boundaries and iteration numbers (public parameters)."""
-    method = LLM_METHODS[spec.method]
+    method = METHODS[spec.method]
     settings, job_id = ctx.settings, started.job_id
     params = spec.params()
     params = params.model_copy(

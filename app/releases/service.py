@@ -25,13 +25,14 @@ from app.identity import repository as identity_repo
 from app.identity.policy import Principal
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs
-from app.jobs.schemas import DPKPS, ENGINE_FIELDS, JobLLMCosts
+from app.jobs.schemas import JobLLMCosts
 from app.ledger import audit
 from app.models import Download, Job, KeyphraseSequence, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
 from workers.methods.dpkps.config import GenerationConfig, method_description
-from workers.methods.registry import LLM_METHODS
+from workers.methods.dpkps.params import ENGINE_FIELDS
+from workers.methods.registry import DPKPS, LLM_METHODS
 from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 from workers.provenance import models_section
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from app.jobs.schemas import JobSpec
-from app.jobs.service import planned
 from app.jobs.verdict import MODERATE, STRONG, level, signal_to_noise, verdict
+from workers.methods.registry import METHODS
 
 
 def _events(epsilon: float, classes: int) -> list:  # type: ignore[type-arg]
@@ -15,7 +15,7 @@ def _events(epsilon: float, classes: int) -> list:  # type: ignore[type-arg]
         epsilon=epsilon, delta=1e-6, llm="none", vocabulary="english", document_type="note"
     )
     labels = [f"c{i}" for i in range(classes)]
-    return list(planned(spec.generation_config(), labels, 30_000).events)
+    return METHODS["dpkps"].plan(spec.params(), labels, 30_000)
 
 
 def test_the_ratio_is_documents_a_class_over_the_density_sigma() -> None:

@@ -12,10 +12,11 @@ from fastapi.testclient import TestClient
 
 from app.db import Database
 from app.jobs import runner
-from app.jobs.schemas import ENGINE_FIELDS, JobSpec
+from app.jobs.schemas import JobSpec
 from app.worker import RUN_SEQUENCES
 from tests.service import factories
 from workers.methods.dpkps.config import GenerationConfig
+from workers.methods.dpkps.params import ENGINE_FIELDS
 
 
 def _submit(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any):  # type: ignore[no-untyped-def]

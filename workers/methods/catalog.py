@@ -1,4 +1,5 @@
-"""The LLM methods' ids and parameter models, importable without the numerical stack.
+"""The methods' ids and the LLM methods' parameter models, importable without the
+numerical stack.
 
 :mod:`workers.methods.registry` describes each method in full (its plan and entry
 point, which load numpy, OpenDP and torch); this module names only what validating a
@@ -15,6 +16,7 @@ from workers.methods.common import MethodParams
 from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.pate_tutor.params import PateTutorParams
 
+DPKPS: Final = "dpkps"  # the default method
 AUG_PE: Final = "aug-pe"
 PATE_TUTOR: Final = "pate-tutor"
 DP_EDA: Final = "dp-eda"

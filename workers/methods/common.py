@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workers.errors import ConfigError, InputDataError
 from workers.methods.checkpoints import Checkpoints
-from workers.methods.dpkps.config import EPSILON_CEILING, EPSILON_FLOOR
 from workers.privacy.events import PrivacyEvent
+from workers.privacy.limits import EPSILON_CEILING, EPSILON_FLOOR
 from workers.text.cleanup import clean_completion
 from workers.text.corpus import check_corpus
 

@@ -580,3 +580,12 @@ def compose_datasets(datasets: Iterable[Iterable[PrivacyEvent]], *, disjoint: bo
     if disjoint:
         return WorstOf(Composition(events) for events in datasets)
     return Composition(e for events in datasets for e in events)
+
+
+def epsilon_by_mechanism(events: Iterable[PrivacyEvent], delta: float) -> dict[str, float]:
+    """Each mechanism's releases composed alone, at ``delta`` (for display: a job's figure
+    is the composition of all of them)."""
+    by: dict[str, list[PrivacyEvent]] = {}
+    for event in events:
+        by.setdefault(event.mechanism, []).append(event)
+    return {name: float(compose(group).epsilon(delta)) for name, group in by.items()}

@@ -11,23 +11,13 @@ accountant's name come from the accountant.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from workers.methods.dpkps.plan import Plan, matches
-from workers.privacy.accountant import compose
+from workers.privacy.accountant import compose, epsilon_by_mechanism
 from workers.privacy.events import PrivacyEvent
-
-
-def epsilon_by_mechanism(events: Iterable[PrivacyEvent], delta: float) -> dict[str, float]:
-    """Each mechanism's releases composed alone, at ``delta`` (for display: the job's
-    figure is the composition of all of them, :attr:`PrivacyReport.epsilon`)."""
-    by: dict[str, list[PrivacyEvent]] = {}
-    for event in events:
-        by.setdefault(event.mechanism, []).append(event)
-    return {name: float(compose(group).epsilon(delta)) for name, group in by.items()}
 
 
 @dataclass(frozen=True)

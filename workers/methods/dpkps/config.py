@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from workers.errors import ConfigError
+from workers.privacy.limits import check_delta, check_epsilon
 
 MODES = ("independent", "iterative")
 ENSEMBLES = ("log", "linear")
@@ -76,10 +77,6 @@ MAX_EMBED_SAMPLE = 10_000_000
 SAMPLE_COUNT_SHARE = 0.01
 
 
-EPSILON_FLOOR = 1e-3  # per mechanism: below it a release is all noise, and a probe of one fact
-EPSILON_CEILING = 100.0  # above it the noise is negligible: no privacy worth a ledger entry
-
-
 NOISES = ("laplace", "gaussian")
 # How the private vocabulary is chosen (workers/methods/dpkps/private_vocab.py):
 # "histogram": noise on every phrase of the public vocabulary, top N; "threshold": Gaussian
@@ -109,7 +106,6 @@ DEFAULT_VOCABULARY_METHOD = {"laplace": "histogram", "gaussian": "histogram"}
 # they sum to 1; "l2", L2 norm 1 (Gaussian noise only; sensitivity λ_max of the kernel).
 KDE_WEIGHTINGS = ("l1", "l2")
 DEFAULT_KDE_WEIGHTING = {"laplace": "l1", "gaussian": "l1"}
-DELTA_CEILING = 1e-3  # δ is a probability of failure: keep it far below 1/n
 
 
 def moments_dimension(dim: int) -> int:
@@ -196,36 +192,6 @@ def method_description(config: GenerationConfig) -> str:
         "public": f"the first {config.candidate_count:,} phrases of the public vocabulary",
     }.get(config.vocabulary_selection)
     return described if vocabulary is None else f"{described}; Ṽ: {vocabulary}"
-
-
-def check_delta(value: float, *, gaussian: bool, field: str = "delta") -> float:
-    """δ in [0, 1e-3]; > 0 for Gaussian noise, 0 for pure ε."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError("must be a number", field=field)
-    if not math.isfinite(value) or not 0 <= value <= DELTA_CEILING:
-        raise ConfigError(f"must be between 0 and {DELTA_CEILING:g} (got {value})", field=field)
-    if gaussian and value == 0:
-        raise ConfigError("Gaussian noise needs δ > 0 (e.g. 1e-6)", field=field)
-    if not gaussian and value != 0:
-        raise ConfigError("Laplace noise is pure ε-DP: δ must be 0", field=field)
-    return float(value)
-
-
-def check_epsilon(value: float, *, field: str) -> float:
-    """ε must be a number in [EPSILON_FLOOR, EPSILON_CEILING] (per mechanism).
-
-    The floor refuses the probes a tiny ε invites (many jobs at ε = 1e-9 each, spending
-    nothing on the ledger, asking one yes/no question each); the ceiling refuses a release
-    that is private in name only.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError("must be a number", field=field)
-    if not math.isfinite(value) or not EPSILON_FLOOR <= value <= EPSILON_CEILING:
-        raise ConfigError(
-            f"must be between {EPSILON_FLOOR:g} and {EPSILON_CEILING:g} (got {value})",
-            field=field,
-        )
-    return float(value)
 
 
 def check_temperature(temperature: float) -> float:

@@ -1,0 +1,81 @@
+"""The methods registry (workers.methods.registry): DP-KPS is an entry like the LLM
+methods, its parameter model is the engine's configuration field for field, and a DP-KPS
+job stored before it had one reads and plans as it did."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.jobs import holdout
+from app.jobs.schemas import JOB_SPEC, JobSpec
+from app.jobs.stages import job_spec
+from workers.errors import ConfigError
+from workers.methods.catalog import METHOD_PARAMS
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.params import ENGINE_FIELDS, DPKPSParams
+from workers.methods.dpkps.plan import plan
+from workers.methods.registry import DPKPS, LLM_METHODS, METHODS
+
+LABELS = ["cardio", "ortho", "neuro"]
+SPEC = {"vocabulary": "medical", "document_type": "note", "epsilon": 1.0, "delta": 1e-6}
+
+
+def test_every_method_is_an_entry_and_dpkps_is_the_first() -> None:
+    assert list(METHODS) == [DPKPS, *METHOD_PARAMS]
+    assert list(LLM_METHODS) == list(METHOD_PARAMS)
+    assert METHODS[DPKPS].params is DPKPSParams and not METHODS[DPKPS].writes_texts
+    for method_id, params in METHOD_PARAMS.items():
+        assert METHODS[method_id].params is params and METHODS[method_id].writes_texts
+
+
+def test_the_parameter_model_is_the_engine_configuration() -> None:
+    engine = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
+    assert set(DPKPSParams.model_fields) == {"vocabulary", *ENGINE_FIELDS}
+    assert set(ENGINE_FIELDS) == set(engine) - {"device"}
+    defaults = DPKPSParams(vocabulary="english").engine_parameters()  # noise: by delta
+    assert defaults == {name: engine[name] for name in ENGINE_FIELDS}
+    assert set(DPKPSParams.model_fields) <= set(JobSpec.model_fields)
+
+
+def test_the_dpkps_entry_plans_and_describes_as_the_engine() -> None:
+    params = DPKPSParams.model_validate({k: v for k, v in SPEC.items() if k != "document_type"})
+    entry = METHODS[DPKPS]
+    config = params.generation_config()
+    assert entry.plan(params, LABELS, 30_000) == list(plan(config, LABELS, 30_000).events)
+    assert entry.described(params, len(LABELS)) == method_description(
+        config.for_classes(len(LABELS))
+    )
+    assert entry.vocabulary(params) == "medical"
+    assert entry.planned_calls(params, 3) == entry.max_released(params, 3) == 300
+    assert entry.released_field(params) == "per_class"
+    with pytest.raises(ConfigError):
+        entry.plan(params, LABELS)  # DP-KPS plans with its vocabulary's size
+
+
+def test_a_job_stored_before_the_registry_reads_and_plans_as_before() -> None:
+    stored = {  # a stored DP-KPS spec: no method, per-mechanism ε, the resolved vocabulary
+        "vocabulary": "medical",
+        "llm": "none",
+        "document_type": "note",
+        "epsilon_vocab": 0.5,
+        "epsilon_kde": 0.5,
+        "vocabulary_size": 200,
+        "vocabulary_ref": {"kind": "builtin", "id": "medical", "name": "medical"},
+    }
+    spec = job_spec(stored)
+    assert isinstance(spec, JobSpec) and spec.method == DPKPS
+    fields = {k: v for k, v in stored.items() if k in ENGINE_FIELDS}
+    config = GenerationConfig(**fields).validate()
+    assert spec.params().generation_config() == config
+    assert METHODS[spec.method].plan(spec.params(), LABELS, 5_000) == list(
+        plan(config, LABELS, 5_000).events
+    )
+    assert JOB_SPEC.validate_python(spec.model_dump(mode="json")) == spec  # round trip
+
+
+def test_a_method_without_a_holdout_has_no_utility_block() -> None:
+    spec = {k: v for k, v in SPEC.items() if k != "vocabulary"}
+    aug_pe = JOB_SPEC.validate_python({**spec, "method": "aug-pe"})
+    assert holdout.dry_run_block(aug_pe, None, None, 1_000, 3) is None
