@@ -18,7 +18,8 @@ from workers.methods.dpkps.plan import Plan, plan
 from workers.privacy.events import PrivacyEvent
 
 if TYPE_CHECKING:  # types only: the pipeline loads numpy and torch
-    from workers.methods.dpkps.pipeline import GenerationResult, ProgressFn
+    from workers.methods.dpkps.pipeline import GenerationResult
+    from workers.methods.dpkps.stages import ProgressFn
     from workers.text.embeddings import Embedder, EmbeddingCache
     from workers.text.vocabulary import Vocabulary
 
