@@ -33,7 +33,8 @@ from tests.service.method_jobs import (
     submit,
 )
 from tests.service.method_jobs import job as job_of
-from workers.methods.aug_pe.runner import COSTS_KEY
+from workers.methods.aug_pe.runner import METHOD
+from workers.methods.skeleton import costs_key
 
 LABELS = list(factories.LABELS)
 
@@ -180,7 +181,7 @@ def test_a_crashed_aug_pe_job_resumes_from_its_checkpoints_without_new_spend(
     def crash_after_first_iteration(self: stages.JobCheckpoints, key: str, data: bytes) -> None:
         save(self, key, data)
         saved_keys.append(key)
-        if "aug-pe-population-1" in saved_keys[:-1] and key == COSTS_KEY:
+        if "aug-pe-population-1" in saved_keys[:-1] and key == costs_key(METHOD):
             raise Crash
 
     monkeypatch.setattr(stages.JobCheckpoints, "save", crash_after_first_iteration)
