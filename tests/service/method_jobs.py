@@ -56,6 +56,11 @@ def llm_worker(app: FastAPI, settings: Settings, tmp_path: Path, fake: FakeLLM) 
     return WorkerContext(worker_settings, app.state.database, app.state.cipher)
 
 
+def dataset(client: TestClient, world: factories.World) -> str:
+    """The owner's small labelled dataset, with a cap (ε 50, δ 1e-5) the methods' jobs fit."""
+    return factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
+
+
 def submit(client: TestClient, world: factories.World, dataset_id: str, spec: Any) -> str:
     response = client.post(
         f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec
