@@ -5,7 +5,11 @@ the :class:`~workers.privacy.events.PrivacyEvent` of every release it made, so t
 service charges every method through the same ledger. What methods share (noise,
 accounting, embeddings, the LLM client, checkpoints) lives outside the method packages.
 
-* :mod:`workers.methods.aug_pe` — Private Evolution for text (Aug-PE, Xie et al. 2024).
+* :mod:`workers.methods.aug_pe` — Private Evolution for text (Aug-PE, Xie et al. 2024);
+  :mod:`workers.methods.pate_tutor` and :mod:`workers.methods.dp_eda` beside it.
+* :mod:`workers.methods.skeleton` — the shape every LLM method's run shares (inputs,
+  plan, checkpoint claim, costs, stages, manifest); :mod:`workers.methods.common` what
+  their parameters and results share.
 * :mod:`workers.methods.checkpoints` — where a method keeps the DP outputs of a run so a
   crashed run resumes without spending again.
 
