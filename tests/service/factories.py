@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,10 +22,12 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from kombu.message import Message
 
+from app.config import Settings
 from app.db import Database
 from app.identity import service as identity
 from app.identity.policy import Actor
 from app.jobs import runner
+from app.jobs.stages import WorkerContext
 
 SYSTEM = Actor.system("tests")
 # Owner organisations of the tests get room for many datasets (tests of the budget
@@ -229,3 +232,15 @@ def queued_message(app: FastAPI, queue_name: str, job_id: str) -> Message:
                     return message
         finally:
             queue.close()
+
+
+def worker_context(
+    app: FastAPI, settings: Settings, cache_dir: Path, **update: Any
+) -> WorkerContext:
+    """A worker's context on the app's test database and broker: its cache in
+    ``cache_dir``, progress written at every report (no throttling), ``update`` to its
+    other settings."""
+    worker_settings = settings.model_copy(
+        update={"cache_dir": cache_dir, "progress_interval": 0.0, **update}
+    )
+    return WorkerContext(worker_settings, app.state.database, app.state.cipher)

@@ -186,8 +186,7 @@ def _run_as_one_worker(app: FastAPI, worker: WorkerContext, queue_name: str) -> 
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, tmp_path: Path) -> WorkerContext:
     """A worker's context on the test database and the app's broker."""
-    worker_settings = settings.model_copy(update={"cache_dir": tmp_path, "progress_interval": 0.0})
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+    return factories.worker_context(app, settings, tmp_path)
 
 
 @pytest.fixture

@@ -60,16 +60,9 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, cache_dir: Path) -> WorkerContext:
     """A worker's context on the test database; its broker is the app's in-memory one."""
-    worker_settings = settings.model_copy(
-        update={
-            "cache_dir": cache_dir,
-            "progress_interval": 0.0,
-            "llm_max_retries": 2,
-            "llm_backoff_base": 0.01,
-            "llm_backoff_max": 0.05,
-        }
+    return factories.worker_context(
+        app, settings, cache_dir, llm_max_retries=2, llm_backoff_base=0.01, llm_backoff_max=0.05
     )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
 
 
 @pytest.fixture
