@@ -40,6 +40,21 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("Fracture of the femur after a fall", "ortho"),
     ("Knee arthritis with joint pain", "ortho"),
 )
+# a public vocabulary of the phrases of ROWS' texts (DP-KPS jobs upload it)
+PHRASES = (
+    "chest pain",
+    "heart failure",
+    "shortness of breath",
+    "atrial fibrillation",
+    "anticoagulation",
+    "fracture",
+    "femur",
+    "fall",
+    "knee",
+    "arthritis",
+    "joint pain",
+    "treated",
+)
 
 
 @dataclass(frozen=True)

@@ -35,20 +35,6 @@ from tests.service import factories
 from tests.service.conftest import DATA_KEY
 
 REPO = Path(__file__).resolve().parents[2]
-PHRASES = (
-    "chest pain",
-    "heart failure",
-    "shortness of breath",
-    "atrial fibrillation",
-    "anticoagulation",
-    "fracture",
-    "femur",
-    "fall",
-    "knee",
-    "arthritis",
-    "joint pain",
-    "treated",
-)
 STAGES = ["extract", "private_vocabulary", "embed", "dp_kde", "sequences"]
 
 
@@ -83,7 +69,7 @@ def vocabulary(client: TestClient, caller: factories.Caller) -> str:
         "/v1/vocabularies",
         headers=caller.headers,
         data={"name": "cardio-ortho"},
-        files={"file": ("phrases.txt", "\n".join(PHRASES).encode())},
+        files={"file": ("phrases.txt", "\n".join(factories.PHRASES).encode())},
     )
     if response.status_code == 409:  # uploaded already by this organisation
         return str(response.json()["existing"])
@@ -225,7 +211,9 @@ def test_the_sequences_stage_saves_dp_outputs_and_commits_the_spend_once(
     assert job["epsilon"]["budget_state"] == "committed"
     sequences = saved_sequences(db, job_id)
     assert sorted(label for _, label, _ in sequences) == ["cardio", "cardio", "ortho", "ortho"]
-    assert all(len(phrases) == 3 and set(phrases) <= set(PHRASES) for _, _, phrases in sequences)
+    assert all(
+        len(phrases) == 3 and set(phrases) <= set(factories.PHRASES) for _, _, phrases in sequences
+    )
     with db.session() as session:
         texts = session.scalars(
             select(KeyphraseSequence.text).where(KeyphraseSequence.job_id == uuid.UUID(job_id))
