@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -237,14 +237,25 @@ def run_job(
 
 def queued_message(app: FastAPI, queue_name: str, job_id: str) -> Message:
     """The message queued for ``job_id`` on the app's (in-memory) broker."""
+    for message in taken_messages(app, queue_name, timeout=2):
+        if message.decode()[0] == [job_id]:
+            return message
+    raise AssertionError(f"no message queued for job {job_id} on {queue_name!r}")
+
+
+def taken_messages(app: FastAPI, queue_name: str, *, timeout: float) -> Iterator[Message]:
+    """The messages on ``queue_name`` of the app's (in-memory) broker, each acknowledged
+    as it is taken, as a worker takes them, until none comes within ``timeout`` seconds."""
     with app.state.celery.connection_for_read() as connection:
         queue = connection.SimpleQueue(queue_name)
         try:
             while True:
-                message = queue.get(timeout=2)
+                try:
+                    message = queue.get(timeout=timeout)
+                except queue.Empty:
+                    return
                 message.ack()
-                if message.decode()[0] == [job_id]:
-                    return message
+                yield message
         finally:
             queue.close()
 

@@ -115,20 +115,11 @@ def saved_sequences(db: Database, job_id: str) -> list[tuple[int, str, list[str]
 
 def queued_task_ids(app: FastAPI, queue_name: str, job_id: str) -> list[str]:
     """Ids of the tasks queued for ``job_id`` on the app's in-memory broker (consumed)."""
-    found = []
-    with app.state.celery.connection_for_read() as connection:
-        queue = connection.SimpleQueue(queue_name)
-        try:
-            while True:
-                try:
-                    message = queue.get(timeout=0.5)
-                except queue.Empty:
-                    return found
-                message.ack()
-                if message.decode()[0] == [job_id]:
-                    found.append(message.headers["id"])
-        finally:
-            queue.close()
+    return [
+        message.headers["id"]
+        for message in factories.taken_messages(app, queue_name, timeout=0.5)
+        if message.decode()[0] == [job_id]
+    ]
 
 
 def last_task_id(db: Database, job_id: str) -> str:
