@@ -70,20 +70,6 @@ UPLOAD_LIMIT = 8 * 2**20
 SAMPLE_EVERY = 0.02  # seconds between two reads of the server's VmRSS
 INSERT_BATCH = 2_000
 _FOREIGN = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
-_PHRASES = (
-    "chest pain",
-    "heart failure",
-    "shortness of breath",
-    "atrial fibrillation",
-    "anticoagulation",
-    "fracture",
-    "femur",
-    "fall",
-    "knee",
-    "arthritis",
-    "joint pain",
-    "treated",
-)
 _NOTE = (
     "patient presented with chest pain radiating to the left arm, troponin negative, "
     "echocardiogram showed reduced ejection fraction; started on beta blocker and "
@@ -133,7 +119,7 @@ def seed_release(
                 "job_id": job_id,
                 "position": i,
                 "label": factories.LABELS[i % 2],
-                "keyphrases": [_PHRASES[i % 12], _PHRASES[(i * 5 + 1) % 12]],
+                "keyphrases": [factories.PHRASES[i % 12], factories.PHRASES[(i * 5 + 1) % 12]],
                 "text": synthetic_text(i),
                 "attempts": 1,
             }
@@ -167,7 +153,7 @@ def seed_job_inputs(app_client: TestClient, world: factories.World) -> tuple[str
         "/v1/vocabularies",
         headers=world.owner.headers,
         data={"name": "load-phrases"},
-        files={"file": ("phrases.txt", "\n".join(_PHRASES).encode())},
+        files={"file": ("phrases.txt", "\n".join(factories.PHRASES).encode())},
     )
     assert response.status_code == 201, response.text
     return dataset_id, str(response.json()["id"])

@@ -36,6 +36,69 @@ MAX_LABELS = 1000
 MAX_TEXT_COLUMNS = 20
 
 
+# The form fields of an upload, one-shot (POST /v1/datasets) or resumable (POST …/uploads).
+NameForm = Annotated[
+    str,
+    Form(
+        min_length=1,
+        max_length=200,
+        pattern=_NAME,
+        description="The dataset's name, shown to its organisation and the platform",
+    ),
+]
+TextColumnForm = Annotated[list[str], Form(min_length=1, description="Repeat for several columns")]
+LabelColumnForm = Annotated[
+    str,
+    Form(
+        min_length=1,
+        max_length=200,
+        pattern=_NAME,
+        description="The column (CSV header or JSONL key) holding each row's label",
+    ),
+]
+LabelsForm = Annotated[
+    list[str],
+    Form(
+        min_length=1,
+        description="The declared label set (public schema); repeat, or "
+        "give one comma-separated value",
+    ),
+]
+EpsilonCapForm = Annotated[
+    float,
+    Form(
+        ge=MIN_EPSILON_CAP,
+        le=MAX_EPSILON,
+        allow_inf_nan=False,
+        description="Carved out of the organisation's privacy budget",
+    ),
+]
+DeltaCapForm = Annotated[
+    float,
+    Form(
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="The cap's δ (0, the default: pure ε-DP jobs only; Gaussian "
+        "mechanisms need δ > 0); carved out of the organisation's budget",
+    ),
+]
+OnEmptyForm = Annotated[
+    Literal["skip", "reject"],
+    Form(
+        description="Rows with an empty text: skip (the default) leaves them out and "
+        "counts them; reject refuses the upload, naming the rows"
+    ),
+]
+OnDuplicateForm = Annotated[
+    Literal["skip", "reject"],
+    Form(
+        description="Rows repeating an earlier row's text and label: skip (the "
+        "default) keeps the first only and counts the rest; reject refuses the upload"
+    ),
+]
+
+
 def _names(values: list[str], *, field: str, limit: int) -> tuple[str, ...]:
     """Declared names, stripped; one value with commas is a comma-separated list."""
     if len(values) == 1 and "," in values[0]:
@@ -65,70 +128,18 @@ def upload_dataset(
     settings: SettingsDep,
     principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
     file: Annotated[UploadFile, File(description="UTF-8 CSV with a header row, or JSONL")],
-    name: Annotated[
-        str,
-        Form(
-            min_length=1,
-            max_length=200,
-            pattern=_NAME,
-            description="The dataset's name, shown to its organisation and the platform",
-        ),
-    ],
-    text_column: Annotated[list[str], Form(min_length=1, description="Repeat for several columns")],
-    label_column: Annotated[
-        str,
-        Form(
-            min_length=1,
-            max_length=200,
-            pattern=_NAME,
-            description="The column (CSV header or JSONL key) holding each row's label",
-        ),
-    ],
-    labels: Annotated[
-        list[str],
-        Form(
-            min_length=1,
-            description="The declared label set (public schema); repeat, or "
-            "give one comma-separated value",
-        ),
-    ],
-    epsilon_cap: Annotated[
-        float,
-        Form(
-            ge=MIN_EPSILON_CAP,
-            le=MAX_EPSILON,
-            allow_inf_nan=False,
-            description="Carved out of the organisation's privacy budget",
-        ),
-    ],
-    delta_cap: Annotated[
-        float,
-        Form(
-            ge=0,
-            lt=1,
-            allow_inf_nan=False,
-            description="The cap's δ (0, the default: pure ε-DP jobs only; Gaussian "
-            "mechanisms need δ > 0); carved out of the organisation's budget",
-        ),
-    ] = 0.0,
+    name: NameForm,
+    text_column: TextColumnForm,
+    label_column: LabelColumnForm,
+    labels: LabelsForm,
+    epsilon_cap: EpsilonCapForm,
+    delta_cap: DeltaCapForm = 0.0,
     format: Annotated[
         Literal["csv", "jsonl"] | SkipJsonSchema[None],
         Form(description="Detected from the file name and content when not given"),
     ] = None,
-    on_empty: Annotated[
-        Literal["skip", "reject"],
-        Form(
-            description="Rows with an empty text: skip (the default) leaves them out and "
-            "counts them; reject refuses the upload, naming the rows"
-        ),
-    ] = "skip",
-    on_duplicate: Annotated[
-        Literal["skip", "reject"],
-        Form(
-            description="Rows repeating an earlier row's text and label: skip (the "
-            "default) keeps the first only and counts the rest; reject refuses the upload"
-        ),
-    ] = "skip",
+    on_empty: OnEmptyForm = "skip",
+    on_duplicate: OnDuplicateForm = "skip",
     unit_column: Annotated[
         str | SkipJsonSchema[None],
         Form(
@@ -150,23 +161,8 @@ def upload_dataset(
     remains when it does not fit)."""
     size = file.size if file.size is not None else 0
     _check_request_size(size, settings)
-    text_columns = _names(text_column, field="text_column", limit=MAX_TEXT_COLUMNS)
-    label_set = _names(labels, field="labels", limit=MAX_LABELS)
-    if label_column.strip() in text_columns:
-        raise Unprocessable("the label column is also a text column", field="label_column")
-    unit = unit_column.strip() if unit_column is not None else None
-    if unit is not None and unit in (*text_columns, label_column.strip()):
-        raise Unprocessable("the unit column is also a text or label column", field="unit_column")
-    head = file.file.read(8192)
-    file.file.seek(0)
-    spec = UploadSpec(
-        format=detect_format(format, file.filename, head),
-        text_columns=text_columns,
-        label_column=label_column.strip(),
-        labels=label_set,
-        on_empty=on_empty,
-        on_duplicate=on_duplicate,
-        unit_column=unit,
+    spec = _spec(
+        text_column, label_column, labels, format, on_empty, on_duplicate, unit_column, file=file
     )
     new = service.NewDataset(name=name, epsilon_cap=epsilon_cap, delta_cap=delta_cap, upload=spec)
     dataset = service.create_dataset(session, principal, cipher, new, file.file, size)
@@ -197,67 +193,15 @@ def open_upload(
     session: SessionDep,
     cipher: CipherDep,
     principal: Annotated[Principal, allowed(Action.DATASET_CREATE)],
-    name: Annotated[
-        str,
-        Form(
-            min_length=1,
-            max_length=200,
-            pattern=_NAME,
-            description="The dataset's name, shown to its organisation and the platform",
-        ),
-    ],
-    text_column: Annotated[list[str], Form(min_length=1, description="Repeat for several columns")],
-    label_column: Annotated[
-        str,
-        Form(
-            min_length=1,
-            max_length=200,
-            pattern=_NAME,
-            description="The column (CSV header or JSONL key) holding each row's label",
-        ),
-    ],
-    labels: Annotated[
-        list[str],
-        Form(
-            min_length=1,
-            description="The declared label set (public schema); repeat, or "
-            "give one comma-separated value",
-        ),
-    ],
-    epsilon_cap: Annotated[
-        float,
-        Form(
-            ge=MIN_EPSILON_CAP,
-            le=MAX_EPSILON,
-            allow_inf_nan=False,
-            description="Carved out of the organisation's privacy budget",
-        ),
-    ],
+    name: NameForm,
+    text_column: TextColumnForm,
+    label_column: LabelColumnForm,
+    labels: LabelsForm,
+    epsilon_cap: EpsilonCapForm,
     format: Annotated[Literal["csv", "jsonl"], Form(description="The file's format")],
-    delta_cap: Annotated[
-        float,
-        Form(
-            ge=0,
-            lt=1,
-            allow_inf_nan=False,
-            description="The cap's δ (0, the default: pure ε-DP jobs only; Gaussian "
-            "mechanisms need δ > 0); carved out of the organisation's budget",
-        ),
-    ] = 0.0,
-    on_empty: Annotated[
-        Literal["skip", "reject"],
-        Form(
-            description="Rows with an empty text: skip (the default) leaves them out and "
-            "counts them; reject refuses the upload, naming the rows"
-        ),
-    ] = "skip",
-    on_duplicate: Annotated[
-        Literal["skip", "reject"],
-        Form(
-            description="Rows repeating an earlier row's text and label: skip (the "
-            "default) keeps the first only and counts the rest; reject refuses the upload"
-        ),
-    ] = "skip",
+    delta_cap: DeltaCapForm = 0.0,
+    on_empty: OnEmptyForm = "skip",
+    on_duplicate: OnDuplicateForm = "skip",
     unit_column: Annotated[
         str | SkipJsonSchema[None],
         Form(
@@ -285,11 +229,15 @@ def _spec(
     text_column: list[str],
     label_column: str,
     labels: list[str],
-    format: str,
+    format: str | None,
     on_empty: str,
     on_duplicate: str,
     unit_column: str | None,
+    *,
+    file: UploadFile | None = None,
 ) -> UploadSpec:
+    """An upload's form fields, checked (errors name the field); the format, when not
+    given, detected from ``file``'s name and first bytes once the columns are checked."""
     text_columns = _names(text_column, field="text_column", limit=MAX_TEXT_COLUMNS)
     label_set = _names(labels, field="labels", limit=MAX_LABELS)
     if label_column.strip() in text_columns:
@@ -297,6 +245,11 @@ def _spec(
     unit = unit_column.strip() if unit_column is not None else None
     if unit is not None and unit in (*text_columns, label_column.strip()):
         raise Unprocessable("the unit column is also a text or label column", field="unit_column")
+    if file is not None:
+        head = file.file.read(8192)
+        file.file.seek(0)
+        format = detect_format(format, file.filename, head)
+    assert format is not None  # a resumable upload names it
     return UploadSpec(
         format=format,
         text_columns=text_columns,

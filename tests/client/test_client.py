@@ -49,20 +49,6 @@ from tests.service import factories
 
 pytestmark = [pytest.mark.slow]
 
-PHRASES = (
-    "chest pain",
-    "heart failure",
-    "shortness of breath",
-    "atrial fibrillation",
-    "anticoagulation",
-    "fracture",
-    "femur",
-    "fall",
-    "knee",
-    "arthritis",
-    "joint pain",
-    "treated",
-)
 PER_CLASS = 1250  # 2,500 sequences: three batches of the export, three Parquet row groups
 JOB_TIMEOUT = 600.0  # seconds; two shared, busy cores
 
@@ -126,7 +112,7 @@ def flow(service: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
     # hospital IT: a public vocabulary, the corpus from a path, a dry run, the job
     phrases = root / "phrases.txt"
-    phrases.write_text("\n".join(PHRASES), encoding="utf-8")
+    phrases.write_text("\n".join(factories.PHRASES), encoding="utf-8")
     vocabulary = owner.upload_vocabulary(phrases, name="cardio-ortho", licence="CC0")
     notes = root / "notes.csv"
     notes.write_bytes(factories.csv_bytes(factories.ROWS))
@@ -306,7 +292,10 @@ def test_the_client_organisation_downloads_each_format_streamed(flow: Flow, tmp_
     records = [json.loads(line) for line in paths["jsonl"].read_text("utf-8").splitlines()]
     assert len(records) == 2 * PER_CLASS
     assert {r["label"] for r in records} == set(factories.LABELS)
-    assert all(len(r["keyphrases"]) == 3 and set(r["keyphrases"]) <= set(PHRASES) for r in records)
+    assert all(
+        len(r["keyphrases"]) == 3 and set(r["keyphrases"]) <= set(factories.PHRASES)
+        for r in records
+    )
     assert all(r["text"] == " ".join(r["keyphrases"]) for r in records)  # llm: none
 
     # Parquet: the same rows and types as the JSONL, in three row groups of the stream

@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 import io
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,10 +22,12 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from kombu.message import Message
 
+from app.config import Settings
 from app.db import Database
 from app.identity import service as identity
 from app.identity.policy import Actor
 from app.jobs import runner
+from app.jobs.stages import WorkerContext
 
 SYSTEM = Actor.system("tests")
 # Owner organisations of the tests get room for many datasets (tests of the budget
@@ -36,6 +39,21 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("Atrial fibrillation treated with anticoagulation", "cardio"),
     ("Fracture of the femur after a fall", "ortho"),
     ("Knee arthritis with joint pain", "ortho"),
+)
+# a public vocabulary of the phrases of ROWS' texts (DP-KPS jobs upload it)
+PHRASES = (
+    "chest pain",
+    "heart failure",
+    "shortness of breath",
+    "atrial fibrillation",
+    "anticoagulation",
+    "fracture",
+    "femur",
+    "fall",
+    "knee",
+    "arthritis",
+    "joint pain",
+    "treated",
 )
 
 
@@ -219,13 +237,36 @@ def run_job(
 
 def queued_message(app: FastAPI, queue_name: str, job_id: str) -> Message:
     """The message queued for ``job_id`` on the app's (in-memory) broker."""
+    for message in taken_messages(app, queue_name, timeout=2):
+        if message.decode()[0] == [job_id]:
+            return message
+    raise AssertionError(f"no message queued for job {job_id} on {queue_name!r}")
+
+
+def taken_messages(app: FastAPI, queue_name: str, *, timeout: float) -> Iterator[Message]:
+    """The messages on ``queue_name`` of the app's (in-memory) broker, each acknowledged
+    as it is taken, as a worker takes them, until none comes within ``timeout`` seconds."""
     with app.state.celery.connection_for_read() as connection:
         queue = connection.SimpleQueue(queue_name)
         try:
             while True:
-                message = queue.get(timeout=2)
+                try:
+                    message = queue.get(timeout=timeout)
+                except queue.Empty:
+                    return
                 message.ack()
-                if message.decode()[0] == [job_id]:
-                    return message
+                yield message
         finally:
             queue.close()
+
+
+def worker_context(
+    app: FastAPI, settings: Settings, cache_dir: Path, **update: Any
+) -> WorkerContext:
+    """A worker's context on the app's test database and broker: its cache in
+    ``cache_dir``, progress written at every report (no throttling), ``update`` to its
+    other settings."""
+    worker_settings = settings.model_copy(
+        update={"cache_dir": cache_dir, "progress_interval": 0.0, **update}
+    )
+    return WorkerContext(worker_settings, app.state.database, app.state.cipher)

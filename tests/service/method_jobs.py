@@ -43,17 +43,20 @@ class Crash(BaseException):
 def llm_worker(app: FastAPI, settings: Settings, tmp_path: Path, fake: FakeLLM) -> WorkerContext:
     """A worker on the test database whose ``vllm`` endpoint is ``fake``."""
     endpoints = {"vllm": LLMEndpointSettings(base_url=fake.base_url, model=fake.model)}
-    worker_settings = settings.model_copy(
-        update={
-            "cache_dir": tmp_path,
-            "progress_interval": 0.0,
-            "llm_endpoints": endpoints,
-            "llm_max_retries": 1,
-            "llm_backoff_base": 0.01,
-            "llm_backoff_max": 0.05,
-        }
+    return factories.worker_context(
+        app,
+        settings,
+        tmp_path,
+        llm_endpoints=endpoints,
+        llm_max_retries=1,
+        llm_backoff_base=0.01,
+        llm_backoff_max=0.05,
     )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+
+
+def dataset(client: TestClient, world: factories.World) -> str:
+    """The owner's small labelled dataset, with a cap (ε 50, δ 1e-5) the methods' jobs fit."""
+    return factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
 
 
 def submit(client: TestClient, world: factories.World, dataset_id: str, spec: Any) -> str:

@@ -28,12 +28,14 @@ from tests.service.method_jobs import (
     AUG_PE,
     Crash,
     checkpoints,
+    dataset,
     ledger_kinds,
     llm_worker,
     submit,
 )
 from tests.service.method_jobs import job as job_of
-from workers.methods.aug_pe.runner import COSTS_KEY
+from workers.methods.aug_pe.runner import METHOD
+from workers.methods.skeleton import costs_key
 
 LABELS = list(factories.LABELS)
 
@@ -50,10 +52,6 @@ def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) 
     return llm_worker(app, settings, tmp_path, fake_llm)
 
 
-def _dataset(client: TestClient, world: factories.World) -> str:
-    return factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
-
-
 def _submit(client: TestClient, world: factories.World, dataset_id: str, **spec: Any) -> str:
     return submit(client, world, dataset_id, {**AUG_PE, **spec})
 
@@ -61,7 +59,7 @@ def _submit(client: TestClient, world: factories.World, dataset_id: str, **spec:
 def test_an_aug_pe_job_runs_is_released_and_downloaded(
     client: TestClient, world: factories.World, worker: WorkerContext, fake_llm: FakeLLM
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     job_id = _submit(client, world, dataset_id)
     queued = job_of(client, world, job_id)
     assert queued["method"] == "aug-pe" and queued["spec"]["method"] == "aug-pe"
@@ -109,7 +107,7 @@ def test_an_aug_pe_job_runs_is_released_and_downloaded(
 def test_a_dry_run_plans_an_aug_pe_job_without_storing_anything(
     client: TestClient, world: factories.World
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     response = client.post(
         f"/v1/datasets/{dataset_id}/jobs?dry_run=true", headers=world.owner.headers, json=AUG_PE
     )
@@ -139,7 +137,7 @@ def test_a_dry_run_plans_an_aug_pe_job_without_storing_anything(
 def test_a_bad_aug_pe_field_is_a_422_naming_it(
     client: TestClient, world: factories.World, change: dict[str, Any], field: str
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     response = client.post(
         f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json={**AUG_PE, **change}
     )
@@ -151,7 +149,7 @@ def test_a_bad_aug_pe_field_is_a_422_naming_it(
 def test_an_unknown_method_is_refused_and_a_spec_without_one_is_dpkps(
     client: TestClient, world: factories.World
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     path = f"/v1/datasets/{dataset_id}/jobs"
     response = client.post(path, headers=world.owner.headers, json={**AUG_PE, "method": "pe"})
     assert response.status_code == 422
@@ -169,7 +167,7 @@ def test_a_crashed_aug_pe_job_resumes_from_its_checkpoints_without_new_spend(
     db: Database,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     job_id = _submit(client, world, dataset_id)
     job_uuid = uuid.UUID(job_id)
     # The iterations read private data: the job shows no progress within them, so the
@@ -180,7 +178,7 @@ def test_a_crashed_aug_pe_job_resumes_from_its_checkpoints_without_new_spend(
     def crash_after_first_iteration(self: stages.JobCheckpoints, key: str, data: bytes) -> None:
         save(self, key, data)
         saved_keys.append(key)
-        if "aug-pe-population-1" in saved_keys[:-1] and key == COSTS_KEY:
+        if "aug-pe-population-1" in saved_keys[:-1] and key == costs_key(METHOD):
             raise Crash
 
     monkeypatch.setattr(stages.JobCheckpoints, "save", crash_after_first_iteration)

@@ -167,27 +167,17 @@ def _run_as_one_worker(app: FastAPI, worker: WorkerContext, queue_name: str) -> 
     """Take the broker's messages one at a time, first in first out, and run each task
     to its end, as a worker with one process does; the job ids in the order run."""
     order: list[str] = []
-    with app.state.celery.connection_for_read() as connection:
-        queue = connection.SimpleQueue(queue_name)
-        try:
-            while True:
-                try:
-                    message = queue.get(timeout=1.0)
-                except queue.Empty:
-                    return order
-                message.ack()
-                [job_id] = message.decode()[0]
-                assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
-                order.append(job_id)
-        finally:
-            queue.close()
+    for message in factories.taken_messages(app, queue_name, timeout=1.0):
+        [job_id] = message.decode()[0]
+        assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
+        order.append(job_id)
+    return order
 
 
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, tmp_path: Path) -> WorkerContext:
     """A worker's context on the test database and the app's broker."""
-    worker_settings = settings.model_copy(update={"cache_dir": tmp_path, "progress_interval": 0.0})
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+    return factories.worker_context(app, settings, tmp_path)
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from tests.service.method_jobs import (
     Crash,
     check_prompt_log,
     checkpoints,
+    dataset,
     download,
     ledger_kinds,
     llm_worker,
@@ -103,10 +104,6 @@ def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) 
     return llm_worker(app, settings, tmp_path, fake_llm)
 
 
-def _dataset(client: TestClient, world: factories.World) -> str:
-    return factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
-
-
 def _larger_dataset(client: TestClient, world: factories.World) -> str:
     """30 notes a class: enough votes for LimitedDomain's noisy threshold at ε = 40."""
     rows = [(f"{text} (note {i})", label) for i in range(15) for text, label in factories.ROWS]
@@ -140,7 +137,7 @@ def _events_match(manifest: dict[str, Any]) -> list[str]:
 def test_a_pate_tutor_job_runs_on_the_local_llm_is_released_and_downloaded(
     client: TestClient, world: factories.World, worker: WorkerContext
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     job_id = submit(client, world, dataset_id, PATE)
     queued = job_of(client, world, job_id)
     assert queued["method"] == "pate-tutor" and queued["epsilon"]["budget_state"] == "reserved"
@@ -261,7 +258,7 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
 def test_a_bad_field_of_a_method_is_a_422_naming_it_and_stores_nothing(
     client: TestClient, world: factories.World, spec: dict[str, Any], field: str
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     response = client.post(
         f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec
     )
@@ -277,7 +274,7 @@ def test_a_bad_field_of_a_method_is_a_422_naming_it_and_stores_nothing(
 def test_a_dry_run_of_each_method_plans_without_storing_anything(
     client: TestClient, world: factories.World, spec: dict[str, Any]
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     body = {**spec, "decoder": "retrieval"} if spec is EDA else spec
     response = client.post(
         f"/v1/datasets/{dataset_id}/jobs?dry_run=true", headers=world.owner.headers, json=body
@@ -300,7 +297,7 @@ def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spe
     """An LLM outage ends an Aug-PE job after its first private read (the DP class
     counts); a retry runs it again from its checkpoints: the counts are loaded, not drawn
     again, and the spend stays committed once."""
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     job_id = submit(client, world, dataset_id, AUG_PE)
     fake_llm.default = Behaviour.parse("500")  # the endpoint is down
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "failed"
@@ -328,7 +325,7 @@ def test_a_failed_llm_method_job_is_retried_from_its_checkpoints_without_new_spe
 def test_a_job_that_failed_before_reading_private_data_is_not_retried(
     client: TestClient, world: factories.World, worker: WorkerContext
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = dataset(client, world)
     job_id = submit(client, world, dataset_id, {**PATE, "llm": "vllm"})
     with worker.database.transaction() as session:  # fails before its spend is committed
         job = jobs_repo.get(session, uuid.UUID(job_id), for_update=True)

@@ -132,14 +132,9 @@ def worker(app: FastAPI, settings: Settings, fake_llm: FakeLLM, tmp_path: Path) 
     """A worker on the test database; the endpoint jobs name ("vllm") is the fake LLM.
     Progress is written at every report the engine makes (no throttling)."""
     endpoint = LLMEndpointSettings(base_url=fake_llm.base_url, model=fake_llm.model)
-    worker_settings = settings.model_copy(
-        update={
-            "cache_dir": tmp_path / "cache",
-            "progress_interval": 0.0,
-            "llm_endpoints": {"vllm": endpoint},
-        }
+    return factories.worker_context(
+        app, settings, tmp_path / "cache", llm_endpoints={"vllm": endpoint}
     )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
 
 
 def _normalised(value: Any, ids: dict[str, str]) -> Any:

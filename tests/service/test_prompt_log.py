@@ -41,17 +41,15 @@ def fake_llm() -> Iterator[FakeLLM]:
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) -> WorkerContext:
     endpoints = {"vllm": LLMEndpointSettings(base_url=fake_llm.base_url, model=fake_llm.model)}
-    worker_settings = settings.model_copy(
-        update={
-            "cache_dir": tmp_path / "cache",
-            "progress_interval": 0.0,
-            "llm_endpoints": endpoints,
-            "llm_max_retries": 2,
-            "llm_backoff_base": 0.01,
-            "llm_backoff_max": 0.05,
-        }
+    return factories.worker_context(
+        app,
+        settings,
+        tmp_path / "cache",
+        llm_endpoints=endpoints,
+        llm_max_retries=2,
+        llm_backoff_base=0.01,
+        llm_backoff_max=0.05,
     )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
 
 
 def verify_prompts(*args: str) -> subprocess.CompletedProcess[str]:

@@ -39,10 +39,7 @@ SPEC: dict[str, Any] = {
 
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, tmp_path: Path) -> WorkerContext:
-    worker_settings = settings.model_copy(
-        update={"cache_dir": tmp_path / "cache", "progress_interval": 0.0}
-    )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+    return factories.worker_context(app, settings, tmp_path / "cache")
 
 
 def _dataset(client: TestClient, world: factories.World, rows: Any = ROWS) -> str:

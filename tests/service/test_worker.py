@@ -35,20 +35,6 @@ from tests.service import factories
 from tests.service.conftest import DATA_KEY
 
 REPO = Path(__file__).resolve().parents[2]
-PHRASES = (
-    "chest pain",
-    "heart failure",
-    "shortness of breath",
-    "atrial fibrillation",
-    "anticoagulation",
-    "fracture",
-    "femur",
-    "fall",
-    "knee",
-    "arthritis",
-    "joint pain",
-    "treated",
-)
 STAGES = ["extract", "private_vocabulary", "embed", "dp_kde", "sequences"]
 
 
@@ -60,16 +46,9 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def worker(app: FastAPI, settings: Settings, cache_dir: Path) -> WorkerContext:
     """A worker's context on the test database; its broker is the app's in-memory one."""
-    worker_settings = settings.model_copy(
-        update={
-            "cache_dir": cache_dir,
-            "progress_interval": 0.0,
-            "llm_max_retries": 2,
-            "llm_backoff_base": 0.01,
-            "llm_backoff_max": 0.05,
-        }
+    return factories.worker_context(
+        app, settings, cache_dir, llm_max_retries=2, llm_backoff_base=0.01, llm_backoff_max=0.05
     )
-    return WorkerContext(worker_settings, app.state.database, app.state.cipher)
 
 
 @pytest.fixture
@@ -90,7 +69,7 @@ def vocabulary(client: TestClient, caller: factories.Caller) -> str:
         "/v1/vocabularies",
         headers=caller.headers,
         data={"name": "cardio-ortho"},
-        files={"file": ("phrases.txt", "\n".join(PHRASES).encode())},
+        files={"file": ("phrases.txt", "\n".join(factories.PHRASES).encode())},
     )
     if response.status_code == 409:  # uploaded already by this organisation
         return str(response.json()["existing"])
@@ -136,20 +115,11 @@ def saved_sequences(db: Database, job_id: str) -> list[tuple[int, str, list[str]
 
 def queued_task_ids(app: FastAPI, queue_name: str, job_id: str) -> list[str]:
     """Ids of the tasks queued for ``job_id`` on the app's in-memory broker (consumed)."""
-    found = []
-    with app.state.celery.connection_for_read() as connection:
-        queue = connection.SimpleQueue(queue_name)
-        try:
-            while True:
-                try:
-                    message = queue.get(timeout=0.5)
-                except queue.Empty:
-                    return found
-                message.ack()
-                if message.decode()[0] == [job_id]:
-                    found.append(message.headers["id"])
-        finally:
-            queue.close()
+    return [
+        message.headers["id"]
+        for message in factories.taken_messages(app, queue_name, timeout=0.5)
+        if message.decode()[0] == [job_id]
+    ]
 
 
 def last_task_id(db: Database, job_id: str) -> str:
@@ -232,7 +202,9 @@ def test_the_sequences_stage_saves_dp_outputs_and_commits_the_spend_once(
     assert job["epsilon"]["budget_state"] == "committed"
     sequences = saved_sequences(db, job_id)
     assert sorted(label for _, label, _ in sequences) == ["cardio", "cardio", "ortho", "ortho"]
-    assert all(len(phrases) == 3 and set(phrases) <= set(PHRASES) for _, _, phrases in sequences)
+    assert all(
+        len(phrases) == 3 and set(phrases) <= set(factories.PHRASES) for _, _, phrases in sequences
+    )
     with db.session() as session:
         texts = session.scalars(
             select(KeyphraseSequence.text).where(KeyphraseSequence.job_id == uuid.UUID(job_id))

@@ -1,7 +1,9 @@
 """What every generation method's run shares, written once.
 
 * :class:`MethodParams`: the parameters every LLM method takes (public document type,
-  total (ε, δ), the client's concurrency, the public seed), validated strictly;
+  total (ε, δ), the client's concurrency, the public seed), validated strictly, and
+  :func:`max_tokens_field`, :func:`temperature_field`: the sampling parameters each
+  method declares with its own default;
 * :class:`MethodResult`: what a run releases (records, the events of its releases, a
   public manifest, its LLM costs);
 * :func:`check_label_set`, :func:`check_units`, :func:`check_inputs`: the input checks
@@ -98,6 +100,26 @@ class MethodParams(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """The JSON form recorded in manifests."""
         return self.model_dump(mode="json")
+
+
+def max_tokens_field(default: int) -> Any:
+    """A method's ``max_tokens`` parameter, with the method's default."""
+    return Field(
+        description=f"The most tokens the LLM writes per call. Default {default}, 8 to 32,768",
+        default=default,
+        ge=8,
+        le=32_768,
+    )
+
+
+def temperature_field(default: float) -> Any:
+    """A method's ``temperature`` parameter, with the method's default."""
+    return Field(
+        description=f"The LLM's sampling temperature. Default {default:g}, 0 to 2",
+        default=default,
+        ge=0.0,
+        le=2.0,
+    )
 
 
 @dataclass

@@ -8,11 +8,12 @@ Tools answering with what the accountant (``accountant.py``) certifies:
   (ε, δ)-DP, computed by ``dp_accounting.get_sigma_gaussian`` on the exact δ(ε) curve.
 * :func:`calibrate_noise_multiplier` / :func:`gaussian_noise_multiplier` — the noise
   multiplier z (σ = z·Δ₂) that makes a whole set of Gaussian releases, composed with any
-  fixed events, meet (ε, δ). Found by bisection on the accountant's ε — no hand formula —
-  so whatever the accountant composes (parallel classes, pure events beside) is
-  respected. Private Evolution's published multipliers (Aug-PE README, T = 10,
-  δ = 1/(N ln N): 13.26 for N = 75,316 and 11.60 for N = 8,396 at ε = 1) come out of
-  :func:`gaussian_noise_multiplier` to four digits.
+  fixed events, meet (ε, δ); :func:`calibrate_scales`, each release's σ from it. Found
+  by bisection on the accountant's ε — no hand formula — so whatever the accountant
+  composes (parallel classes, pure events beside) is respected. Private Evolution's
+  published multipliers (Aug-PE README, T = 10, δ = 1/(N ln N): 13.26 for N = 75,316
+  and 11.60 for N = 8,396 at ε = 1) come out of :func:`gaussian_noise_multiplier` to
+  four digits.
 * :func:`split_budget` — one total (ε, δ) shared among a job's mechanisms.
 * :func:`gaussian_sigma_for_rho` — σ for a budget stated in zCDP's ρ.
 
@@ -217,6 +218,24 @@ def calibrate_noise_multiplier(
         else:
             low = middle
     return high
+
+
+def calibrate_scales(
+    *, epsilon: float, delta: float, releases: Sequence[GaussianRelease]
+) -> list[float]:
+    """σ of each of ``releases``, calibrated together to (ε, δ): one noise multiplier z
+    (:func:`calibrate_noise_multiplier`), each release's σ from its weight's share of μ²."""
+    z = calibrate_noise_multiplier(epsilon=epsilon, delta=delta, releases=releases)
+    total_weight = sum(r.weight for r in releases)
+    return [r.scale(z, total_weight) for r in releases]
+
+
+def check_calibrated(events: Iterable[PrivacyEvent], *, epsilon: float, delta: float) -> None:
+    """Refuse ``events`` that compose to more than ε at δ under the accountant (the
+    bisection's answer is certified: a calibration bug, never data)."""
+    spent = compose(events).epsilon(delta)
+    if float(spent) > epsilon:
+        raise ConfigError(f"calibration overshoots: ε = {spent}", field="epsilon")
 
 
 def gaussian_noise_multiplier(*, epsilon: float, delta: float, steps: int) -> float:

@@ -41,8 +41,7 @@ from functools import lru_cache
 from workers.errors import ConfigError
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.common import check_label_set
-from workers.privacy.accountant import compose
-from workers.privacy.calibration import GaussianRelease, calibrate_noise_multiplier
+from workers.privacy.calibration import GaussianRelease, calibrate_scales, check_calibrated
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import release_event
 
@@ -104,29 +103,26 @@ def _noise_plan(params: AugPEParams, labels: tuple[str, ...]) -> NoisePlan:
         weight=(1.0 - params.count_share) / iterations if len(labels) > 1 else 1.0,
     )
     releases = [histogram]
-    counts: GaussianRelease | None = None
     if len(labels) > 1:
-        counts = GaussianRelease(
-            mechanism=COUNTS,
-            sensitivity=1.0,
-            dimension=len(labels),
-            noise="gaussian",
-            weight=params.count_share,
+        releases.append(
+            GaussianRelease(
+                mechanism=COUNTS,
+                sensitivity=1.0,
+                dimension=len(labels),
+                noise="gaussian",
+                weight=params.count_share,
+            )
         )
-        releases.append(counts)
-    z = calibrate_noise_multiplier(epsilon=params.epsilon, delta=params.delta, releases=releases)
-    total_weight = sum(r.weight for r in releases)
-    sigma = histogram.scale(z, total_weight)
+    sigma, *count_scale = calibrate_scales(
+        epsilon=params.epsilon, delta=params.delta, releases=releases
+    )
+    count_sigma = count_scale[0] if count_scale else None
     events: list[PrivacyEvent] = []
-    count_sigma: float | None = None
-    if counts is not None:
-        count_sigma = counts.scale(z, total_weight)
+    if count_sigma is not None:
         events.append(count_release(count_sigma, len(labels)))
     for t, dimension in enumerate(dimensions, start=1):
         events.extend(histogram_release(sigma, dimension, t, label) for label in labels)
-    spent = compose(events).epsilon(params.delta)
-    if float(spent) > params.epsilon:  # the bisection's answer is certified; never here
-        raise ConfigError(f"calibration overshoots: ε = {spent}", field="epsilon")
+    check_calibrated(events, epsilon=params.epsilon, delta=params.delta)
     return NoisePlan(histogram_sigma=sigma, count_sigma=count_sigma, events=tuple(events))
 
 

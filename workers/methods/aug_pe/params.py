@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from workers.methods.common import MethodParams
+from workers.methods.common import MethodParams, max_tokens_field, temperature_field
 
 MAX_LLM_CALLS = 10_000_000  # per run, retries excluded: far above what a machine can serve
 
@@ -165,18 +165,8 @@ class AugPEParams(MethodParams):
         ge=0,
         le=10_000,
     )
-    max_tokens: int = Field(
-        description="The most tokens the LLM writes per call. Default 128, 8 to 32,768",
-        default=128,
-        ge=8,
-        le=32_768,
-    )
-    temperature: float = Field(
-        description="The LLM's sampling temperature. Default 1.2, 0 to 2",
-        default=1.2,
-        ge=0.0,
-        le=2.0,
-    )
+    max_tokens: int = max_tokens_field(128)
+    temperature: float = temperature_field(1.2)
 
     @field_validator("keep_selected")
     @classmethod

@@ -43,16 +43,14 @@ LLM costs are saved with the populations and add up across resumptions.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.errors import LLMError
 from workers.llm.attestation import VARIATION, Source
-from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe import prompts
 from workers.methods.aug_pe.accounting import (
     NoisePlan,
@@ -68,38 +66,21 @@ from workers.methods.aug_pe.mechanism import (
     vote_histogram,
 )
 from workers.methods.aug_pe.params import AugPEParams
-from workers.methods.checkpoints import Checkpoints
-from workers.methods.common import (
-    MethodResult,
-    check_inputs,
-    checkpoint_json,
-    claim_checkpoints,
-    complete_texts,
-    load_costs,
-    no_progress,
-    random_source,
-    run_identity,
-    save_costs,
-)
+from workers.methods.common import MethodResult, checkpoint_json, random_source
 from workers.methods.progress import ticker
 from workers.methods.proportions import split_by_counts
-from workers.privacy.accountant import compose
+from workers.methods.skeleton import MethodRun, RunInputs
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import gaussian_noise
 from workers.privacy.units import group_units
-from workers.text.embeddings import Embedder, encode_in_chunks
+from workers.text.embeddings import encode_in_chunks
 
 METHOD = "aug-pe"
 DESCRIPTION = (
     "Aug-PE (Xie et al., ICML 2024): Private Evolution for text, with DP class counts, "
     "OpenDP Gaussian vote histograms and exact GDP accounting"
 )
-RANDOM_ROUNDS = 3  # rounds of re-requests for failed RANDOM_API calls before giving up
-ProgressFn = Callable[[str, float], None]
-
-RUN_KEY = "aug-pe-run"
 COUNTS_KEY = "aug-pe-counts"
-COSTS_KEY = "aug-pe-llm-costs"
 
 # Stage codes that separate the seeded random streams of a run.
 _RANDOM, _SELECT, _VARY, _LOOKAHEAD, _SHUFFLE = range(5)
@@ -151,15 +132,11 @@ def run_aug_pe(
     documents: Sequence[str],
     labels: Sequence[str],
     *,
-    label_set: Sequence[str],
-    units: Sequence[str] | None,
     params: AugPEParams,
-    llm: LLMEndpoint,
-    embedder: Embedder,
-    checkpoints: Checkpoints,
-    progress: ProgressFn | None = None,
+    **inputs: Unpack[RunInputs],
 ) -> AugPEResult:
-    """Run Aug-PE on a labelled private corpus (module docstring).
+    """Run Aug-PE on a labelled private corpus (module docstring; ``inputs``:
+    :class:`~workers.methods.skeleton.RunInputs`).
 
     ``units`` (one id per document, e.g. a patient) makes the unit the privacy unit:
     each unit is assigned to the class most of its documents carry and votes there with
@@ -168,43 +145,20 @@ def run_aug_pe(
     (:class:`~workers.errors.LLMError`), and a re-run with the same
     ``checkpoints`` resumes it without spending again.
     """
-    declared, endpoint = check_inputs(documents, labels, label_set, units, llm, params)
-    plan = noise_plan(params, declared)
-    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
-    run.claim(unit_level=units is not None)
-    return run.execute(documents, labels, units)
+    return _Run.start(noise_plan, documents, labels, params, inputs)
 
 
 @dataclass
-class _Run:
-    params: AugPEParams
-    labels: tuple[str, ...]
-    plan: NoisePlan
-    endpoint: LLMEndpoint
-    embedder: Embedder
-    checkpoints: Checkpoints
-    progress: ProgressFn
-    costs: LLMCosts = field(default_factory=LLMCosts)
+class _Run(MethodRun[AugPEParams, NoisePlan]):
+    method = METHOD
+    description = DESCRIPTION
     failed: int = 0  # variation requests that fell back to their parent text
-    unit_level: bool = False
 
-    # ------------------------------------------------------------ checkpoints
+    def counters(self) -> dict[str, int]:
+        return {"failed_requests": self.failed}
 
-    def claim(self, *, unit_level: bool) -> None:
-        """Tie the checkpoints to this run's public configuration (refuse another's)."""
-        self.unit_level = unit_level
-        identity = run_identity(METHOD, self, unit_level=unit_level)
-        claim_checkpoints(self.checkpoints, RUN_KEY, identity)
-        saved = load_costs(self.checkpoints, COSTS_KEY)
-        if saved is not None:
-            self.failed = int(saved.pop("failed_requests"))
-            self.costs = LLMCosts(**saved)
-
-    def _save_costs(self) -> None:
-        save_costs(self.checkpoints, COSTS_KEY, self.costs, failed_requests=self.failed)
-
-    def rng(self, *stream: int) -> np.random.Generator:
-        return np.random.default_rng([self.params.seed, *stream])
+    def restore_counters(self, saved: dict[str, Any]) -> None:
+        self.failed = int(saved.pop("failed_requests"))
 
     # ------------------------------------------------------------ the run
 
@@ -213,14 +167,12 @@ class _Run:
     ) -> AugPEResult:
         p = self.params
         events: list[PrivacyEvent] = []
-        self.progress("class_counts", 0.0)
-        counts = self.class_counts(labels, units, events)  # first private read
-        seeds = self.allocation(p.population, counts)
-        released = self.allocation(p.num_released, counts)
-        self.progress("class_counts", 1.0)
-        self.progress("initial_population", 0.0)
-        population = self.initial_population(seeds)
-        self.progress("initial_population", 1.0)
+        with self.stage("class_counts"):
+            counts = self.class_counts(labels, units, events)  # first private read
+            seeds = self.allocation(p.population, counts)
+            released = self.allocation(p.num_released, counts)
+        with self.stage("initial_population"):
+            population = self.initial_population(seeds)
         self.progress("iteration", 0.0)
         private: _Private | None = None
         selected: dict[str, list[int]] = {}
@@ -239,13 +191,13 @@ class _Run:
                 population = self.next_population(t, population, selected)
             self.progress("iteration", t / p.iterations)
         del private
-        self.progress("release", 0.0)
-        records = [(label, population.texts[i]) for label in self.labels for i in selected[label]]
-        order = self.rng(_SHUFFLE).permutation(len(records))
-        records = [records[i] for i in order]
-        if events != list(self.plan.events):
-            raise RuntimeError("the run's events differ from its plan")  # a bug, never data
-        self.progress("release", 1.0)
+        with self.stage("release"):
+            records = [
+                (label, population.texts[i]) for label in self.labels for i in selected[label]
+            ]
+            order = self.rng(_SHUFFLE).permutation(len(records))
+            records = [records[i] for i in order]
+            self.check_plan(events)
         return AugPEResult(
             records=records,
             events=events,
@@ -270,11 +222,9 @@ class _Run:
         planned = self.plan.count_event()
         if planned is None:
             return None
-        stored = self.checkpoints.load(COUNTS_KEY)
-        if stored is not None:
-            data = json.loads(stored)
-            events.append(PrivacyEvent.from_dict(data["event"]))
-            return {label: int(data["noisy"][label]) for label in self.labels}
+        saved = self.saved_release(COUNTS_KEY, events)
+        if saved is not None:
+            return {label: int(saved["noisy"][label]) for label in self.labels}
         assert self.plan.count_sigma is not None
         _, class_of_unit, _ = group_units(labels, units, self.labels)
         clean = np.bincount(class_of_unit, minlength=len(self.labels)).astype(np.float64)
@@ -284,10 +234,7 @@ class _Run:
         if event != planned:
             raise RuntimeError("the class counts differ from the plan")
         result = {label: round(float(noisy[i])) for i, label in enumerate(self.labels)}
-        self.checkpoints.save(
-            COUNTS_KEY, checkpoint_json({"noisy": result, "event": event.to_dict()})
-        )
-        events.append(event)
+        self.save_release(COUNTS_KEY, {"noisy": result}, event, events)
         return result
 
     def private_side(
@@ -346,20 +293,6 @@ class _Run:
 
     # ------------------------------------------------------------ public work (LLM)
 
-    def generate(
-        self, requests: Sequence[prompts.Messages], sources: Sequence[Source]
-    ) -> list[str | None]:
-        """One completion per request; ``None`` where the endpoint failed. ``sources``
-        say what each request was built from (the job's prompt log)."""
-        return complete_texts(
-            requests,
-            endpoint=self.endpoint,
-            concurrency=self.params.concurrency,
-            costs=self.costs,
-            sources=sources,
-            tick=ticker(self.progress),
-        )
-
     def variations(self, texts: Sequence[str], labels: Sequence[str], *stream: int) -> list[str]:
         """One VARIATION_API text per input; a failed request keeps its input text."""
         p = self.params
@@ -402,31 +335,14 @@ class _Run:
         if stored is not None:
             return Population.from_bytes(stored)
         labels = [label for label in self.labels for _ in range(seeds[label])]
-        texts: list[str | None] = [None] * len(labels)
-        for _ in range(RANDOM_ROUNDS):
-            missing = [i for i, text in enumerate(texts) if text is None]
-            if not missing:
-                break
-            answers = self.generate(
-                [
-                    prompts.random_messages(
-                        document_type=self.params.document_type, label=labels[i]
-                    )
-                    for i in missing
-                ],
-                [random_source(f"aug_pe/random/{i}", self.params, labels[i]) for i in missing],
-            )
-            for i, answer in zip(missing, answers, strict=True):
-                texts[i] = answer
-        failures = sum(text is None for text in texts)
-        if failures:
-            self._save_costs()
-            raise LLMError(
-                f"the LLM failed {failures} of {len(texts)} initial requests "
-                f"{RANDOM_ROUNDS} times; re-run to resume",
-                field="llm",
-            )
-        seeds_texts = [text for text in texts if text is not None]
+        seeds_texts = self.complete_all(
+            len(labels),
+            lambda i: prompts.random_messages(
+                document_type=self.params.document_type, label=labels[i]
+            ),
+            lambda i: random_source(f"aug_pe/random/{i}", self.params, labels[i]),
+            what="initial requests",
+        )
         all_texts, all_labels, parents = list(seeds_texts), list(labels), [-1] * len(labels)
         for fold in range(self.params.initial_variation_folds):
             all_texts += self.variations(seeds_texts, labels, _RANDOM, fold)
@@ -434,7 +350,7 @@ class _Run:
             parents += [-1] * len(labels)
         population = Population(tuple(all_texts), tuple(all_labels), tuple(parents))
         self.checkpoints.save(population_key(0), population.to_bytes())
-        self._save_costs()
+        self.save_costs()
         return population
 
     def next_population(
@@ -460,7 +376,7 @@ class _Run:
             parents += chosen
         new = Population(tuple(all_texts), tuple(all_labels), tuple(parents))
         self.checkpoints.save(population_key(t), new.to_bytes())
-        self._save_costs()
+        self.save_costs()
         return new
 
     def candidate_embeddings(self, t: int, population: Population) -> NDArray[np.float32]:
@@ -472,7 +388,7 @@ class _Run:
         for j in range(d):
             texts = self.variations(population.texts, population.labels, _LOOKAHEAD, t, j)
             total += self.embedder.encode(texts)
-        self._save_costs()
+        self.save_costs()
         return (total / d).astype(np.float32)
 
     # ------------------------------------------------------------ manifest
@@ -481,30 +397,15 @@ class _Run:
         self, events: Sequence[PrivacyEvent], records: Sequence[tuple[str, str]]
     ) -> dict[str, Any]:
         """Public facts only: parameters, models, noise, events, released sizes, costs."""
-        per_class = {label: 0 for label in self.labels}
-        for label, _ in records:
-            per_class[label] += 1
-        costs: dict[str, Any] = dict(self.costs.as_dict())
-        costs["failed_requests"] = self.failed
-        costs["planned_calls"] = self.params.planned_calls()
         return {
-            "method": METHOD,
-            "description": DESCRIPTION,
-            "parameters": self.params.to_dict(),
-            "labels": list(self.labels),
-            "adjacency": (
-                "add/remove one unit (all documents with one unit id; each unit votes in "
-                "the class most of its documents carry)"
-                if self.unit_level
-                else "add/remove one document"
+            **self.describe(
+                unit_adjacency="add/remove one unit (all documents with one unit id; each unit "
+                "votes in the class most of its documents carry)"
             ),
-            "models": {"llm": self.endpoint.model, "embedding": self.embedder.name},
+            "models": self.models(),
             "noise": {
                 "histogram_sigma": self.plan.histogram_sigma,
                 "count_sigma": self.plan.count_sigma,
             },
-            "privacy": compose(events).to_dict(delta=self.params.delta),
-            "released": len(records),
-            "released_per_class": per_class,
-            "llm_costs": costs,
+            **self.release_summary(events, records, planned_calls=self.params.planned_calls()),
         }

@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from workers.errors import ConfigError
-from workers.methods.common import MethodParams
+from workers.methods.common import MethodParams, max_tokens_field, temperature_field
 
 
 class DPEDAParams(MethodParams):
@@ -175,18 +175,8 @@ class DPEDAParams(MethodParams):
         gt=0.0,
         le=100.0,
     )
-    max_tokens: int = Field(
-        description="The most tokens the LLM writes per call. Default 96, 8 to 32,768",
-        default=96,
-        ge=8,
-        le=32_768,
-    )
-    temperature: float = Field(
-        description="The LLM's sampling temperature. Default 0.9, 0 to 2",
-        default=0.9,
-        ge=0.0,
-        le=2.0,
-    )
+    max_tokens: int = max_tokens_field(96)
+    temperature: float = temperature_field(0.9)
 
     @field_validator("parents")
     @classmethod

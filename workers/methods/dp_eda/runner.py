@@ -27,38 +27,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.errors import ConfigError, LLMError
+from workers.errors import ConfigError
 from workers.llm.attestation import POPULATION, RECONSTRUCTION, Source
-from workers.llm.client import LLMCosts, LLMEndpoint
-from workers.methods.checkpoints import Checkpoints
-from workers.methods.common import (
-    MethodResult,
-    check_inputs,
-    checkpoint_json,
-    claim_checkpoints,
-    complete_texts,
-    load_costs,
-    no_progress,
-    run_identity,
-    save_costs,
-)
+from workers.methods.common import MethodResult, checkpoint_json
 from workers.methods.dp_eda import decoding
 from workers.methods.dp_eda.accounting import Plan, noise_plan, selection_event
 from workers.methods.dp_eda.evolution import normalise, offspring
 from workers.methods.dp_eda.limited_domain import select_parents, unit_means
 from workers.methods.dp_eda.params import DPEDAParams
-from workers.methods.progress import ticker
+from workers.methods.skeleton import MethodRun, RunInputs
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import group_units
-from workers.text.embeddings import Embedder, EmbeddingCache
+from workers.text.embeddings import EmbeddingCache
 from workers.text.vocabulary import Vocabulary, load_vocabulary
 
 METHOD = "dp-eda"
@@ -73,11 +61,7 @@ DESCRIPTION = (
     "DP-EDA (Zhao, Song, Zhou): evolution of public embeddings with LimitedDomain "
     "selection (Durfee & Rogers 2019, OpenDP Gumbel noise), Gaussian EDA, decoding to text"
 )
-RANDOM_ROUNDS = 3
-ProgressFn = Callable[[str, float], None]
-RUN_KEY = "dp-eda-run"
 INITIAL_KEY = "dp-eda-initial"
-COSTS_KEY = "dp-eda-llm-costs"
 
 
 def selection_key(c: int, t: int) -> str:
@@ -95,77 +79,58 @@ def run_dp_eda(
     documents: Sequence[str],
     labels: Sequence[str],
     *,
-    label_set: Sequence[str],
-    units: Sequence[str] | None,
     params: DPEDAParams,
-    llm: LLMEndpoint,
-    embedder: Embedder,
-    checkpoints: Checkpoints,
-    progress: ProgressFn | None = None,
     vocabulary: Vocabulary | None = None,
     public_pool: Sequence[str] | None = None,
     cache: EmbeddingCache | None = None,
+    **inputs: Unpack[RunInputs],
 ) -> DPEDAResult:
-    """Run DP-EDA on a labelled private corpus (module docstring).
+    """Run DP-EDA on a labelled private corpus (module docstring; ``inputs``:
+    :class:`~workers.methods.skeleton.RunInputs`).
 
     ``vocabulary`` overrides ``params.vocabulary`` (a :func:`load_vocabulary` spec);
     ``cache`` keeps the embeddings of its phrases (public) across runs, as DP-KPS's do;
     ``public_pool`` is the retrieval decoder's pool (default: the initial population).
     Bad input raises before anything private is read.
     """
-    declared, endpoint = check_inputs(documents, labels, label_set, units, llm, params)
-    plan = noise_plan(params, declared)
-    needs_vocabulary = params.decoder == "llm_reconstruction" or (
-        params.population_source == "vocabulary"
+    return _Run.start(
+        noise_plan,
+        documents,
+        labels,
+        params,
+        inputs,
+        vocabulary=vocabulary,
+        cache=cache,
+        pool=None if public_pool is None else [str(t) for t in public_pool],
     )
-    if vocabulary is None and needs_vocabulary:
-        vocabulary = load_vocabulary(params.vocabulary)
-    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
-    run.vocabulary = vocabulary
-    run.cache = cache
-    run.pool = None if public_pool is None else [str(t) for t in public_pool]
-    run.claim(unit_level=units is not None)
-    return run.execute(documents, labels, units)
 
 
 @dataclass
-class _Run:
-    params: DPEDAParams
-    labels: tuple[str, ...]
-    plan: Plan
-    endpoint: LLMEndpoint
-    embedder: Embedder
-    checkpoints: Checkpoints
-    progress: ProgressFn
-    costs: LLMCosts = field(default_factory=LLMCosts)
+class _Run(MethodRun[DPEDAParams, Plan]):
+    method = METHOD
+    description = DESCRIPTION
     vocabulary: Vocabulary | None = None
     cache: EmbeddingCache | None = None
     pool: list[str] | None = None
-    unit_level: bool = False
     _phrase_rows: NDArray[np.float32] | None = None
     _pool_rows: NDArray[np.float32] | None = None
 
-    # ------------------------------------------------------------ checkpoints
+    def prepare(self) -> None:
+        """Load ``params.vocabulary`` unless one was given, where the decoder or the
+        population reads one."""
+        p = self.params
+        if self.vocabulary is None and (
+            p.decoder == "llm_reconstruction" or p.population_source == "vocabulary"
+        ):
+            self.vocabulary = load_vocabulary(p.vocabulary)
 
-    def claim(self, *, unit_level: bool) -> None:
-        """Tie the checkpoints to this run's public configuration (refuse another's)."""
-        self.unit_level = unit_level
-        identity = run_identity(
-            METHOD,
-            self,
-            unit_level=unit_level,
-            vocabulary=None if self.vocabulary is None else self.vocabulary.fingerprint,
-            pool=None
+    def identity(self) -> dict[str, Any]:
+        return {
+            "vocabulary": None if self.vocabulary is None else self.vocabulary.fingerprint,
+            "pool": None
             if self.pool is None
             else hashlib.sha256("\n".join(self.pool).encode()).hexdigest(),
-        )
-        claim_checkpoints(self.checkpoints, RUN_KEY, identity)
-        saved = load_costs(self.checkpoints, COSTS_KEY)
-        if saved is not None:
-            self.costs = LLMCosts(**saved)
-
-    def _save_costs(self) -> None:
-        save_costs(self.checkpoints, COSTS_KEY, self.costs)
+        }
 
     # ------------------------------------------------------------ the run
 
@@ -173,13 +138,12 @@ class _Run:
         self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
     ) -> DPEDAResult:
         p = self.params
-        self.progress("initial_population", 0.0)
-        initial = self.initial_texts()
-        public_texts = [t for label in self.labels for t in initial[label]]
-        readability = decoding.CharBigramPerplexity(
-            public_texts, percentile=p.perplexity_percentile
-        )
-        self.progress("initial_population", 1.0)
+        with self.stage("initial_population"):
+            initial = self.initial_texts()
+            public_texts = [t for label in self.labels for t in initial[label]]
+            readability = decoding.CharBigramPerplexity(
+                public_texts, percentile=p.perplexity_percentile
+            )
         self.progress("iteration", 0.0)
         voters: dict[int, NDArray[np.float32]] | None = None
         drawn: dict[tuple[int, str], PrivacyEvent] = {}
@@ -223,7 +187,7 @@ class _Run:
                         count=p.offspring,
                         alpha=p.alpha,
                         top_r=p.top_r,
-                        rng=np.random.default_rng([p.seed, c, t]),
+                        rng=self.rng(c, t),
                     )
                 self.progress(
                     "iteration", (c * p.iterations + t) / (len(self.labels) * p.iterations)
@@ -231,9 +195,8 @@ class _Run:
             released += [(label, text) for text in last]
             stops[label] = {"iterations_run": t_done, "stop": reason, "released": len(last)}
         del voters
-        self.progress("release", 0.0)
-        events = self.committed(drawn)
-        self.progress("release", 1.0)
+        with self.stage("release"):
+            events = self.committed(drawn)
         return DPEDAResult(
             records=released,
             events=events,
@@ -287,18 +250,6 @@ class _Run:
 
     # ------------------------------------------------------------ public work
 
-    def generate(
-        self, requests: Sequence[decoding.Messages], sources: Sequence[Source]
-    ) -> list[str | None]:
-        return complete_texts(
-            requests,
-            endpoint=self.endpoint,
-            concurrency=self.params.concurrency,
-            costs=self.costs,
-            sources=sources,
-            tick=ticker(self.progress),
-        )
-
     def initial_texts(self) -> dict[str, list[str]]:
         stored = self.checkpoints.load(INITIAL_KEY)
         if stored is not None:
@@ -315,38 +266,27 @@ class _Run:
                 result[label] = [self.vocabulary.phrases[i] for i in chosen]
         else:
             for label in self.labels:
-                texts: list[str | None] = [None] * p.initial_population
-                for _ in range(RANDOM_ROUNDS):
-                    missing = [i for i, text in enumerate(texts) if text is None]
-                    if not missing:
-                        break
-                    message = decoding.population_messages(
-                        document_type=p.document_type, label=label
-                    )
-                    sources = [
-                        Source(
-                            key=f"dp_eda/initial/{label}/{i}",
-                            kind=POPULATION,
-                            refs={"document_type": p.document_type, "label": label},
-                        )
-                        for i in missing
-                    ]
-                    answers = self.generate([message] * len(missing), sources)
-                    for i, answer in zip(missing, answers, strict=True):
-                        texts[i] = answer
-                if any(text is None for text in texts):
-                    self._save_costs()
-                    raise LLMError(
-                        "the LLM failed initial-population requests "
-                        f"{RANDOM_ROUNDS} times; re-run to resume",
-                        field="llm",
-                    )
-                result[label] = [text for text in texts if text is not None]
+                result[label] = self.generated_population(label)
         if len(result[self.labels[0]]) < p.domain + 1:
             raise ConfigError("the vocabulary is smaller than K + 1", field="vocabulary")
         self.checkpoints.save(INITIAL_KEY, checkpoint_json(result))
-        self._save_costs()
+        self.save_costs()
         return result
+
+    def generated_population(self, label: str) -> list[str]:
+        """N_pb zero-shot texts of class ``label``, from the document type and the label."""
+        p = self.params
+        message = decoding.population_messages(document_type=p.document_type, label=label)
+        return self.complete_all(
+            p.initial_population,
+            lambda i: message,
+            lambda i: Source(
+                key=f"dp_eda/initial/{label}/{i}",
+                kind=POPULATION,
+                refs={"document_type": p.document_type, "label": label},
+            ),
+            what="initial-population requests",
+        )
 
     def phrase_rows(self) -> NDArray[np.float32]:
         if self._phrase_rows is None:
@@ -373,7 +313,7 @@ class _Run:
         else:
             texts = self.reconstruction(label, targets, f"{c}.{t}")
         self.checkpoints.save(decode_key(c, t), checkpoint_json(texts))
-        self._save_costs()
+        self.save_costs()
         return texts
 
     def retrieval(self, c: int, targets: NDArray[np.float32]) -> list[str | None]:
@@ -445,17 +385,12 @@ class _Run:
         privacy = compose(events).to_dict(delta=self.plan.delta)
         privacy["domain_delta"] = self.plan.domain_delta  # spent outright, within δ
         return {
-            "method": METHOD,
-            "description": DESCRIPTION,
-            "parameters": p.to_dict(),
-            "labels": list(self.labels),
-            "adjacency": (
-                "add/remove one unit (one vote per unit: the mean of its documents of the "
-                "class most of them carry)"
-                if self.unit_level
-                else "add/remove one document (one vote per document)"
+            **self.describe(
+                unit_adjacency="add/remove one unit (one vote per unit: the mean of its "
+                "documents of the class most of them carry)",
+                document_adjacency="add/remove one document (one vote per document)",
             ),
-            "models": {"llm": self.endpoint.model, "embedding": self.embedder.name},
+            "models": self.models(),
             "decoder": {"name": p.decoder, "description": DECODERS[p.decoder]},
             "filter": {
                 "name": decoding.FILTER_NAME,
@@ -475,5 +410,5 @@ class _Run:
             "privacy": privacy,
             "classes": stops,
             "released": len(records),
-            "llm_costs": dict(self.costs.as_dict()),
+            "llm_costs": self.llm_costs(),
         }

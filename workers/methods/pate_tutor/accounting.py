@@ -34,11 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from workers.errors import ConfigError
 from workers.methods.common import check_label_set
 from workers.methods.pate_tutor.params import PateTutorParams
-from workers.privacy.accountant import compose
-from workers.privacy.calibration import GaussianRelease, calibrate_noise_multiplier
+from workers.privacy.calibration import GaussianRelease, calibrate_scales, check_calibrated
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import release_event
 
@@ -91,28 +89,25 @@ def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
         weight=(1.0 - params.tutor_share) / params.queries if tutor else 1.0,
     )
     releases = [votes]
-    counts: GaussianRelease | None = None
     if tutor:
-        counts = GaussianRelease(
-            mechanism=TUTOR,
-            sensitivity=tutor_release(1.0, len(labels)).sensitivity,
-            dimension=len(labels),
-            noise="gaussian",
-            weight=params.tutor_share,
+        releases.append(
+            GaussianRelease(
+                mechanism=TUTOR,
+                sensitivity=tutor_release(1.0, len(labels)).sensitivity,
+                dimension=len(labels),
+                noise="gaussian",
+                weight=params.tutor_share,
+            )
         )
-        releases.append(counts)
-    z = calibrate_noise_multiplier(epsilon=params.epsilon, delta=params.delta, releases=releases)
-    total_weight = sum(r.weight for r in releases)
-    vote_sigma = votes.scale(z, total_weight)
+    vote_sigma, *tutor_scale = calibrate_scales(
+        epsilon=params.epsilon, delta=params.delta, releases=releases
+    )
+    tutor_sigma = tutor_scale[0] if tutor_scale else None
     events: list[PrivacyEvent] = []
-    tutor_sigma: float | None = None
-    if counts is not None:
-        tutor_sigma = counts.scale(z, total_weight)
+    if tutor_sigma is not None:
         events.append(tutor_release(tutor_sigma, len(labels)))
     events.append(vote_release(vote_sigma, params.queries))
-    spent = compose(events).epsilon(params.delta)
-    if float(spent) > params.epsilon:  # the bisection's answer is certified; never here
-        raise ConfigError(f"calibration overshoots: ε = {spent}", field="epsilon")
+    check_calibrated(events, epsilon=params.epsilon, delta=params.delta)
     return NoisePlan(vote_sigma=vote_sigma, tutor_sigma=tutor_sigma, events=tuple(events))
 
 

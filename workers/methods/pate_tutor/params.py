@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from workers.methods.common import MethodParams
+from workers.methods.common import MethodParams, max_tokens_field, temperature_field
 
 MAX_POOL = 1_000_000
 
@@ -96,15 +96,8 @@ class PateTutorParams(MethodParams):
         gt=0.0,
         le=1e6,
     )
-    max_tokens: int = Field(
-        description="The most tokens the LLM writes per call. Default 256, 8 to 32,768",
-        default=256,
-        ge=8,
-        le=32_768,
-    )
-    temperature: float = Field(
-        description="The LLM's sampling temperature. Default 1, 0 to 2", default=1.0, ge=0.0, le=2.0
-    )
+    max_tokens: int = max_tokens_field(256)
+    temperature: float = temperature_field(1.0)
 
     @field_validator("num_released")
     @classmethod

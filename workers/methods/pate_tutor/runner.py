@@ -29,29 +29,15 @@ texts and the data-independent key only. A re-run loads them instead of spending
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.errors import LLMError
-from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe.prompts import random_messages
-from workers.methods.checkpoints import Checkpoints
-from workers.methods.common import (
-    MethodResult,
-    check_inputs,
-    checkpoint_json,
-    claim_checkpoints,
-    complete_texts,
-    load_costs,
-    no_progress,
-    random_source,
-    run_identity,
-    save_costs,
-)
+from workers.methods.common import MethodResult, checkpoint_json, random_source
 from workers.methods.pate_tutor.accounting import (
     ACCOUNTANT_NOTE,
     NoisePlan,
@@ -72,12 +58,10 @@ from workers.methods.pate_tutor.mechanism import (
     vote_sums,
 )
 from workers.methods.pate_tutor.params import PateTutorParams
-from workers.methods.progress import ticker
 from workers.methods.proportions import allocate
-from workers.privacy.accountant import compose
+from workers.methods.skeleton import MethodRun, RunInputs
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import pool
-from workers.text.embeddings import Embedder
 
 METHOD = "pate-tutor"
 DESCRIPTION = (
@@ -85,15 +69,11 @@ DESCRIPTION = (
     "linear teachers and student on sentence embeddings, keyed-hash partition, Q fixed "
     "votes and tutor counts under one data-independent Gaussian accounting"
 )
-RANDOM_ROUNDS = 3  # rounds of re-requests for failed generations before giving up
 POOLS = ("negatives", "queries", "candidates")  # pools A, B, C
-ProgressFn = Callable[[str, float], None]
 
-RUN_KEY = "pate-tutor-run"
 TEACHER_KEY = "pate-tutor-teacher-key"
 TUTOR_KEY = "pate-tutor-counts"
 VOTES_KEY = "pate-tutor-votes"
-COSTS_KEY = "pate-tutor-llm-costs"
 
 _SHUFFLE, _TIES = range(2)  # seeded public random streams
 
@@ -125,15 +105,11 @@ def run_pate_tutor(
     documents: Sequence[str],
     labels: Sequence[str],
     *,
-    label_set: Sequence[str],
-    units: Sequence[str] | None,
     params: PateTutorParams,
-    llm: LLMEndpoint,
-    embedder: Embedder,
-    checkpoints: Checkpoints,
-    progress: ProgressFn | None = None,
+    **inputs: Unpack[RunInputs],
 ) -> PateTutorResult:
-    """Run PATE-tutor on a labelled private corpus (module docstring).
+    """Run PATE-tutor on a labelled private corpus (module docstring; ``inputs``:
+    :class:`~workers.methods.skeleton.RunInputs`).
 
     ``units`` (one id per document, e.g. a patient) makes the unit the privacy unit: all
     its documents go to one teacher and it is counted once by the tutor, in the class
@@ -142,35 +118,13 @@ def run_pate_tutor(
     read (:class:`~workers.errors.LLMError`), and a re-run with the same ``checkpoints``
     resumes it without spending again.
     """
-    declared, endpoint = check_inputs(documents, labels, label_set, units, llm, params)
-    plan = noise_plan(params, declared)
-    run = _Run(params, declared, plan, endpoint, embedder, checkpoints, progress or no_progress)
-    run.claim(unit_level=units is not None)
-    return run.execute(documents, labels, units)
+    return _Run.start(noise_plan, documents, labels, params, inputs)
 
 
 @dataclass
-class _Run:
-    params: PateTutorParams
-    labels: tuple[str, ...]
-    plan: NoisePlan
-    endpoint: LLMEndpoint
-    embedder: Embedder
-    checkpoints: Checkpoints
-    progress: ProgressFn
-    costs: LLMCosts = field(default_factory=LLMCosts)
-    unit_level: bool = False
-
-    # ------------------------------------------------------------ checkpoints
-
-    def claim(self, *, unit_level: bool) -> None:
-        """Tie the checkpoints to this run's public configuration (refuse another's)."""
-        self.unit_level = unit_level
-        identity = run_identity(METHOD, self, unit_level=unit_level)
-        claim_checkpoints(self.checkpoints, RUN_KEY, identity)
-        saved = load_costs(self.checkpoints, COSTS_KEY)
-        if saved is not None:
-            self.costs = LLMCosts(**saved)
+class _Run(MethodRun[PateTutorParams, NoisePlan]):
+    method = METHOD
+    description = DESCRIPTION
 
     def teacher_key(self) -> bytes:
         """The run's secret hash key: drawn once, kept with the checkpoints."""
@@ -181,34 +135,23 @@ class _Run:
         self.checkpoints.save(TEACHER_KEY, key)
         return key
 
-    def _save_costs(self) -> None:
-        save_costs(self.checkpoints, COSTS_KEY, self.costs)
-
-    def rng(self, *stream: int) -> np.random.Generator:
-        return np.random.default_rng([self.params.seed, *stream])
-
     # ------------------------------------------------------------ the run
 
     def execute(
         self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
     ) -> PateTutorResult:
         p = self.params
-        self.progress("public_pools", 0.0)
-        pools = {name: self.public_pool(name, getattr(p, name)) for name in POOLS}
-        self.progress("public_pools", 1.0)
-        self.progress("tutor", 0.0)
-        key = self.teacher_key()
+        with self.stage("public_pools"):
+            pools = {name: self.public_pool(name, getattr(p, name)) for name in POOLS}
         events: list[PrivacyEvent] = []
-        proportions = self.tutor(labels, units, events)  # first private read
-        self.progress("tutor", 1.0)
-        self.progress("votes", 0.0)
-        answers = self.votes(documents, labels, units, key, pools, events)
-        self.progress("votes", 1.0)
-        self.progress("release", 0.0)
-        records = self.select(pools, answers, proportions)
-        if events != list(self.plan.events):
-            raise RuntimeError("the run's events differ from its plan")  # a bug, never data
-        self.progress("release", 1.0)
+        with self.stage("tutor"):
+            key = self.teacher_key()
+            proportions = self.tutor(labels, units, events)  # first private read
+        with self.stage("votes"):
+            answers = self.votes(documents, labels, units, key, pools, events)
+        with self.stage("release"):
+            records = self.select(pools, answers, proportions)
+            self.check_plan(events)
         return PateTutorResult(
             records=records,
             events=events,
@@ -225,37 +168,14 @@ class _Run:
             return Pool.from_bytes(stored)
         shares = allocate(size, {label: 1.0 for label in self.labels})
         wanted = [label for label in self.labels for _ in range(shares[label])]
-        texts: list[str | None] = [None] * len(wanted)
-        for _ in range(RANDOM_ROUNDS):
-            missing = [i for i, text in enumerate(texts) if text is None]
-            if not missing:
-                break
-            requests = [
-                random_messages(document_type=self.params.document_type, label=wanted[i])
-                for i in missing
-            ]
-            answers = complete_texts(
-                requests,
-                endpoint=self.endpoint,
-                concurrency=self.params.concurrency,
-                costs=self.costs,
-                sources=[
-                    random_source(f"pate_tutor/pool/{name}/{i}", self.params, wanted[i])
-                    for i in missing
-                ],
-                tick=ticker(self.progress),
-            )
-            for i, answer in zip(missing, answers, strict=True):
-                texts[i] = answer
-        self._save_costs()
-        failures = sum(text is None for text in texts)
-        if failures:
-            raise LLMError(
-                f"the LLM failed {failures} of {len(texts)} requests for pool {name!r} "
-                f"{RANDOM_ROUNDS} times; re-run to resume",
-                field="llm",
-            )
-        made = Pool(tuple(t for t in texts if t is not None), tuple(wanted))
+        texts = self.complete_all(
+            len(wanted),
+            lambda i: random_messages(document_type=self.params.document_type, label=wanted[i]),
+            lambda i: random_source(f"pate_tutor/pool/{name}/{i}", self.params, wanted[i]),
+            what=f"requests for pool {name!r}",
+        )
+        self.save_costs()
+        made = Pool(tuple(texts), tuple(wanted))
         self.checkpoints.save(pool_key(name), made.to_bytes())
         return made
 
@@ -271,11 +191,9 @@ class _Run:
         planned = self.plan.tutor_event()
         if planned is None:  # one class
             return {self.labels[0]: 1.0}
-        stored = self.checkpoints.load(TUTOR_KEY)
-        if stored is not None:
-            data = json.loads(stored)
-            events.append(PrivacyEvent.from_dict(data["event"]))
-            noisy = data["noisy"]
+        saved = self.saved_release(TUTOR_KEY, events)
+        if saved is not None:
+            noisy = saved["noisy"]
         else:
             assert self.plan.tutor_sigma is not None
             index = {label: i for i, label in enumerate(self.labels)}
@@ -289,10 +207,7 @@ class _Run:
             if event != planned:
                 raise RuntimeError("the tutor counts differ from the plan")
             noisy = {label: int(counts[i]) for i, label in enumerate(self.labels)}
-            self.checkpoints.save(
-                TUTOR_KEY, checkpoint_json({"noisy": noisy, "event": event.to_dict()})
-            )
-            events.append(event)
+            self.save_release(TUTOR_KEY, {"noisy": noisy}, event, events)
         return {label: max(float(noisy[label]), 0.0) for label in self.labels}
 
     def votes(
@@ -305,11 +220,9 @@ class _Run:
         events: list[PrivacyEvent],
     ) -> NDArray[np.int64]:
         """The Q pseudo-labels of pool B from the teachers' noisy votes (saved once)."""
-        stored = self.checkpoints.load(VOTES_KEY)
-        if stored is not None:
-            data = json.loads(stored)
-            events.append(PrivacyEvent.from_dict(data["event"]))
-            return np.asarray(data["labels"], dtype=np.int64)
+        saved = self.saved_release(VOTES_KEY, events)
+        if saved is not None:
+            return np.asarray(saved["labels"], dtype=np.int64)
         p = self.params
         negatives = self.embed(pools["negatives"].texts)
         queries = self.embed(pools["queries"].texts)
@@ -346,10 +259,7 @@ class _Run:
         event = vote_release(self.plan.vote_sigma, p.queries)
         if event != self.plan.vote_event():
             raise RuntimeError("the votes differ from the plan")
-        self.checkpoints.save(
-            VOTES_KEY, checkpoint_json({"labels": answers.tolist(), "event": event.to_dict()})
-        )
-        events.append(event)
+        self.save_release(VOTES_KEY, {"labels": answers.tolist()}, event, events)
         return answers
 
     # ------------------------------------------------------------ post-processing
@@ -383,35 +293,19 @@ class _Run:
         self, events: Sequence[PrivacyEvent], records: Sequence[tuple[str, str]]
     ) -> dict[str, Any]:
         """Public facts only: parameters, models, noise, events, released sizes, costs."""
-        per_class = {label: 0 for label in self.labels}
-        for label, _ in records:
-            per_class[label] += 1
-        costs: dict[str, Any] = dict(self.costs.as_dict())
-        costs["planned_calls"] = self.params.planned_calls()
         return {
-            "method": METHOD,
-            "description": DESCRIPTION,
-            "parameters": self.params.to_dict(),
-            "labels": list(self.labels),
-            "adjacency": (
-                "add/remove one unit (all documents with one unit id go to one teacher; "
-                "the tutor counts it once, in the class most of its documents carry)"
-                if self.unit_level
-                else "add/remove one document"
+            **self.describe(
+                unit_adjacency="add/remove one unit (all documents with one unit id go to one "
+                "teacher; the tutor counts it once, in the class most of its documents carry)"
             ),
             "class_named_prompts": True,
-            "models": {
-                "llm": self.endpoint.model,
-                "embedding": self.embedder.name,
-                "teachers_and_student": "logistic regression on sentence embeddings",
-            },
+            "models": self.models(
+                teachers_and_student="logistic regression on sentence embeddings"
+            ),
             "noise": {
                 "vote_sigma": self.plan.vote_sigma,
                 "tutor_sigma": self.plan.tutor_sigma,
                 "accountant": ACCOUNTANT_NOTE,
             },
-            "privacy": compose(events).to_dict(delta=self.params.delta),
-            "released": len(records),
-            "released_per_class": per_class,
-            "llm_costs": costs,
+            **self.release_summary(events, records, planned_calls=self.params.planned_calls()),
         }
