@@ -20,7 +20,7 @@ ENSEMBLES = ("log", "linear")
 KDE_METHODS = ("exact", "random_features", "centroid", "moments")
 # "centroid" (independent mode, Gaussian noise): each class releases the sum of its units'
 # document embeddings (L2 Δ = 1, EMBEDDING_DIMENSION coordinates), and a phrase's score
-# is its cosine with that sum (workers/methods/dpkps/density/centroid.py, build_centroid_structures).
+# is its cosine with that sum (density/centroid.py, build_centroid_structures).
 # "moments": the same sum and the sum of the vectors' outer products (L2 Δ = √2), a
 # phrase scored by the degree-2 polynomial kernel density (build_moment_structures).
 EMBEDDING_DIMENSION = 384  # the packaged sentence model (all-MiniLM-L6-v2)
@@ -38,7 +38,7 @@ MAX_CELLS = 64
 DEFAULT_CELL_SHARE = 0.3  # of the KDE's share of μ², to the first release (the class sum)
 DEFAULT_CELL_KAPPA = 1.0  # a cell's expected sum ≥ κ noise norms
 # The declared label names as a prior for each class's direction (class centroids only;
-# density/label_prior.py, with_label_prior): κ of w = κ·g·σ²·d/ŝ, chosen on a tuning split in the small
+# label_prior.py, with_label_prior): κ of w = κ·g·σ²·d/ŝ, chosen on a tuning split in the small
 # hospital's shape (benchmarks/notes/2026-11-28-label-names-prior.md); 0 turns it off.
 DEFAULT_LABEL_PRIOR = 0.5
 MAX_LABEL_PRIOR = 100.0
@@ -277,7 +277,7 @@ class GenerationConfig:
     the Yelp tuning split at ε = 4 / 6, but lost 0.02 on Yelp at ε = 1 and were neutral
     on AG at ε = 2: hence one cell (the class sum alone) below ε = 4.
 
-    Label names (``label_prior``, :func:`workers.methods.dpkps.density.label_prior.with_label_prior`): each
+    Label names (``label_prior``, ``density/label_prior.py``, ``with_label_prior``): each
     class's released direction is pulled towards its declared label name's embedding by
     κ·g·σ²·d/ŝ (κ = 0.5; g from how far the released sums agree with the names, 0 for names
     that say nothing). Post-processing. Chosen on a tuning split in the small hospital's
@@ -421,7 +421,7 @@ class GenerationConfig:
     cell_kappa: float = DEFAULT_CELL_KAPPA  # with cells: a cell's sum ≥ κ·σ√d (K_c's rule)
     label_prior: float = DEFAULT_LABEL_PRIOR  # centroid: κ of the label names' prior; 0: off
     label_prior_lead: float = 0.0  # centroid: L, the names' strength at least L·clip(z − 1,
-    # 0, 1) as the releases agree with them by z (density/label_prior.py, prior_strength); 0: no lead
+    # 0, 1) as the releases agree with them by z (label_prior.py, prior_strength); 0: no lead
     sequence_selection: int | None = None  # F: draw F× the sequences, keep the 1/F nearest
     # their class's (or cell's) released direction; 1: off; None: F = 8 with cells, else 1
     consistency_filter: bool | None = None  # keep a sequence only where its own class's
