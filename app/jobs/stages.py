@@ -4,14 +4,16 @@
 
 1. :func:`app.jobs.runner.start_sequences` commits the job's ε before anything private
    is read, or says the job must not run;
-2. the documents are decrypted into memory, the engine runs with a progress callback
-   that writes the stage that runs as stage k of n, with a fraction only in the stages
-   whose work is public (:class:`StageTracker`), and stops the run when the job was
-   cancelled;
-3. the ε the engine reports, by mechanism, must be the ε the ledger holds for the job;
+2. the documents are decrypted into memory, the job's method runs (one path for every
+   method: its registry entry says what the run takes, :func:`_sequences`) with a
+   progress callback that writes the stage that runs as stage k of n, with a fraction
+   only in the stages whose work is public (:class:`StageTracker`), and stops the run
+   when the job was cancelled;
+3. the ε the run reports, by mechanism, must be the ε the ledger holds for the job;
    otherwise the job fails and nothing is saved (a bug, logged as such);
-4. the DP keyphrase sequences are saved, and the prompting stage is queued once that
-   commits; a job without LLM takes its keyphrases, joined by spaces, as its texts.
+4. the released sequences are saved: with their texts for a method that writes them
+   within the run (the job is done); else the prompting stage is queued once that
+   commits, and a job without LLM takes its keyphrases, joined by spaces, as its texts.
 
 :func:`run_prompts` (step 7) reads the persisted sequences that have no text yet, calls
 the LLM for them and saves each outcome as it arrives, so a crash, an outage or a
