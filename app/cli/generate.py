@@ -178,11 +178,15 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _write_outputs(
-    args: argparse.Namespace, records: Sequence[dict[str, Any]], manifest: dict[str, Any]
+    args: argparse.Namespace,
+    records: Sequence[dict[str, Any]],
+    manifest: dict[str, Any],
+    *,
+    none_is_an_error: bool = False,
 ) -> Path:
     """``OUT.jsonl`` (one record a line) and its manifest, with the documents written,
-    both or neither (:func:`_atomic_outputs`); none written is an error. The manifest's
-    path."""
+    both or neither (:func:`_atomic_outputs`: none written is an error where the LLM
+    could fail on every sequence). The manifest's path."""
     manifest_path = _manifest_path(args.output)
     with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
         with open(out_tmp, "w", encoding="utf-8") as out:
@@ -190,7 +194,7 @@ def _write_outputs(
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
         manifest["documents_written"] = len(records)
         manifest_tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        if not records:
+        if none_is_an_error and not records:
             raise KeyseedError("the language model produced no text for any sequence", field="llm")
     return manifest_path
 
@@ -290,7 +294,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         for seq, text in zip(sequences, texts, strict=True)
         if text is not None  # the LLM failed on it; counted in the manifest
     ]
-    manifest_path = _write_outputs(args, records, manifest)
+    manifest_path = _write_outputs(args, records, manifest, none_is_an_error=True)
     written = len(records)
     drawn = manifest["sequences_drawn"]
     filtered = (
