@@ -159,6 +159,52 @@ def _manifest_path(output: Path) -> Path:
     return output.with_name(output.name[: -len(".jsonl")] + ".manifest.json")
 
 
+def _declared(label_set: list[str]) -> dict[str, Any]:
+    """The manifest's ``labels``: the declared ones."""
+    return {"names": label_set, "source": "declared"}
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """What every method's manifest says of its input file (its columns' names) and when
+    it ran."""
+    return {
+        "input": {
+            "text_columns": args.text_columns,
+            "label_column": args.label_column,
+            "unit_column": args.unit_column,
+        },
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    records: Sequence[dict[str, Any]],
+    manifest: dict[str, Any],
+    *,
+    none_is_an_error: bool = False,
+) -> Path:
+    """``OUT.jsonl`` (one record a line) and its manifest, with the documents written,
+    both or neither (:func:`_atomic_outputs`: none written is an error where the LLM
+    could fail on every sequence). The manifest's path."""
+    manifest_path = _manifest_path(args.output)
+    with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
+        with open(out_tmp, "w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        manifest["documents_written"] = len(records)
+        manifest_tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+        if none_is_an_error and not records:
+            raise KeyseedError("the language model produced no text for any sequence", field="llm")
+    return manifest_path
+
+
+def _endpoint(args: argparse.Namespace, settings: Any) -> Any:
+    """The endpoint of ``--llm openai``, resolved before the run (None otherwise: the
+    packaged model starts when the LLM is needed, or there is none)."""
+    return _endpoint_for(args.llm, settings) if args.llm == "openai" else None
+
+
 def generate(args: argparse.Namespace) -> int:
     started = time.time()
     try:
@@ -168,8 +214,10 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, started: float) -> int:
+    from workers.methods.catalog import METHOD_PARAMS
+
     checks.check_run_options(args)
-    if args.method != "dpkps":
+    if args.method in METHOD_PARAMS:  # its options are its own parameter model's
         return _generate_llm_method(args, started)
     from workers.text.vocabulary import load_vocabulary
 
@@ -196,7 +244,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
 
     settings = CoreSettings()
     few_shot = checks.read_few_shot(args.few_shot) if args.llm != "none" else ()
-    endpoint = _endpoint_for(args.llm, settings) if args.llm == "openai" else None
+    endpoint = _endpoint(args, settings)
     corpus = checks.read_input(args, label_set)
     # Every check that needs no model has passed: the engine loads from here on.
     from workers.llm.client import LLMCosts
@@ -207,7 +255,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     planned = plan(config, label_set, len(vocabulary))
     embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
     cache = EmbeddingCache(settings.embedding_cache_dir)
-    progress = StageBars(run_stages("dpkps", mode=config.mode, llm=args.llm))
+    progress = StageBars(run_stages(args.method, mode=config.mode, llm=args.llm))
     try:
         result = generate_sequences(
             corpus.texts,
@@ -234,32 +282,20 @@ def _generate(args: argparse.Namespace, started: float) -> int:
             )
     finally:
         progress.close()
-    manifest_path = _manifest_path(args.output)
     manifest = {
         **result.manifest(),
-        "labels": {"names": label_set, "source": "declared"},
+        "labels": _declared(label_set),
         "prompting": prompting,
-        "llm_costs": {"method": "dpkps", **costs.as_dict()},
-        "input": {
-            "text_columns": args.text_columns,
-            "label_column": args.label_column,
-            "unit_column": args.unit_column,
-        },
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "llm_costs": {"method": args.method, **costs.as_dict()},
+        **_inputs(args),
     }
-    written = 0
-    with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
-        with open(out_tmp, "w", encoding="utf-8") as out:
-            for seq, text in zip(sequences, texts, strict=True):
-                if text is None:
-                    continue  # the LLM failed on it; counted in the manifest
-                record = {"label": seq.label, "keyphrases": list(seq.keyphrases), "text": text}
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                written += 1
-        manifest["documents_written"] = written
-        manifest_tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        if written == 0:
-            raise KeyseedError("the language model produced no text for any sequence", field="llm")
+    records = [
+        {"label": seq.label, "keyphrases": list(seq.keyphrases), "text": text}
+        for seq, text in zip(sequences, texts, strict=True)
+        if text is not None  # the LLM failed on it; counted in the manifest
+    ]
+    manifest_path = _write_outputs(args, records, manifest, none_is_an_error=True)
+    written = len(records)
     drawn = manifest["sequences_drawn"]
     filtered = (
         f"; the consistency filter kept {len(sequences)} of {drawn} sequences drawn"
@@ -283,10 +319,10 @@ def _checkpoint_dir(output: Path) -> Path:
 
 def _plan_llm_method(args: argparse.Namespace, params: Any, label_set: list[str]) -> int:
     """``--dry-run`` of an LLM method: its planned events and composed (ε, δ)."""
-    from workers.methods.registry import LLM_METHODS
+    from workers.methods.registry import METHODS
     from workers.privacy.accountant import compose
 
-    method = LLM_METHODS[args.method]
+    method = METHODS[args.method]
     events = method.plan(params, label_set)
     planned = {
         "method": method.id,
@@ -320,15 +356,15 @@ def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
     settings = CoreSettings()
     vocabulary_name = vocabulary_of(args.method, params)
     vocabulary = load_vocabulary(vocabulary_name) if vocabulary_name is not None else None
-    endpoint = None if args.llm == "local" else _endpoint_for(args.llm, settings)
+    endpoint = _endpoint(args, settings)
     corpus = checks.read_input(args, label_set)
     # Every check that needs no model has passed: the engine loads from here on.
     from workers.llm.local import LocalLLMServer
     from workers.methods.checkpoints import DirectoryCheckpoints
-    from workers.methods.registry import LLM_METHODS
+    from workers.methods.registry import METHODS
     from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
 
-    method = LLM_METHODS[args.method]
+    method = METHODS[args.method]
     method.plan(params, label_set)  # its errors, before the embedding model loads
     extra: dict[str, Any] = {}
     if vocabulary is not None:
@@ -363,28 +399,18 @@ def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
             result = run(endpoint)
     finally:
         progress.close()
-    manifest_path = _manifest_path(args.output)
     manifest = {
         **result.manifest,
-        "labels": {"names": label_set, "source": "declared"},
+        "labels": _declared(label_set),
         "llm": {
             "llm": args.llm,
             "base_url": endpoint.base_url if args.llm == "openai" else "local",
             "model": endpoint.model,
         },
-        "input": {
-            "text_columns": args.text_columns,
-            "label_column": args.label_column,
-            "unit_column": args.unit_column,
-        },
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "documents_written": len(result.records),
+        **_inputs(args),
     }
-    with _atomic_outputs(args.output, manifest_path) as (out_tmp, manifest_tmp):
-        with open(out_tmp, "w", encoding="utf-8") as out:
-            for label, text in result.records:
-                out.write(json.dumps({"label": label, "text": text}, ensure_ascii=False) + "\n")
-        manifest_tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    records = [{"label": label, "text": text} for label, text in result.records]
+    manifest_path = _write_outputs(args, records, manifest)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)  # the outputs hold the run now
     privacy = manifest["privacy"]
     costs = manifest["llm_costs"]

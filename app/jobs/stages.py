@@ -4,14 +4,16 @@
 
 1. :func:`app.jobs.runner.start_sequences` commits the job's ε before anything private
    is read, or says the job must not run;
-2. the documents are decrypted into memory, the engine runs with a progress callback
-   that writes the stage that runs as stage k of n, with a fraction only in the stages
-   whose work is public (:class:`StageTracker`), and stops the run when the job was
-   cancelled;
-3. the ε the engine reports, by mechanism, must be the ε the ledger holds for the job;
+2. the documents are decrypted into memory, the job's method runs (one path for every
+   method: its registry entry says what the run takes, :func:`_sequences`) with a
+   progress callback that writes the stage that runs as stage k of n, with a fraction
+   only in the stages whose work is public (:class:`StageTracker`), and stops the run
+   when the job was cancelled;
+3. the ε the run reports, by mechanism, must be the ε the ledger holds for the job;
    otherwise the job fails and nothing is saved (a bug, logged as such);
-4. the DP keyphrase sequences are saved, and the prompting stage is queued once that
-   commits; a job without LLM takes its keyphrases, joined by spaces, as its texts.
+4. the released sequences are saved: with their texts for a method that writes them
+   within the run (the job is done); else the prompting stage is queued once that
+   commits, and a job without LLM takes its keyphrases, joined by spaces, as its texts.
 
 :func:`run_prompts` (step 7) reads the persisted sequences that have no text yet, calls
 the LLM for them and saves each outcome as it arrives, so a crash, an outage or a
@@ -36,6 +38,7 @@ diagnostics are not even read), or the text of an exception (it may quote data).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import secrets
 import time
@@ -55,7 +58,7 @@ from app.errors import Conflict, NotFound
 from app.jobs import holdout, llm, runner
 from app.jobs import repository as jobs_repo
 from app.jobs.recovery import LeaseLost
-from app.jobs.schemas import JOB_SPEC, AnySpec, JobSpec, LLMMethodJob
+from app.jobs.schemas import JOB_SPEC, AnySpec, HoldoutSpec
 from app.metrics import EPSILON_COMMITTED, JOBS_ENDED, LLM_CALLS, observe_stage
 from app.models import Dataset
 from app.vocabularies import service as vocabularies
@@ -66,11 +69,9 @@ from workers.llm.attestation import Prompt
 from workers.llm.client import LLMCosts
 from workers.methods.checkpoints import check_key
 from workers.methods.dpkps import prompting
-from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
 from workers.methods.progress import Stage, stage_number
-from workers.methods.registry import METHODS
-from workers.privacy.accountant import epsilon_by_mechanism
+from workers.methods.registry import METHODS, Method
 from workers.privacy.audit import CanarySet, make_canaries
 
 if TYPE_CHECKING:
@@ -327,25 +328,26 @@ class PrivateCorpus:
 
 
 def _canaries(
-    count: int,
-    document_type: str,
-    config: GenerationConfig,
-    vocabulary: Vocabulary,
+    method: Method,
+    params: Any,
+    spec: AnySpec,
+    vocabulary: Vocabulary | None,
     started: runner.StartedJob,
 ) -> CanarySet | None:
     """The run's canaries (:mod:`workers.privacy.audit`), drawn by a fresh secret seed
-    before any private read, or None when the spec turned the audit off. Their words come
-    from the phrases the run can emit: a public Ṽ's candidates, else the whole vocabulary."""
-    if not count:
+    before any private read, or None for a method that takes none or a spec that turned
+    the audit off. Their words come from the phrases the run can emit (the method's
+    :attr:`~workers.methods.registry.Method.canary_phrases` of its vocabulary)."""
+    count = getattr(spec, "audit_canaries", 0)
+    if method.canary_phrases is None or not count or vocabulary is None:
         return None
-    public = config.vocabulary_selection == "public"
     return make_canaries(
         phrases=vocabulary.phrases,
         labels=started.labels,
         count=count,
         seed=secrets.randbits(62),
-        document_type=document_type,
-        stop=config.candidate_count if public else len(vocabulary),
+        document_type=spec.document_type,
+        stop=method.canary_phrases(params, len(vocabulary)),
     )
 
 
@@ -447,60 +449,80 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
 
 
 def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTracker) -> str:
-    """The job's private stages, by its method."""
+    """The job's private stages: a run of its method, as its registry entry describes it
+    (:mod:`workers.methods.registry`), its releases saved.
+
+    A method that writes its texts with an LLM runs with the job's endpoint (capped at
+    the server's LLM concurrency), from its checkpoints (a redelivered or recovered task
+    draws no noise that was drawn and saved already), every prompt logged before it is
+    sent; its texts are the job's outputs. Otherwise the run releases keyphrase
+    sequences, which the prompting stage writes out (or, without an LLM, each sequence's
+    keyphrases are its text). Where the entry supports them, the audit's canaries join
+    the generation input and a holdout's slice is kept out of it. The run's LLM calls
+    carry public prompts and synthetic texts only; its progress reports are stage
+    boundaries, iteration numbers and public fractions."""
     spec = job_spec(started.spec)
-    if isinstance(spec, LLMMethodJob):
-        return _llm_method(ctx, started, spec, tracker)
-    return _dpkps(ctx, started, spec, tracker)
-
-
-def _dpkps(
-    ctx: WorkerContext, started: runner.StartedJob, spec: JobSpec, tracker: StageTracker
-) -> str:
-    from workers.methods.dpkps.pipeline import shuffled
-    from workers.text.embeddings import EmbeddingCache
-
+    method = METHODS[spec.method]
     settings, job_id = ctx.settings, started.job_id
-    method, params = METHODS[spec.method], spec.params()
-    config = params.generation_config(settings.device)
-    vocabulary = _vocabulary(ctx, started.spec)
+    params: Any = spec.params()
+    if method.writes_texts:
+        concurrency = min(params.concurrency, llm.concurrency(settings, spec.llm))
+        params = params.model_copy(update={"concurrency": concurrency})
+    inputs: dict[str, Any] = {}
+    vocabulary = None
+    if method.vocabulary(params) is not None:  # its phrases' embeddings are cached
+        from workers.text.embeddings import EmbeddingCache
+
+        vocabulary = _vocabulary(ctx, started.spec)
+        inputs["vocabulary"] = vocabulary
+        inputs["cache"] = EmbeddingCache(settings.embedding_cache_dir)
     embedder = _embedder(settings.embedding_model, settings.device)
-    canaries = _canaries(spec.audit_canaries, spec.document_type, config, vocabulary, started)
-    tracker("extract", 0.0)  # a cancel that came while the models loaded stops us here
-    corpus = load_corpus(ctx, job_id)
+    canaries = _canaries(method, params, spec, vocabulary, started)
+    kept_out = getattr(spec, "holdout", None) if method.supports_holdout else None
     unit_name = _unit_column(ctx, started)
-    # the canaries join the generation side only: never the holdout's slice
-    generation = with_canaries(_generation_side(corpus, spec, started.labels), canaries)
-    result = method.run(
-        generation.texts,
-        generation.labels,
-        label_set=started.labels,
-        units=generation.units,
-        params=params,
-        vocabulary=vocabulary,
-        embedder=embedder,
-        cache=EmbeddingCache(settings.embedding_cache_dir),
-        progress=tracker,
-        unit_name=unit_name,
-        device=settings.device,
-    )
-    del generation
-    if not result.report.as_planned:
+    if method.takes_unit_and_device:
+        inputs["unit_name"] = unit_name
+        inputs["device"] = settings.device
+    with contextlib.ExitStack() as stack:
+        if method.writes_texts:
+            inputs["llm"] = stack.enter_context(llm.endpoint(settings, spec.llm))
+            inputs["checkpoints"] = JobCheckpoints(ctx.database, job_id)
+            stack.enter_context(attestation.recording(JobPromptLog(ctx.database, job_id)))
+        # a cancel that came while the models loaded stops us here
+        tracker(tracker.stages[0].name, 0.0)
+        corpus = load_corpus(ctx, job_id)
+        # the canaries join the generation side only: never the holdout's slice
+        generation = with_canaries(_generation_side(corpus, kept_out, started.labels), canaries)
+        if kept_out is None:
+            del corpus
+        result = method.run(
+            generation.texts,
+            generation.labels,
+            label_set=started.labels,
+            units=generation.units,
+            params=params,
+            embedder=embedder,
+            progress=tracker,
+            **inputs,
+        )
+        del generation
+    outcome = method.outcome(result, params, started.labels, unit_name)
+    del result
+    if not outcome.as_planned:
         raise AccountingMismatch("the run's releases are not the ones its reservation holds")
     check_accounting(
-        result.report.by_mechanism(), holdout.generation_only(started.epsilon_by_mechanism)
+        outcome.epsilon_by_mechanism, holdout.generation_only(started.epsilon_by_mechanism)
     )
-    sequences = [(s.label, s.keyphrases) for s in shuffled(result.sequences, config.seed)]
-    without_llm = spec.llm == "none"
-    manifest = with_audit(result.manifest(), canaries)
-    if spec.holdout is not None:
-        # without an LLM the released corpus is known now: the slice is scored at once and
-        # saved with the sequences; else once the prompts are done (_conclude)
-        released = [(label, " ".join(phrases)) for label, phrases in sequences]
+    # nothing left to prompt: the run wrote its texts, or each text is its keyphrases
+    done = outcome.texts is not None or spec.llm == "none"
+    manifest = with_audit(outcome.manifest, canaries)
+    if kept_out is not None:
+        # once the released corpus is known the slice is scored at once and saved with
+        # the sequences; else once the prompts are done (_conclude)
         manifest = _with_holdout(
-            manifest, started, corpus if without_llm else None, released, config.seed
+            manifest, started, corpus if done else None, outcome.released(), params.seed
         )
-    del corpus
+        del corpus
     try:
         with ctx.database.transaction() as session:
             if runner.cancel_requested(session, job_id):
@@ -510,125 +532,54 @@ def _dpkps(
                 runner.save_sequences(
                     session,
                     job_id,
-                    sequences,
-                    private_vocabulary=result.private_vocabulary,
+                    outcome.sequences,
+                    private_vocabulary=outcome.private_vocabulary,
                     manifest=manifest,
-                    texts_from_keyphrases=without_llm,
+                    texts_from_keyphrases=outcome.texts is None and done,
+                    texts=outcome.texts,
                 )
-                if without_llm:
+                if outcome.llm_costs is not None:
+                    runner.set_llm_costs(session, job_id, outcome.llm_costs)
+                if done:
                     runner.finish(session, job_id)
     except Conflict:  # another delivery of the task saved them first
         log.warning("job.sequences.saved_already", job_id=str(job_id))
         return "duplicate"
     if cancelled:
         raise JobCancelled
-    log.info(
-        "job.sequences.saved",
-        job_id=str(job_id),
-        sequences=len(sequences),
-        epsilon=float(result.report.epsilon),
-        next="done" if without_llm else "prompts",
-    )
-    return _end("succeeded") if without_llm else "prompting"
-
-
-def _llm_method(
-    ctx: WorkerContext, started: runner.StartedJob, spec: LLMMethodJob, tracker: StageTracker
-) -> str:
-    """A run of an LLM method (Aug-PE, PATE-tutor, DP-EDA) from its checkpoints (a
-    redelivered or recovered task draws no noise that was drawn and saved already), its
-    released texts saved as the job's outputs.
-
-    The run's LLM calls carry public prompts and synthetic texts only; its progress
-    reports are stage boundaries and iteration numbers (public parameters)."""
-    method = METHODS[spec.method]
-    settings, job_id = ctx.settings, started.job_id
-    params = spec.params()
-    params = params.model_copy(
-        update={"concurrency": min(params.concurrency, llm.concurrency(settings, spec.llm))}
-    )
-    extra: dict[str, Any] = {}
-    if method.vocabulary(params) is not None:  # its phrases' embeddings are cached
-        from workers.text.embeddings import EmbeddingCache
-
-        extra["vocabulary"] = _vocabulary(ctx, started.spec)
-        extra["cache"] = EmbeddingCache(settings.embedding_cache_dir)
-    embedder = _embedder(settings.embedding_model, settings.device)
-    checkpoints = JobCheckpoints(ctx.database, job_id)
-    unit_name = _unit_column(ctx, started)
-    with (
-        llm.endpoint(settings, spec.llm) as endpoint,
-        attestation.recording(JobPromptLog(ctx.database, job_id)),
-    ):
-        tracker("load", 0.0)  # a cancel that came while the models loaded stops us here
-        corpus = load_corpus(ctx, job_id)
-        result = method.run(
-            corpus.texts,
-            corpus.labels,
-            label_set=started.labels,
-            units=corpus.units,
-            params=params,
-            llm=endpoint,
-            embedder=embedder,
-            checkpoints=checkpoints,
-            progress=tracker,
-            **extra,
+    if outcome.texts is None:
+        log.info(
+            "job.sequences.saved",
+            job_id=str(job_id),
+            sequences=len(outcome.sequences),
+            epsilon=outcome.epsilon,
+            next="done" if done else "prompts",
         )
-        del corpus
-    if list(result.events) != method.plan(params, started.labels):
-        raise AccountingMismatch("the run's releases are not the ones its reservation holds")
-    check_accounting(
-        epsilon_by_mechanism(result.events, params.delta), started.epsilon_by_mechanism
-    )
-    manifest = dict(result.manifest)
-    manifest["privacy"] = {
-        **manifest["privacy"],
-        "unit": unit_name or "row",
-        "planned": {"events": [e.to_dict() for e in result.events]},
-    }
-    try:
-        with ctx.database.transaction() as session:
-            if runner.cancel_requested(session, job_id):
-                cancelled = True
-            else:
-                cancelled = False
-                runner.save_sequences(
-                    session,
-                    job_id,
-                    [(label, ()) for label, _ in result.records],
-                    private_vocabulary=None,
-                    manifest=manifest,
-                    texts=[text for _, text in result.records],
-                )
-                runner.set_llm_costs(session, job_id, result.llm_costs)
-                runner.finish(session, job_id)
-    except Conflict:  # another delivery of the task saved them first
-        log.warning("job.sequences.saved_already", job_id=str(job_id))
-        return "duplicate"
-    if cancelled:
-        raise JobCancelled
-    log.info(
-        "job.method.saved",
-        method=spec.method,
-        job_id=str(job_id),
-        documents=len(result.records),
-        llm_calls=result.llm_costs.calls,
-    )
-    return _end("succeeded")
+    else:
+        log.info(
+            "job.method.saved",
+            method=spec.method,
+            job_id=str(job_id),
+            documents=len(outcome.texts),
+            llm_calls=outcome.llm_costs.calls if outcome.llm_costs is not None else 0,
+        )
+    return _end("succeeded") if done else "prompting"
 
 
-def _generation_side(corpus: PrivateCorpus, spec: JobSpec, label_set: list[str]) -> PrivateCorpus:
+def _generation_side(
+    corpus: PrivateCorpus, kept_out: HoldoutSpec | None, label_set: list[str]
+) -> PrivateCorpus:
     """The documents generation may read: all of them, or those outside a holdout's
     slice (whole units; :func:`workers.evaluation.holdout.select`)."""
-    if spec.holdout is None:
+    if kept_out is None:
         return corpus
-    assert spec.holdout.key is not None  # drawn at submission
+    assert kept_out.key is not None  # drawn at submission
     rest = holdout_maths.select(
         corpus.texts,
         corpus.labels,
         corpus.units,
-        key=spec.holdout.key,
-        fraction=spec.holdout.fraction,
+        key=kept_out.key,
+        fraction=kept_out.fraction,
         label_set=label_set,
     ).rest
     return PrivateCorpus(

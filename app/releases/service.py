@@ -30,45 +30,11 @@ from app.ledger import audit
 from app.models import Download, Job, KeyphraseSequence, Release, utcnow
 from app.releases import repository
 from app.releases.schemas import ReleaseIn, ReleaseOut
-from workers.methods.dpkps.config import GenerationConfig, method_description
-from workers.methods.dpkps.params import ENGINE_FIELDS
-from workers.methods.registry import DPKPS, LLM_METHODS
+from workers.methods.registry import METHODS
 from workers.privacy.accountant import EXACT_SUM as ACCOUNTANT
 from workers.provenance import models_section
 
 ADJACENCY = "one row of the uploaded file added or removed"
-VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
-FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
-
-
-def _config(spec: dict[str, Any], engine: dict[str, Any] | None = None) -> GenerationConfig:
-    """The job's engine configuration, from its stored spec (validated at submission); a
-    setting the spec left to the engine's default is read from what the engine says it ran
-    (its manifest's parameters), so a later change of that default does not rewrite how an
-    earlier job is described."""
-    values = {name: spec[name] for name in ENGINE_FIELDS if name in spec}
-    ran = (engine or {}).get("parameters") or {}
-    if values.get("consistency_filter") is None and isinstance(
-        ran.get("consistency_filter"), bool
-    ):  # on with cells since the twenty-eighth session, off before
-        values["consistency_filter"] = ran["consistency_filter"]
-    values.setdefault("subspace", 0)  # a job from before the option ran in the whole space
-    values.setdefault("consistency_filter", False)  # and one from before this kept every draw
-    values.setdefault("document_window", 0)  # and read the first tokens of each document
-    return GenerationConfig(**values)
-
-
-def density(config: GenerationConfig) -> dict[str, Any]:
-    """How the class densities were estimated and released."""
-    described: dict[str, Any] = {
-        "method": config.density_method,
-        "kernel": "gaussian",
-        "bandwidth": config.bandwidth,
-    }
-    if config.density_method == "random_features":
-        described["num_features"] = config.num_features
-        described["contribution_bound"] = config.contribution_bound
-    return described
 
 
 def privacy_of(job: Job, report: dict[str, Any]) -> dict[str, Any]:
@@ -88,19 +54,6 @@ def privacy_of(job: Job, report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def vocabulary_of(spec: dict[str, Any]) -> dict[str, Any]:
-    """The public vocabulary the job drew from: built in or uploaded, and its fingerprint."""
-    ref = spec["vocabulary_ref"]
-    return {
-        "source": VOCABULARY_SOURCES[ref["kind"]],
-        "id": ref["id"],
-        "name": ref["name"],
-        "size": ref["size"],
-        "fingerprint": ref["fingerprint"],
-        "fingerprint_algorithm": FINGERPRINT,
-    }
-
-
 def _texts_only(job: Job) -> bool:
     return job.spec.get("llm") != "none"
 
@@ -112,39 +65,27 @@ def llm_costs_of(job: Job) -> dict[str, Any]:
 
 def manifest(job: Job, settings: Settings, documents: int, classes: int) -> dict[str, Any]:
     """The public manifest of a release of ``job`` (its dataset declares ``classes``
-    labels)."""
-    if jobs.method_of(job.spec) in LLM_METHODS:
-        return _llm_method_manifest(job, settings, documents)
+    labels): its method's part (:attr:`workers.methods.registry.Method.release`: what
+    ran, its parameters, its prompt, what else the method records), then the job, the
+    models, the privacy block, the LLM costs and the documents released."""
     spec = job.spec
+    method = METHODS[jobs.method_of(spec)]
     engine = job.manifest or {}
-    config = _config(spec, engine).for_classes(classes)  # default subspace: by the label set
-    resolved = config.to_dict()  # the defaults that depend on the mode, resolved
     llm = spec.get("llm", "none")
     endpoint = settings.llm_endpoints.get(llm)
+    ran = engine.get("models") or {}  # the models an LLM method's run names
     return {
-        "method": method_description(config),
-        "method_id": DPKPS,
+        **method.release(spec, engine, classes, job.sequences_total),
+        "method_id": method.id,
         "job_id": str(job.id),
-        "parameters": {name: resolved[name] for name in ENGINE_FIELDS},
-        "density": density(config),
-        "vocabulary": vocabulary_of(spec),
-        "prompt": {
-            "document_type": spec.get("document_type"),
-            "few_shot_examples": len(spec.get("few_shot") or []),
-            "template": spec.get("template"),
-        },
         "models": models_section(
             llm=llm,
-            llm_model=endpoint.model if endpoint else None,
-            embedding=engine.get("embedding_model", settings.embedding_model),
+            llm_model=ran.get("llm") or (endpoint.model if endpoint else None),
+            embedding=ran.get("embedding", engine.get("embedding_model", settings.embedding_model)),
         ),
         "privacy": privacy_of(job, engine.get("privacy") or {}),
         "llm_costs": llm_costs_of(job),
         "documents": documents,
-        # the held-out slice's noisy accuracy (docs/utility.md): DP outputs, public key
-        "utility": engine.get("utility"),
-        # drawn from the releases before the consistency filter kept some (post-processing)
-        "sequences_drawn": jobs.sequences_drawn(job),
         "created_at": utcnow().isoformat(),
     }
 
@@ -196,40 +137,6 @@ def empirical_audit(session: Session, job: Job) -> dict[str, Any] | None:
         "method": AUDIT_METHOD,
         "canaries_in_release": CANARIES_IN_RELEASE,
         "canary_set": canary_set.to_dict(),
-    }
-
-
-def _llm_method_manifest(job: Job, settings: Settings, documents: int) -> dict[str, Any]:
-    """A release of an LLM method (Aug-PE, PATE-tutor, DP-EDA): the run's own public
-    manifest (parameters, models, noise, released sizes, and what else the method
-    records, e.g. DP-EDA's decoder) with the service's privacy block and LLM costs."""
-    spec = job.spec
-    method = LLM_METHODS[jobs.method_of(spec)]
-    engine = job.manifest or {}
-    llm = spec.get("llm", "local")
-    endpoint = settings.llm_endpoints.get(llm)
-    ran = engine.get("models") or {}
-    shown = {"description", "parameters", "labels", "noise", "released_per_class", "models"}
-    own = {k: v for k, v in engine.items() if k not in shown and k != "privacy"}
-    return {
-        **own,
-        "method": engine.get("description", method.description),
-        "method_id": method.id,
-        "job_id": str(job.id),
-        "parameters": engine.get("parameters", {}),
-        "labels": engine.get("labels", []),
-        "noise": engine.get("noise", {}),
-        "released_per_class": engine.get("released_per_class", {}),
-        "prompt": {"document_type": spec.get("document_type")},
-        "models": models_section(
-            llm=llm,
-            llm_model=ran.get("llm") or (endpoint.model if endpoint else None),
-            embedding=ran.get("embedding", settings.embedding_model),
-        ),
-        "privacy": privacy_of(job, engine.get("privacy") or {}),
-        "llm_costs": llm_costs_of(job),
-        "documents": documents,
-        "created_at": utcnow().isoformat(),
     }
 
 

@@ -79,3 +79,50 @@ def test_a_method_without_a_holdout_has_no_utility_block() -> None:
     spec = {k: v for k, v in SPEC.items() if k != "vocabulary"}
     aug_pe = JOB_SPEC.validate_python({**spec, "method": "aug-pe"})
     assert holdout.dry_run_block(aug_pe, None, None, 1_000, 3) is None
+
+
+def test_what_each_entry_says_its_run_takes() -> None:
+    dpkps = METHODS[DPKPS]
+    assert dpkps.supports_holdout and dpkps.takes_unit_and_device
+    assert dpkps.canary_phrases is not None
+    params = DPKPSParams.model_validate({k: v for k, v in SPEC.items() if k != "document_type"})
+    config = params.generation_config()
+    public = config.vocabulary_selection == "public"
+    assert dpkps.canary_phrases(params, 5_000) == (config.candidate_count if public else 5_000)
+    for method in LLM_METHODS.values():
+        assert not method.supports_holdout and not method.takes_unit_and_device
+        assert method.canary_phrases is None
+
+
+def test_an_llm_method_result_is_saved_as_its_texts_with_the_unit_and_the_planned_events() -> None:
+    from types import SimpleNamespace
+
+    from workers.llm.client import LLMCosts
+    from workers.methods.aug_pe.params import AugPEParams
+    from workers.privacy.accountant import compose, epsilon_by_mechanism
+
+    entry = METHODS["aug-pe"]
+    params = AugPEParams(document_type="note", epsilon=1.0, delta=1e-5)
+    events = entry.plan(params, LABELS)
+    result = SimpleNamespace(
+        records=[("cardio", "a text"), ("ortho", "another")],
+        events=events,
+        manifest={"description": "ran", "privacy": {"epsilon": 1.0}},
+        llm_costs=LLMCosts(),
+    )
+    found = entry.outcome(result, params, LABELS, "patient")
+    assert found.as_planned and found.texts == ["a text", "another"]
+    assert found.sequences == [("cardio", ()), ("ortho", ())]
+    assert found.released() == [("cardio", "a text"), ("ortho", "another")]
+    assert found.epsilon_by_mechanism == epsilon_by_mechanism(events, 1e-5)
+    assert found.epsilon == float(compose(events).epsilon(1e-5))
+    assert found.manifest["privacy"] == {
+        "epsilon": 1.0,
+        "unit": "patient",
+        "planned": {"events": [e.to_dict() for e in events]},
+    }
+    assert found.llm_costs is result.llm_costs and found.private_vocabulary is None
+    other = entry.outcome(
+        SimpleNamespace(**{**vars(result), "events": events[:-1]}), params, LABELS, None
+    )
+    assert not other.as_planned and other.manifest["privacy"]["unit"] == "row"

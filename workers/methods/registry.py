@@ -2,8 +2,10 @@
 
 Each entry says, from public inputs only, what a caller needs before a run: the method's
 parameter model, the events of its releases (reserved before the first private read),
-the LLM calls it will make and the most documents it can release; and, to run it, its
-entry point. The service's job specs, dry runs, manifests and the CLI's options are all
+the LLM calls it will make and the most documents it can release; to run it, its entry
+point, the inputs it takes and what it supports (a holdout, the audit's canaries); and
+the adapter that gives its result as a :class:`~workers.methods.outcome.RunOutcome`. The
+service's job specs, dry runs, worker stage, manifests and the CLI's options are all
 built from these entries, so a method plugs in here and in :mod:`workers.methods.catalog`,
 which names its id and parameter model without loading any numerical library, so that
 validating options and job specs stays fast.
@@ -15,7 +17,7 @@ texts with an LLM within the run (:data:`LLM_METHODS`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,8 +37,10 @@ from workers.methods.dp_eda.runner import DESCRIPTION as DP_EDA_DESCRIPTION
 from workers.methods.dpkps.config import method_description
 from workers.methods.dpkps.params import DPKPSParams
 from workers.methods.dpkps.run import DESCRIPTION as DPKPS_DESCRIPTION
-from workers.methods.dpkps.run import plan_dpkps, run_dpkps
+from workers.methods.dpkps.run import dpkps_outcome, dpkps_release, plan_dpkps, run_dpkps
+from workers.methods.outcome import RunOutcome
 from workers.methods.pate_tutor.runner import DESCRIPTION as PATE_TUTOR_DESCRIPTION
+from workers.privacy.accountant import compose, epsilon_by_mechanism
 from workers.privacy.events import PrivacyEvent
 
 __all__ = [
@@ -47,9 +51,17 @@ __all__ = [
     "METHODS",
     "PATE_TUTOR",
     "Method",
+    "RunOutcome",
 ]
 
 Plan = Callable[..., list[PrivacyEvent]]  # (params, label_set, vocabulary_size=None)
+# (the run's result, params, label_set, the unit column's name) -> the result, saved as is
+Outcome = Callable[[Any, Any, Sequence[str], str | None], RunOutcome]
+# (the job's stored spec, the manifest its run recorded, the declared labels' count, the
+# sequences it saved) -> the method's part of a release's manifest: ``method`` (what ran,
+# in words), ``parameters``, ``prompt`` and what else the method records; the service adds
+# the method's id, the job, the models, the privacy block, LLM costs and the documents
+Release = Callable[[Mapping[str, Any], Mapping[str, Any], int, int], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,8 @@ class Method:
     released_field: Callable[[Any], str]  # the parameter that bounds the released documents
     calls_field: Callable[[Any], str]  # the parameter that drives the LLM calls most
     run: Callable[..., Any]  # the entry point, ``run_<method>``
+    outcome: Outcome  # the run's result as a RunOutcome
+    release: Release  # its part of a release's manifest
     # the public vocabulary a run of ``params`` reads, by name (None: it reads none); a
     # run that reads one takes it as ``vocabulary=`` and an embedding cache as ``cache=``
     vocabulary: Callable[[Any], str | None] = lambda params: None
@@ -75,7 +89,20 @@ class Method:
     # ``params`` with the defaults that depend on them and ``classes`` resolved (dry runs;
     # None: the method resolves none)
     resolved: Callable[[Any, int], dict[str, Any] | None] = lambda params, classes: None
-    writes_texts: bool = True  # the run writes its released texts with an LLM
+    # The run writes its released texts with an LLM (it takes ``llm=`` and resumes from
+    # ``checkpoints=``; every prompt it sends is logged first). Otherwise it releases
+    # keyphrase sequences, which a later stage prompts an LLM with (post-processing).
+    writes_texts: bool = True
+    # the run takes the unit column's name (``unit_name=``) and the worker's device
+    # (``device=``)
+    takes_unit_and_device: bool = False
+    # a slice of the private units can be held out of the run and the released corpus
+    # scored on it (docs/utility.md)
+    supports_holdout: bool = False
+    # the audit's canaries may join the run's input: their words are drawn from the first
+    # ``canary_phrases(params, vocabulary size)`` phrases of the vocabulary the run reads
+    # (None: the method takes no canaries)
+    canary_phrases: Callable[[Any, int], int] | None = None
 
     def described(self, params: Any, classes: int) -> str:
         """What a run of ``params`` on ``classes`` declared labels does, in words."""
@@ -99,9 +126,71 @@ def _dpkps_resolved(params: DPKPSParams, classes: int) -> dict[str, Any]:
     return resolved
 
 
+def _dpkps_canary_phrases(params: DPKPSParams, size: int) -> int:
+    """The phrases a run can emit: a public Ṽ's candidates, else the whole vocabulary."""
+    config = params.generation_config()
+    return config.candidate_count if config.vocabulary_selection == "public" else size
+
+
+def _llm_outcome(plan: Plan) -> Outcome:
+    """The outcome of an LLM method's run (:class:`workers.methods.common.MethodResult`):
+    its records as texts, its manifest with the privacy unit and the planned events."""
+
+    def outcome(
+        result: Any, params: Any, label_set: Sequence[str], unit_name: str | None = None
+    ) -> RunOutcome:
+        manifest = dict(result.manifest)
+        manifest["privacy"] = {
+            **manifest["privacy"],
+            "unit": unit_name or "row",
+            "planned": {"events": [e.to_dict() for e in result.events]},
+        }
+        return RunOutcome(
+            sequences=[(label, ()) for label, _ in result.records],
+            texts=[text for _, text in result.records],
+            manifest=manifest,
+            epsilon_by_mechanism=epsilon_by_mechanism(result.events, params.delta),
+            epsilon=float(compose(result.events).epsilon(params.delta)),
+            as_planned=list(result.events) == plan(params, label_set),
+            llm_costs=result.llm_costs,
+        )
+
+    return outcome
+
+
+# What an LLM method's manifest (:class:`workers.methods.common.MethodResult`) says that a
+# release shows in its own place; its other keys are shown as recorded (e.g. DP-EDA's decoder).
+_SHOWN = {"description", "parameters", "labels", "noise", "released_per_class", "models"}
+
+
+def _llm_release(description: str) -> Release:
+    """An LLM method's part of a release's manifest: its run's own public manifest
+    (parameters, noise, released sizes and what else the method records)."""
+
+    def release(
+        spec: Mapping[str, Any], ran: Mapping[str, Any], classes: int, saved: int
+    ) -> dict[str, Any]:
+        own = {k: v for k, v in ran.items() if k not in _SHOWN and k != "privacy"}
+        return {
+            **own,
+            "method": ran.get("description", description),
+            "parameters": ran.get("parameters", {}),
+            "labels": ran.get("labels", []),
+            "noise": ran.get("noise", {}),
+            "released_per_class": ran.get("released_per_class", {}),
+            "prompt": {"document_type": spec.get("document_type")},
+        }
+
+    return release
+
+
 def _field(name: str) -> Callable[[Any], str]:
     return lambda params: name
 
+
+_AUG_PE_PLAN = _without_vocabulary(aug_pe.plan_aug_pe)
+_PATE_TUTOR_PLAN = _without_vocabulary(pate_tutor.plan_pate_tutor)
+_DP_EDA_PLAN = _without_vocabulary(dp_eda.plan_dp_eda)
 
 METHODS: Final[dict[str, Method]] = {
     m.id: m
@@ -117,48 +206,59 @@ METHODS: Final[dict[str, Method]] = {
             released_field=lambda p: p.count_field,
             calls_field=lambda p: p.count_field,
             run=run_dpkps,
+            outcome=dpkps_outcome,
+            release=dpkps_release,
             vocabulary=lambda p: p.vocabulary,
             describe=lambda p, classes: method_description(
                 p.generation_config().for_classes(classes)
             ),
             resolved=_dpkps_resolved,
             writes_texts=False,
+            takes_unit_and_device=True,
+            supports_holdout=True,
+            canary_phrases=_dpkps_canary_phrases,
         ),
         Method(
             id=AUG_PE,
             title="Aug-PE",
             description=AUG_PE_DESCRIPTION,
             params=METHOD_PARAMS[AUG_PE],
-            plan=_without_vocabulary(aug_pe.plan_aug_pe),
+            plan=_AUG_PE_PLAN,
             planned_calls=lambda p, classes: p.planned_calls(),
             max_released=lambda p, classes: p.num_released,
             released_field=_field("num_released"),
             calls_field=_field("population"),
             run=aug_pe.run_aug_pe,
+            outcome=_llm_outcome(_AUG_PE_PLAN),
+            release=_llm_release(AUG_PE_DESCRIPTION),
         ),
         Method(
             id=PATE_TUTOR,
             title="PATE-tutor",
             description=PATE_TUTOR_DESCRIPTION,
             params=METHOD_PARAMS[PATE_TUTOR],
-            plan=_without_vocabulary(pate_tutor.plan_pate_tutor),
+            plan=_PATE_TUTOR_PLAN,
             planned_calls=lambda p, classes: p.planned_calls(),
             max_released=lambda p, classes: p.num_released,
             released_field=_field("num_released"),
             calls_field=_field("candidates"),
             run=pate_tutor.run_pate_tutor,
+            outcome=_llm_outcome(_PATE_TUTOR_PLAN),
+            release=_llm_release(PATE_TUTOR_DESCRIPTION),
         ),
         Method(
             id=DP_EDA,
             title="DP-EDA",
             description=DP_EDA_DESCRIPTION,
             params=METHOD_PARAMS[DP_EDA],
-            plan=_without_vocabulary(dp_eda.plan_dp_eda),
+            plan=_DP_EDA_PLAN,
             planned_calls=lambda p, classes: p.planned_calls(classes),
             max_released=lambda p, classes: p.max_released(classes),
             released_field=_field("parents"),
             calls_field=_field("initial_population"),
             run=dp_eda.run_dp_eda,
+            outcome=_llm_outcome(_DP_EDA_PLAN),
+            release=_llm_release(DP_EDA_DESCRIPTION),
             vocabulary=METHOD_VOCABULARY[DP_EDA],
         ),
     )

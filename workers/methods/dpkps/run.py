@@ -3,18 +3,22 @@
 :func:`plan_dpkps` gives the events of a run from its public parameters, label set and
 vocabulary size, so the whole (ε, δ) is reserved before the first private read;
 :func:`run_dpkps` runs it: the pipeline's steps 1-6 (:func:`generate_sequences`) on a
-labelled private corpus, its keyphrase sequences released with their privacy report.
+labelled private corpus, its keyphrase sequences released with their privacy report;
+:func:`dpkps_outcome` gives that result in the shape every method's is saved in, and
+:func:`dpkps_release` DP-KPS's part of a release's manifest, from the job's stored spec.
 Prompting an LLM with the sequences is post-processing of the release, outside the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from workers.errors import ConfigError
-from workers.methods.dpkps.params import DPKPSParams
+from workers.methods.dpkps.config import GenerationConfig, method_description
+from workers.methods.dpkps.params import ENGINE_FIELDS, DPKPSParams
 from workers.methods.dpkps.plan import Plan, plan
+from workers.methods.outcome import RunOutcome
 from workers.privacy.events import PrivacyEvent
 
 if TYPE_CHECKING:  # types only: the pipeline loads numpy and torch
@@ -22,6 +26,9 @@ if TYPE_CHECKING:  # types only: the pipeline loads numpy and torch
     from workers.methods.dpkps.stages import ProgressFn
     from workers.text.embeddings import Embedder, EmbeddingCache
     from workers.text.vocabulary import Vocabulary
+
+VOCABULARY_SOURCES = {"builtin": "built in", "uploaded": "uploaded"}
+FINGERPRINT = "sha256 of the normalised phrases joined by newlines"
 
 DESCRIPTION = (
     "DP-KPS (Nagesh et al., 2024): DP keyphrase sequences from per-class density releases, "
@@ -76,3 +83,99 @@ def run_dpkps(
         unit_name=unit_name,
         planned=planned,
     )
+
+
+def dpkps_outcome(
+    result: GenerationResult,
+    params: DPKPSParams,
+    label_set: Sequence[str],
+    unit_name: str | None = None,
+) -> RunOutcome:
+    """A run's result as a :class:`RunOutcome`: its sequences in a seeded random order
+    (classes interleaved), no texts yet (an LLM writes them afterwards, or each is its
+    keyphrases), its manifest and privacy report as the engine gives them."""
+    from workers.methods.dpkps.pipeline import shuffled
+
+    ordered = shuffled(result.sequences, params.seed)
+    return RunOutcome(
+        sequences=[(s.label, s.keyphrases) for s in ordered],
+        texts=None,
+        manifest=result.manifest(),
+        epsilon_by_mechanism=result.report.by_mechanism(),
+        epsilon=float(result.report.epsilon),
+        as_planned=result.report.as_planned,
+        private_vocabulary=result.private_vocabulary,
+    )
+
+
+def stored_config(
+    spec: Mapping[str, Any], ran: Mapping[str, Any] | None = None
+) -> GenerationConfig:
+    """A job's engine configuration, from its stored spec (validated at submission); a
+    setting the spec left to the engine's default is read from what the engine says it ran
+    (its manifest's parameters, ``ran``), so a later change of that default does not
+    rewrite how an earlier job is described."""
+    values = {name: spec[name] for name in ENGINE_FIELDS if name in spec}
+    parameters = (ran or {}).get("parameters") or {}
+    if values.get("consistency_filter") is None and isinstance(
+        parameters.get("consistency_filter"), bool
+    ):  # on with cells since the twenty-eighth session, off before
+        values["consistency_filter"] = parameters["consistency_filter"]
+    values.setdefault("subspace", 0)  # a job from before the option ran in the whole space
+    values.setdefault("consistency_filter", False)  # and one from before this kept every draw
+    values.setdefault("document_window", 0)  # and read the first tokens of each document
+    return GenerationConfig(**values)
+
+
+def density(config: GenerationConfig) -> dict[str, Any]:
+    """How the class densities were estimated and released."""
+    described: dict[str, Any] = {
+        "method": config.density_method,
+        "kernel": "gaussian",
+        "bandwidth": config.bandwidth,
+    }
+    if config.density_method == "random_features":
+        described["num_features"] = config.num_features
+        described["contribution_bound"] = config.contribution_bound
+    return described
+
+
+def vocabulary_block(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The public vocabulary the job drew from: built in or uploaded, and its fingerprint
+    (the service's ``vocabulary_ref``, resolved at submission)."""
+    ref = spec["vocabulary_ref"]
+    return {
+        "source": VOCABULARY_SOURCES[ref["kind"]],
+        "id": ref["id"],
+        "name": ref["name"],
+        "size": ref["size"],
+        "fingerprint": ref["fingerprint"],
+        "fingerprint_algorithm": FINGERPRINT,
+    }
+
+
+def dpkps_release(
+    spec: Mapping[str, Any], ran: Mapping[str, Any], classes: int, saved: int
+) -> dict[str, Any]:
+    """DP-KPS's part of the manifest of a release of a job with the stored ``spec``, whose
+    run recorded the manifest ``ran`` and saved ``saved`` sequences, on ``classes``
+    declared labels: the method and density that ran, every parameter (the defaults that
+    depend on the label set resolved), the vocabulary, the prompt, the holdout's figure
+    and the sequences drawn. Public: settings and DP outputs."""
+    config = stored_config(spec, ran).for_classes(classes)  # default subspace: by labels
+    resolved = config.to_dict()  # the defaults that depend on the mode, resolved
+    return {
+        "method": method_description(config),
+        "parameters": {name: resolved[name] for name in ENGINE_FIELDS},
+        "density": density(config),
+        "vocabulary": vocabulary_block(spec),
+        "prompt": {
+            "document_type": spec.get("document_type"),
+            "few_shot_examples": len(spec.get("few_shot") or []),
+            "template": spec.get("template"),
+        },
+        # the held-out slice's noisy accuracy (docs/utility.md): DP outputs, public key
+        "utility": ran.get("utility"),
+        # drawn from the releases before the consistency filter kept some (post-processing)
+        "sequences_drawn": int(ran.get("sequences_drawn", saved)),
+    }
