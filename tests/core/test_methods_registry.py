@@ -6,6 +6,7 @@ public, reads and plans as it did."""
 from __future__ import annotations
 
 import dataclasses
+from decimal import Decimal
 
 import pytest
 from pydantic import ValidationError
@@ -110,6 +111,19 @@ def test_a_job_stored_with_research_levers_reads_and_runs_with_them() -> None:
     resolved = METHODS[DPKPS].resolved(params, 3)
     assert resolved is not None and resolved["noise_floor"] == 1.0  # the dry run shows them
     assert "cell_share" not in resolved  # and no lever the spec did not record
+
+
+def test_a_stored_spec_with_a_research_value_plans_its_releases_as_submitted() -> None:
+    # the moments density and the thresholded vocabulary (Gaussian, exact kernel): the
+    # planned releases of a job stored with them, their dimension and δ_thr as before
+    moments = job_spec({**SPEC, "noise": "gaussian", "kde_method": "moments"}).params()
+    (kde,) = {e.dimension for e in METHODS[DPKPS].plan(moments, LABELS, 30_000)}
+    assert kde == 384 + 384 * 385 // 2
+    stored = {**SPEC, "noise": "gaussian", "kde_method": "exact", "vocabulary_method": "threshold"}
+    events = METHODS[DPKPS].plan(job_spec(stored).params(), LABELS, 30_000)
+    assert [(e.mechanism, e.delta) for e in events if e.delta is not None] == [
+        ("vocabulary", Decimal("5E-7"))
+    ]
 
 
 def test_a_new_spec_naming_a_research_lever_is_refused_naming_it() -> None:
