@@ -1,12 +1,15 @@
 """Every parameter of a DP-KPS run, as one typed model (the job spec's and the CLI's).
 
-The fields are :class:`~workers.methods.dpkps.config.GenerationConfig`'s (every engine
-parameter but the device, which is the worker's business) and the public vocabulary the
-run reads, each with its bounds, its default (the engine's own, chosen by measurement: see
-``benchmarks/notes/README.md`` and :class:`GenerationConfig`'s docstring) and a
-description for the API docs and the command line's help. :meth:`DPKPSParams.generation_config`
-maps them to the engine's configuration, whose own checks (the options that go together)
-run there, with errors that name the field.
+The fields are :class:`~workers.methods.dpkps.config.GenerationConfig`'s public ones
+(:data:`PUBLIC_FIELDS`: every engine parameter but the device, which is the worker's
+business, and the research levers, :data:`RESEARCH_FIELDS`, which the benchmarks vary
+through ``benchmarks/experiments.py``) and the public vocabulary the run reads, each with
+its bounds, its default (the engine's own, chosen by measurement) and a description for
+the API docs and the command line's help. ``docs/parameters.md`` says, per option and per
+lever, its default, the rule that sets it and the study that chose it. A stored spec that
+recorded the levers reads with them (:meth:`DPKPSParams.from_stored`).
+:meth:`DPKPSParams.generation_config` maps them to the engine's configuration, whose own
+checks (the options that go together) run there, with errors that name the field.
 
 Numbers are read as JSON Schema reads them (``2.0`` is the integer 2), never ``true`` or
 ``false`` for a number. This module imports no numerical library, so an API process can
