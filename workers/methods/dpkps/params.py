@@ -7,7 +7,7 @@ through ``benchmarks/experiments.py``) and the public vocabulary the run reads, 
 its bounds, its default (the engine's own, chosen by measurement) and a description for
 the API docs and the command line's help. ``docs/parameters.md`` says, per option and per
 lever, its default, the rule that sets it and the study that chose it. A stored spec that
-recorded the levers reads with them (:meth:`DPKPSParams.from_stored`).
+recorded the levers reads with them (:func:`stored_levers`, the stored specs' reader).
 :meth:`DPKPSParams.generation_config` maps them to the engine's configuration, whose own
 checks (the options that go together) run there, with errors that name the field.
 
@@ -149,14 +149,6 @@ class DPKPSParams(BaseModel):
             for name, value in stored_levers(data)[1].items()
         ]
         raise ValidationError.from_exception_data(cls.__name__, errors)
-
-    @classmethod
-    def from_stored(cls, stored: Mapping[str, Any]) -> DPKPSParams:
-        """The parameters of a stored spec, the research levers it recorded included."""
-        public, levers = stored_levers(stored)
-        params = cls.model_validate(public)
-        params._stored_levers = levers
-        return params
 
     vocabulary: str = Field(
         min_length=1,
