@@ -80,6 +80,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks.experiments import EXPERIMENTS, overrides
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import LowEpsilonConfig
 from workers.methods.dpkps.density.cells import combined_scale
@@ -838,16 +839,22 @@ def _value(text: str) -> Any:
 
 def parse_settings(items: Iterable[str]) -> dict[str, Any]:
     """Engine settings from ``key=value`` items (``--set``), each value read by
-    :func:`_value`; ValueError naming the first item without a key and a value.
+    :func:`_value`, or a named experiment's (:mod:`benchmarks.experiments`); ValueError
+    naming the first item that is neither.
 
     >>> parse_settings(["subspace=0", "consistency_filter=false"])
     {'subspace': 0, 'consistency_filter': False}
+    >>> parse_settings(["names-lead-32"])
+    {'label_prior_lead': 32.0}
     """
-    settings = {}
+    settings: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
+        if not sep and key in EXPERIMENTS:
+            settings |= overrides(key)
+            continue
         if not sep or not key:
-            raise ValueError(f"{item!r}: expected key=value")
+            raise ValueError(f"{item!r}: expected key=value or an experiment's name")
         settings[key] = _value(value)
     return settings
 
@@ -857,7 +864,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("split", choices=sorted(SPLITS))
     parser.add_argument("epsilons", type=float, nargs="+")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--set", action="append", default=[], help="config key=value")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="config key=value, or an experiment's name (benchmarks/experiments.py)",
+    )
     parser.add_argument(
         "--grid", help="a JSON list of settings objects, each run at every ε (after --set)"
     )

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.experiments import EXPERIMENTS, configure
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.pipeline import generate_sequences
@@ -56,24 +57,22 @@ AG_NEWS = (
 PRIVATE, TEST, SEED = 6000, 1600, 0
 PER_CLASS = 1000
 BUDGETS = ((1.0, 5.0), (5.0, 10.0))
-ABLATION: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("mode = iterative (log ensemble, random features)", {"mode": "iterative"}),
-    ("random features, τ = 0.3", {"kde_method": "random_features"}),
-    ("random features, τ = 0.3, I = 256", {"kde_method": "random_features", "num_features": 256}),
-    (
-        "random features, τ = 0.3, c = √2 (no clipping)",
-        {"kde_method": "random_features", "contribution_bound": 2**0.5},
-    ),
-    ("σ = 0.5", {"bandwidth": 0.5}),
-    ("σ = 0.2", {"bandwidth": 0.2}),
-    ("τ = 1.0", {"temperature": 1.0}),
-    ("τ = 0.5", {"temperature": 0.5}),
-    ("τ = 0.3", {"temperature": 0.3}),
-    ("noise floor 1 standard deviation", {"noise_floor": 1.0}),
-    ("class contrast β = 0 (off)", {"class_contrast": 0.0}),
-    ("class contrast β = 2", {"class_contrast": 2.0}),
-    ("M = 32", {"max_phrases_per_document": 32}),
-    ("N = 300", {"vocabulary_size": 300}),
+# The first ablation's experiments (benchmarks/experiments.py), each against the defaults.
+ABLATION = (
+    "iterative",
+    "random-features",
+    "random-features-256",
+    "random-features-unclipped",
+    "bandwidth-0.5",
+    "bandwidth-0.2",
+    "temperature-1",
+    "temperature-0.5",
+    "temperature-0.3",
+    "noise-floor-1",
+    "class-contrast-0",
+    "class-contrast-2",
+    "phrases-32",
+    "vocabulary-300",
 )
 
 
@@ -336,9 +335,10 @@ def run(*, llm_per_class: int = 25, repeats: int = 5) -> dict[str, Any]:
         )
     base = statistics.mean(out["budgets"][0]["accuracies"])
     out["ablation"] = [("defaults", base)]
-    for name, change in ABLATION:
+    for name in ABLATION:
+        changed = configure(config(1.0, 5.0, 0), name)
         out["ablation"].append(
-            (name, h.sequences_accuracy(config(1.0, 5.0, 0, **change), DEFAULT_CLASSIFIER))
+            (EXPERIMENTS[name].title, h.sequences_accuracy(changed, DEFAULT_CLASSIFIER))
         )
     out["gap"] = gap_analysis(h)
     out["llm"] = llm_subset(h, llm_per_class)

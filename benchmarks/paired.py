@@ -13,7 +13,8 @@ private (accuracies on the benchmark's test texts, as ``bench_low_epsilon`` prin
 Variants (the first is the reference every other is compared with):
 
 * ``defaults``: the engine's defaults;
-* ``set:key=value[,key=value…]``: engine settings, as ``bench_low_epsilon --set``;
+* ``set:key=value[,key=value…]``: engine settings, as ``bench_low_epsilon --set`` (an item
+  may be an experiment's name, benchmarks/experiments.py);
 * ``exact-counts``: **not DP** — ``total`` split by the private class counts instead of the
   released ones (the release is still made, so the other draws stay paired): what no
   post-processing of the released counts is likely to beat;

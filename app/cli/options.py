@@ -24,12 +24,9 @@ from typing import Any
 from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
-    DEFAULT_EXTENSION_RATIO,
-    DEFAULT_LABEL_PRIOR,
     DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
     KDE_METHODS,
-    KDE_WEIGHTINGS,
     PUBLIC_VOCABULARY_DEFAULTS,
     SUBSPACE_FROM_CLASSES,
     SUGGESTED_SUBSPACE,
@@ -112,6 +109,13 @@ def methods_of_fields() -> dict[str, list[str]]:
             if name not in SHARED_OPTIONS:
                 fields.setdefault(name, []).append(method)
     return fields
+
+
+def public_choices(field: str, values: tuple[str, ...]) -> tuple[str, ...]:
+    """The values of ``field`` a user may choose: the research ones left out."""
+    from workers.methods.dpkps.params import RESEARCH_VALUES
+
+    return tuple(v for v in values if v not in RESEARCH_VALUES.get(field, ()))
 
 
 def dpkps_defaults() -> dict[str, Any]:
@@ -300,46 +304,26 @@ def _register_generate(sub: Any) -> None:
         f"sensitivity, S; default {d['max_matches_per_document']})",
     )
     eng.add_argument(
-        "--max-phrases-per-document",
-        type=int,
-        default=d["max_phrases_per_document"],
-        help="phrases a document contributes at most to its class density, M (default "
-        f"{d['max_phrases_per_document']})",
-    )
-    eng.add_argument(
         "--num-features",
         type=int,
         default=d["num_features"],
         help=f"random Fourier features, I (default {d['num_features']})",
     )
     eng.add_argument(
-        "--bandwidth",
-        type=float,
-        default=d["bandwidth"],
-        help=f"σ of the Gaussian kernel on unit vectors (default {d['bandwidth']:g})",
-    )
-    eng.add_argument(
         "--kde-method",
-        choices=KDE_METHODS,
+        choices=public_choices("kde_method", KDE_METHODS),
         default=d["kde_method"],
-        help="independent mode: class centroids (the default for a Gaussian budget) or "
-        "moments of the document embeddings (Gaussian noise), or the exact kernel on Ṽ "
-        "(the default for Laplace); random Fourier features (the iterative mode's)",
+        help="independent mode: class centroids of the document embeddings (the default "
+        "for a Gaussian budget), or the exact kernel on Ṽ (the default for Laplace); "
+        "random Fourier features (the iterative mode's)",
     )
     eng.add_argument(
         "--vocabulary-method",
-        choices=VOCABULARY_METHODS,
+        choices=public_choices("vocabulary_method", VOCABULARY_METHODS),
         default=d["vocabulary_method"],
-        help="how Ṽ is chosen: noisy histogram over the vocabulary, thresholded Gaussian "
-        "histogram over the phrases that occur (Gaussian noise; spends half of δ outright), "
-        "or the first --public-vocabulary-size phrases, no release (default: public for "
-        "centroid and moments, else histogram)",
-    )
-    eng.add_argument(
-        "--kde-weighting",
-        choices=KDE_WEIGHTINGS,
-        default=d["kde_weighting"],
-        help="a document's weights in the exact kernel: l1 (default) or l2 (Gaussian noise)",
+        help="how Ṽ is chosen: noisy histogram over the vocabulary, or the first "
+        "--public-vocabulary-size phrases, no release (default: public for centroid, else "
+        "histogram)",
     )
     eng.add_argument(
         "--public-vocabulary-size",
@@ -348,43 +332,12 @@ def _register_generate(sub: Any) -> None:
         help=f"|Ṽ| of a public Ṽ (default {PUBLIC_VOCABULARY_DEFAULTS})",
     )
     eng.add_argument(
-        "--public-extension",
-        type=int,
-        default=d["public_extension"],
-        help="with class centroids, one cell and --total: a class whose released count is at "
-        "least --extension-ratio times its sum's noise σ samples from this many public phrases "
-        "(0, the default: off)",
-    )
-    eng.add_argument(
-        "--extension-ratio",
-        type=float,
-        default=d["extension_ratio"],
-        help="the released class count over σ from which a class samples from "
-        f"--public-extension's phrases (default {DEFAULT_EXTENSION_RATIO:g})",
-    )
-    eng.add_argument(
         "--centroid-cells",
         type=int,
         default=d["centroid_cells"],
         help="cells per class with class centroids: the class sum places up to this many, "
         f"a second release gives their sums (1: none; default {DEFAULT_CELLS} from "
         f"--epsilon {CELLS_FROM_EPSILON:g} on, else 1)",
-    )
-    eng.add_argument(
-        "--label-prior",
-        type=float,
-        default=d["label_prior"],
-        help="with class centroids: how far the declared label names pull each class's "
-        f"released direction when the released sums agree with them (0: off; default "
-        f"{DEFAULT_LABEL_PRIOR:g})",
-    )
-    eng.add_argument(
-        "--label-prior-lead",
-        type=float,
-        default=d["label_prior_lead"],
-        help="with class centroids: how far the label names may lead each class's released "
-        "direction as the released sums' agreement with them grows from 1 to 2 noise "
-        "standard deviations (default 0: none)",
     )
     eng.add_argument(
         "--sequence-selection",
@@ -412,18 +365,10 @@ def _register_generate(sub: Any) -> None:
         "declared labels and one cell per class, else the whole space)",
     )
     eng.add_argument(
-        "--document-window",
-        type=int,
-        default=d["document_window"],
-        help="with class centroids or moments: embed a document longer than this many words "
-        "in windows of it, averaged, so the whole document counts (0: the embedding model's "
-        "first tokens only)",
-    )
-    eng.add_argument(
         "--embed-sample",
         type=int,
         default=d["embed_sample"],
-        help="with class centroids or moments: embed a Poisson sample of about this many "
+        help="with class centroids: embed a Poisson sample of about this many "
         "units a class (rate from the released class counts; 0: every unit)",
     )
     eng.add_argument(
@@ -433,12 +378,6 @@ def _register_generate(sub: Any) -> None:
         help="τ of p ∝ score^(1/τ) (default: "
         + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_TEMPERATURE.items())
         + ")",
-    )
-    eng.add_argument(
-        "--class-contrast",
-        type=float,
-        default=d["class_contrast"],
-        help="independent mode: favour the phrases a class owns; 0 turns it off",
     )
     eng.add_argument(
         "--seed",

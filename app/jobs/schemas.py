@@ -11,6 +11,7 @@ endpoint configured on the server): a spec never carries a URL or a key.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -19,11 +20,13 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    ModelWrapValidatorHandler,
     StringConstraints,
     Tag,
     TypeAdapter,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from app.datasets.schemas import not_a_boolean
@@ -34,7 +37,7 @@ from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.catalog import METHOD_PARAMS
 from workers.methods.common import MethodParams
 from workers.methods.dp_eda.params import DPEDAParams
-from workers.methods.dpkps.params import DPKPSParams, MechanismEpsilon
+from workers.methods.dpkps.params import DPKPSParams, MechanismEpsilon, stored_levers
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptSpec
 from workers.methods.dpkps.prompting import LIMITS as PROMPT_LIMITS
 from workers.methods.pate_tutor.params import PateTutorParams
@@ -200,6 +203,7 @@ class JobSpec(DPKPSParams):
         """The method's own parameters (what the engine sees), checked as the engine
         checks them (``ConfigError`` naming the field)."""
         params = DPKPSParams.model_validate(self.model_dump(include=set(DPKPSParams.model_fields)))
+        params._stored_levers = dict(self._stored_levers)
         params.generation_config()
         return params
 
@@ -208,6 +212,24 @@ class JobSpec(DPKPSParams):
         return PromptSpec(
             self.document_type, tuple(self.few_shot), self.template or DEFAULT_TEMPLATE
         )
+
+
+class StoredJobSpec(JobSpec):
+    """A DP-KPS job as it was stored at submission, read back by the worker (a run, a
+    retry) and the release: a job submitted while the research levers were public
+    (:data:`~workers.methods.dpkps.params.RESEARCH_FIELDS`) recorded each of them, and it
+    reads and runs with the values it recorded. A new spec naming one is refused
+    (:class:`JobSpec` forbids unknown fields)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_research_levers(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        if not isinstance(data, Mapping):
+            return handler(data)
+        public, levers = stored_levers(data)
+        spec = handler(public)
+        spec._stored_levers = levers
+        return spec
 
 
 class LLMMethodJob(BaseModel):
@@ -334,7 +356,20 @@ AnyJobSpec = Annotated[
     ),
 ]
 AnySpec = JobSpec | AugPEJobSpec | PateTutorJobSpec | DPEDAJobSpec
-JOB_SPEC: TypeAdapter[AnySpec] = TypeAdapter(AnyJobSpec)
+# A stored spec (the worker's, the release's reader): as a new one, but a DP-KPS job may
+# name the research levers it was submitted with (:class:`StoredJobSpec`).
+StoredSpec = Annotated[
+    Annotated[StoredJobSpec, Tag(f"method={DPKPS}")]
+    | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")]
+    | Annotated[PateTutorJobSpec, Tag(f"method={PATE_TUTOR}")]
+    | Annotated[DPEDAJobSpec, Tag(f"method={DP_EDA}")],
+    Discriminator(
+        _method,
+        custom_error_type="unknown_method",
+        custom_error_message=f"method must be one of {', '.join(METHODS)}",
+    ),
+]
+JOB_SPEC: TypeAdapter[AnySpec] = TypeAdapter(StoredSpec)
 
 
 class JobPlanOut(BaseModel):
@@ -383,7 +418,6 @@ class JobPlanOut(BaseModel):
                     "parameters": {
                         "kde_method": "centroid",
                         "vocabulary_method": "public",
-                        "kde_weighting": "l1",
                         "temperature": 2.0,
                         "per_class": 50,
                     },
@@ -453,8 +487,8 @@ class JobPlanOut(BaseModel):
     )
     parameters: dict[str, Any] | None = Field(
         default=None,
-        description="DP-KPS: every engine parameter, with the defaults that depend on the "
-        "budget and mode resolved (kde_method, vocabulary_method, kde_weighting, temperature)",
+        description="DP-KPS: every parameter of the spec, with the defaults that depend on the "
+        "budget and mode resolved (kde_method, vocabulary_method, temperature)",
     )
     noise: list[dict[str, Any]] = Field(
         default_factory=list,

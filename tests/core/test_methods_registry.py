@@ -1,12 +1,15 @@
 """The methods registry (workers.methods.registry): DP-KPS is an entry like the LLM
-methods, its parameter model is the engine's configuration field for field, and a DP-KPS
-job stored before it had one reads and plans as it did."""
+methods, its parameter model is the engine's configuration field for field, less the research levers
+(docs/parameters.md), and a DP-KPS job stored before it had one, or while the levers were
+public, reads and plans as it did."""
 
 from __future__ import annotations
 
 import dataclasses
+from decimal import Decimal
 
 import pytest
+from pydantic import ValidationError
 
 from app.jobs import holdout
 from app.jobs.schemas import JOB_SPEC, JobSpec
@@ -14,7 +17,12 @@ from app.jobs.stages import job_spec
 from workers.errors import ConfigError
 from workers.methods.catalog import METHOD_PARAMS
 from workers.methods.dpkps.config import GenerationConfig, method_description
-from workers.methods.dpkps.params import ENGINE_FIELDS, DPKPSParams
+from workers.methods.dpkps.params import (
+    ENGINE_FIELDS,
+    PUBLIC_FIELDS,
+    RESEARCH_FIELDS,
+    DPKPSParams,
+)
 from workers.methods.dpkps.plan import plan
 from workers.methods.registry import DPKPS, LLM_METHODS, METHODS
 
@@ -30,9 +38,10 @@ def test_every_method_is_an_entry_and_dpkps_is_the_first() -> None:
         assert METHODS[method_id].params is params and METHODS[method_id].writes_texts
 
 
-def test_the_parameter_model_is_the_engine_configuration() -> None:
+def test_the_parameter_model_is_the_engine_configuration_less_the_research_levers() -> None:
     engine = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
-    assert set(DPKPSParams.model_fields) == {"vocabulary", *ENGINE_FIELDS}
+    assert set(DPKPSParams.model_fields) == {"vocabulary", *PUBLIC_FIELDS}
+    assert set(PUBLIC_FIELDS) == set(ENGINE_FIELDS) - RESEARCH_FIELDS
     assert set(ENGINE_FIELDS) == set(engine) - {"device"}
     defaults = DPKPSParams(vocabulary="english").engine_parameters()  # noise: by delta
     assert defaults == {name: engine[name] for name in ENGINE_FIELDS}
@@ -73,6 +82,58 @@ def test_a_job_stored_before_the_registry_reads_and_plans_as_before() -> None:
         plan(config, LABELS, 5_000).events
     )
     assert JOB_SPEC.validate_python(spec.model_dump(mode="json")) == spec  # round trip
+
+
+def test_a_job_stored_with_research_levers_reads_and_runs_with_them() -> None:
+    # Stored while the levers were public: the spec recorded every one of them (a
+    # model_dump), here at values no default reaches, and moments (a retired value).
+    stored = {
+        **SPEC,
+        "llm": "none",
+        "noise": "gaussian",
+        "kde_method": "moments",
+        "noise_floor": 1.0,
+        "class_contrast": 2.0,
+        "document_window": 300,
+        "label_prior_lead": 32.0,
+        "distinct": True,
+        "vocabulary_ref": {"kind": "builtin", "id": "medical", "name": "medical"},
+    }
+    spec = job_spec(stored)
+    assert isinstance(spec, JobSpec) and spec.method == DPKPS
+    fields = {k: v for k, v in stored.items() if k in ENGINE_FIELDS}
+    config = GenerationConfig(**fields).validate()
+    params = spec.params()
+    assert params.generation_config() == config  # the run's configuration, levers included
+    assert (config.kde_method, config.noise_floor, config.document_window) == ("moments", 1.0, 300)
+    assert METHODS[DPKPS].plan(params, LABELS, 30_000) == list(plan(config, LABELS, 30_000).events)
+    assert METHODS[DPKPS].described(params, 3) == method_description(config.for_classes(3))
+    resolved = METHODS[DPKPS].resolved(params, 3)
+    assert resolved is not None and resolved["noise_floor"] == 1.0  # the dry run shows them
+    assert "cell_share" not in resolved  # and no lever the spec did not record
+
+
+def test_a_stored_spec_with_a_research_value_plans_its_releases_as_submitted() -> None:
+    # the moments density and the thresholded vocabulary (Gaussian, exact kernel): the
+    # planned releases of a job stored with them, their dimension and δ_thr as before
+    moments = job_spec({**SPEC, "noise": "gaussian", "kde_method": "moments"}).params()
+    (kde,) = {e.dimension for e in METHODS[DPKPS].plan(moments, LABELS, 30_000)}
+    assert kde == 384 + 384 * 385 // 2
+    stored = {**SPEC, "noise": "gaussian", "kde_method": "exact", "vocabulary_method": "threshold"}
+    events = METHODS[DPKPS].plan(job_spec(stored).params(), LABELS, 30_000)
+    assert [(e.mechanism, e.delta) for e in events if e.delta is not None] == [
+        ("vocabulary", Decimal("5E-7"))
+    ]
+
+
+def test_a_new_spec_naming_a_research_lever_is_refused_naming_it() -> None:
+    for extra in ({"noise_floor": 0.0}, {"kde_method": "moments"}, {"bandwidth": 0.3}):
+        with pytest.raises(ValidationError) as caught:
+            JobSpec.model_validate({**SPEC, **extra})
+        (error,) = caught.value.errors()
+        assert error["loc"] == (next(iter(extra)),) and error["type"] == "research_option"
+    new = DPKPSParams.model_validate({k: v for k, v in SPEC.items() if k != "document_type"})
+    assert METHODS[DPKPS].resolved(new, 3).keys() == set(PUBLIC_FIELDS)  # type: ignore[union-attr]
 
 
 def test_a_method_without_a_holdout_has_no_utility_block() -> None:

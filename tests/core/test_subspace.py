@@ -188,8 +188,8 @@ def test_the_job_spec_takes_the_subspace() -> None:
     with pytest.raises(ValueError, match="subspace"):
         JobSpec.model_validate({**base, "subspace": EMBEDDING_DIMENSION + 1})
     with pytest.raises(ConfigError) as info:  # the engine names it too
-        moments = {**base, "subspace": 16, "kde_method": "moments"}
-        JobSpec.model_validate(moments).generation_config()
+        features = {**base, "subspace": 16, "kde_method": "random_features"}
+        JobSpec.model_validate(features).generation_config()
     assert info.value.field == "subspace"
 
 

@@ -16,7 +16,7 @@ from app.jobs.schemas import JobSpec
 from app.worker import RUN_SEQUENCES
 from tests.service import factories
 from workers.methods.dpkps.config import GenerationConfig
-from workers.methods.dpkps.params import ENGINE_FIELDS
+from workers.methods.dpkps.params import ENGINE_FIELDS, PUBLIC_FIELDS, RESEARCH_FIELDS
 
 
 def _submit(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any):  # type: ignore[no-untyped-def]
@@ -25,14 +25,15 @@ def _submit(client: TestClient, caller: factories.Caller, dataset_id: str, **spe
     )
 
 
-def test_the_spec_carries_every_engine_parameter_with_the_engine_defaults() -> None:
+def test_the_spec_carries_every_public_engine_parameter_with_the_engine_defaults() -> None:
     import dataclasses
 
     engine = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
     assert set(ENGINE_FIELDS) == set(engine) - {"device"}
-    assert set(ENGINE_FIELDS) <= set(JobSpec.model_fields)
+    assert set(PUBLIC_FIELDS) <= set(JobSpec.model_fields)
+    assert not RESEARCH_FIELDS & set(JobSpec.model_fields)  # the benchmarks' (issue 64)
     spec = JobSpec(vocabulary="english", document_type="note", epsilon=1)
-    for name in ENGINE_FIELDS:
+    for name in PUBLIC_FIELDS:
         if engine[name] is not dataclasses.MISSING and name != "epsilon":
             assert getattr(spec, name) == engine[name], name
 
@@ -119,6 +120,11 @@ def test_decimal_budget_arithmetic_fits_ten_tenths_in_one(
         ({"document_type": ""}, "document_type"),
         ({"max_llm_calls": 10**8}, "max_llm_calls"),
         ({"seed": -1}, "seed"),
+        # research levers and values (docs/parameters.md): the benchmarks', not a spec's
+        ({"noise_floor": 1.0}, "noise_floor"),
+        ({"label_prior_lead": 32.0}, "label_prior_lead"),
+        ({"kde_method": "moments"}, "kde_method"),
+        ({"vocabulary_method": "threshold"}, "vocabulary_method"),
     ],
 )
 def test_bad_specs_are_422_naming_the_field(
@@ -130,6 +136,26 @@ def test_bad_specs_are_422_naming_the_field(
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["field"] == field
     assert "sk-secret" not in response.text
+
+
+def test_a_research_lever_in_a_new_spec_is_a_422_that_says_so(
+    client: TestClient, world: factories.World
+) -> None:
+    dataset_id = factories.dataset(client, world.owner)
+    for dry_run in ("false", "true"):
+        response = client.post(
+            f"/v1/datasets/{dataset_id}/jobs?dry_run={dry_run}",
+            headers=world.owner.headers,
+            json=factories.spec(document_window=300),
+        )
+        assert response.status_code == 422, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        problem = response.json()
+        assert problem["field"] == "document_window"
+        assert problem["errors"][0]["msg"] == (
+            "document_window is a research setting, not a parameter of the product "
+            "(docs/parameters.md)"
+        )
 
 
 def test_non_finite_numbers_and_broken_json_are_422(

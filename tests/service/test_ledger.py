@@ -212,7 +212,6 @@ def test_a_reservation_lists_every_planned_release_and_the_commit_charges_the_sa
         epsilon_count=0.25,
         total=4,
         max_matches_per_document=3,
-        contribution_bound=0.5,
     )
     with db.transaction() as session:
         ledger.commit_spend(session, uuid.UUID(job_id), WORKER)

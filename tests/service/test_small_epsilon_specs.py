@@ -1,7 +1,10 @@
-"""The small-ε options of DP-KPS in a job spec (issue 16): ``kde_method`` centroid and
-moments, ``vocabulary_method``, ``kde_weighting`` and ``public_vocabulary_size``. A bad
-value or a combination the engine refuses is a 422 problem naming the field; a good one
-is planned as asked, and a dry run shows it."""
+"""The small-ε options of DP-KPS in a job spec (issue 16): ``kde_method`` centroid,
+``vocabulary_method`` and ``public_vocabulary_size``. A bad value or a combination the
+engine refuses is a 422 problem naming the field; a good one is planned as asked, and a
+dry run shows it. The research levers and values (the moments density, the thresholded
+vocabulary, ``kde_weighting``, the label names' prior: docs/parameters.md) are refused in
+a spec, naming the field; their maths and accounting are tested in the engine's tests
+(tests/core/test_thresholded_vocabulary.py and the like)."""
 
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ def _post(
             },
             "public_vocabulary_size",
         ),
-        ({**GAUSSIAN, "noise": "laplace", "vocabulary_method": "threshold"}, "delta"),
+        ({**GAUSSIAN, "noise": "laplace"}, "delta"),
     ],
 )
 def test_bad_small_epsilon_options_are_422_naming_the_field(
@@ -73,21 +76,15 @@ def test_bad_small_epsilon_options_are_422_naming_the_field(
     ("overrides", "mechanisms", "described"),
     [
         ({"kde_method": "centroid"}, {"kde"}, "class centroids"),
-        ({"kde_method": "moments"}, {"kde"}, "first two moments"),
         (
             {"kde_method": "centroid", "vocabulary_method": "public", "public_vocabulary_size": 40},
             {"kde"},
             "first 40 phrases of the public vocabulary",
         ),
         (
-            {"kde_method": "exact", "vocabulary_method": "histogram", "kde_weighting": "l1"},
+            {"kde_method": "exact", "vocabulary_method": "histogram"},
             {"vocabulary", "kde"},
             "exact Gaussian kernel density",
-        ),
-        (
-            {"kde_method": "exact", "vocabulary_method": "threshold", "kde_weighting": "l2"},
-            {"vocabulary", "kde"},
-            "thresholded Gaussian histogram",
         ),
     ],
 )
@@ -122,29 +119,24 @@ def test_each_small_epsilon_option_is_planned_as_asked_and_shown_by_a_dry_run(
         assert spent == []
 
 
-def test_a_thresholded_job_is_reserved_with_its_delta_in_the_events(
+def test_a_thresholded_job_is_refused_at_submission_naming_the_field(
     client: TestClient, world: factories.World
 ) -> None:
+    # the thresholded vocabulary is a research value (no default chooses it, it measured
+    # no gain); its δ_thr accounting stays in tests/core/test_thresholded_vocabulary.py
     spec = _spec(**GAUSSIAN, kde_method="exact", vocabulary_method="threshold")
-    small_cap = factories.dataset(client, world.owner, cap=50, delta_cap="4e-7")
-    refused = _post(client, world, small_cap, spec)  # δ_thr = 5e-7 alone exceeds the cap's δ
-    assert refused.status_code == 409, refused.text
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-6")
     response = _post(client, world, dataset_id, spec)
-    assert response.status_code == 202, response.text
-    job = response.json()
-    assert job["spec"]["vocabulary_method"] == "threshold"
-    # at the cap's δ, which is the job's, the ledger charges exactly the job's (ε, δ)
-    assert job["epsilon"]["charged"]["delta"] == 1e-6
-    assert job["epsilon"]["charged"]["epsilon"] == pytest.approx(job["epsilon"]["requested"])
-    assert job["epsilon"]["charged"]["epsilon"] <= 1.0
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "vocabulary_method"
+    budget = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
+    assert budget["budget"]["reserved"] == 0  # nothing reserved
 
 
 @pytest.mark.parametrize(
     ("overrides", "size"),
     [
         ({"kde_method": "centroid"}, 30_000),  # noise on 384 coordinates whatever |Ṽ| is
-        ({"kde_method": "moments"}, 30_000),
         ({"kde_method": "exact", "vocabulary_method": "public"}, 5_000),  # noise per phrase
         ({"kde_method": "centroid", "public_vocabulary_size": 7_000}, 7_000),
     ],
@@ -193,25 +185,26 @@ def test_cells_with_another_density_are_422_naming_the_field(
     client: TestClient, world: factories.World
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
-    spec = _spec(**GAUSSIAN, kde_method="moments", centroid_cells=4)
+    spec = _spec(**GAUSSIAN, kde_method="exact", centroid_cells=4)
     response = _post(client, world, dataset_id, spec, dry_run="true")
     assert response.status_code == 422, response.text
     assert response.json()["field"] == "centroid_cells"
 
 
 @pytest.mark.parametrize("field", ["label_prior", "label_prior_lead"])
-@pytest.mark.parametrize("value, status", [(0.0, 200), (2.0, 200), (-1.0, 422), (101.0, 422)])
-def test_the_label_prior_is_a_job_option_and_a_bad_one_names_its_field(
-    client: TestClient, world: factories.World, field: str, value: float, status: int
+@pytest.mark.parametrize("value", [0.0, 0.5, 2.0, -1.0])
+def test_the_label_prior_is_the_engine_s_and_a_spec_naming_it_is_refused(
+    client: TestClient, world: factories.World, field: str, value: float
 ) -> None:
+    # a research lever (docs/parameters.md): at its measured default in every run
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
     spec = _spec(**GAUSSIAN, **{field: value})
     response = _post(client, world, dataset_id, spec, dry_run="true")
-    assert response.status_code == status, response.text
-    if status == 200:
-        assert response.json()["parameters"][field] == value
-    else:
-        assert response.json()["field"] == field
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field
+    assert "research setting" in response.json()["errors"][0]["msg"]
+    default = _post(client, world, dataset_id, _spec(**GAUSSIAN), dry_run="true").json()
+    assert field not in default["parameters"]
 
 
 @pytest.mark.parametrize(("extra", "dimension"), [(0, 384), (20, 128)])

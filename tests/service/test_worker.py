@@ -227,6 +227,26 @@ def test_the_sequences_stage_saves_dp_outputs_and_commits_the_spend_once(
     assert book["budget"] == {**book["budget"], "spent": 1.0, "reserved": 0.0, "remaining": 4.0}
 
 
+def test_a_job_stored_with_research_levers_runs_with_them(
+    client: TestClient, world: factories.World, worker: WorkerContext, db: Database
+) -> None:
+    # submitted while the research levers were public (docs/parameters.md): its stored
+    # spec recorded each of them, some at values no default reaches; a retry reads it
+    _, job_id = submit(client, world)
+    levers = {"noise_floor": 0.5, "class_contrast": 2.0, "bandwidth": 0.4, "distinct": True}
+    with db.transaction() as session:
+        job = session.get(Job, uuid.UUID(job_id))
+        assert job is not None and not set(levers) & set(job.spec)
+        job.spec = {**job.spec, **levers, "kde_weighting": "l1", "label_prior_lead": 0.0}
+    assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
+    with db.session() as session:
+        stored = session.get(Job, uuid.UUID(job_id))
+        assert stored is not None and stored.manifest is not None
+        ran = stored.manifest["parameters"]
+    assert {name: ran[name] for name in levers} == levers
+    assert len(saved_sequences(db, job_id)) == 4
+
+
 def test_a_centroid_job_shows_how_many_sequences_the_consistency_filter_kept(
     client: TestClient, world: factories.World, worker: WorkerContext, db: Database
 ) -> None:

@@ -121,9 +121,11 @@ def _without_vocabulary(plan: Callable[[Any, Sequence[str]], list[PrivacyEvent]]
 
 
 def _dpkps_resolved(params: DPKPSParams, classes: int) -> dict[str, Any]:
+    """The spec's parameters as the run resolves them: the public ones (the device is the
+    worker's business, the research levers the benchmarks'), and the levers a stored spec
+    recorded."""
     resolved = params.generation_config().for_classes(classes).to_dict()
-    del resolved["device"]  # the worker's business, not the spec's
-    return resolved
+    return {name: resolved[name] for name in params.parameter_names}
 
 
 def _dpkps_canary_phrases(params: DPKPSParams, size: int) -> int:

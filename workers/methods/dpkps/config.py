@@ -20,7 +20,8 @@ ENSEMBLES = ("log", "linear")
 KDE_METHODS = ("exact", "random_features", "centroid", "moments")
 # "centroid" (independent mode, Gaussian noise): each class releases the sum of its units'
 # document embeddings (L2 Δ = 1, EMBEDDING_DIMENSION coordinates), and a phrase's score
-# is its cosine with that sum (density/centroid.py, build_centroid_structures).
+# is its cosine with that sum (workers/methods/dpkps/density/centroid.py,
+# build_centroid_structures).
 # "moments": the same sum and the sum of the vectors' outer products (L2 Δ = √2), a
 # phrase scored by the degree-2 polynomial kernel density (build_moment_structures).
 EMBEDDING_DIMENSION = 384  # the packaged sentence model (all-MiniLM-L6-v2)
@@ -38,8 +39,8 @@ MAX_CELLS = 64
 DEFAULT_CELL_SHARE = 0.3  # of the KDE's share of μ², to the first release (the class sum)
 DEFAULT_CELL_KAPPA = 1.0  # a cell's expected sum ≥ κ noise norms
 # The declared label names as a prior for each class's direction (class centroids only;
-# label_prior.py, with_label_prior): κ of w = κ·g·σ²·d/ŝ, chosen on a tuning split in the small
-# hospital's shape (benchmarks/notes/2026-11-28-label-names-prior.md); 0 turns it off.
+# density/label_prior.py, with_label_prior): κ of w = κ·g·σ²·d/ŝ, chosen on a tuning split in
+# the small hospital's shape (benchmarks/notes/2026-11-28-label-names-prior.md); 0 turns it off.
 DEFAULT_LABEL_PRIOR = 0.5
 MAX_LABEL_PRIOR = 100.0
 # Sequence selection (class centroids; sampling.py, sample_near_direction): F× the
@@ -252,6 +253,16 @@ def _check_int(value: object, *, name: str, low: int, high: int) -> int:
 class GenerationConfig:
     """Every parameter of a run. Privacy parameters are keyword-only by construction.
 
+    A job spec and the command line set the public ones
+    (:class:`~workers.methods.dpkps.params.DPKPSParams`); the research levers
+    (:data:`~workers.methods.dpkps.params.RESEARCH_FIELDS`: ``bandwidth``,
+    ``contribution_bound``, ``noise_floor``, ``class_contrast``,
+    ``max_phrases_per_document``, ``kde_weighting``, ``public_extension``,
+    ``extension_ratio``, ``cell_share``, ``cell_kappa``, ``label_prior``,
+    ``label_prior_lead``, ``document_window``, ``distinct``) keep the defaults below in
+    every product run and are varied by the benchmarks only (``benchmarks/experiments.py``;
+    docs/parameters.md has, per field, its default, its rule and its study).
+
     With one total Gaussian budget (``epsilon``, ``delta``, ``noise="gaussian"``) the
     independent mode defaults to class centroids (``kde_method="centroid"``) over a public
     Ṽ (the 30,000 most frequent phrases of the vocabulary, :data:`PUBLIC_VOCABULARY_SIZE`),
@@ -277,9 +288,10 @@ class GenerationConfig:
     the Yelp tuning split at ε = 4 / 6, but lost 0.02 on Yelp at ε = 1 and were neutral
     on AG at ε = 2: hence one cell (the class sum alone) below ε = 4.
 
-    Label names (``label_prior``, ``density/label_prior.py``, ``with_label_prior``): each
-    class's released direction is pulled towards its declared label name's embedding by
-    κ·g·σ²·d/ŝ (κ = 0.5; g from how far the released sums agree with the names, 0 for names
+    Label names (``label_prior``,
+    :func:`workers.methods.dpkps.density.label_prior.with_label_prior`): each class's
+    released direction is pulled towards its declared label name's embedding by κ·g·σ²·d/ŝ
+    (κ = 0.5; g from how far the released sums agree with the names, 0 for names
     that say nothing). Post-processing. Chosen on a tuning split in the small hospital's
     shape (20 Yelp labels of 20 reviews): 0.086 → 0.157 at ε = 1; no tuning split lost
     (Yelp tune +0.03 / +0.01 at ε = 1 / 6, AG News rows 0–3,799 +0.016 at ε = 0.25). With
@@ -421,7 +433,8 @@ class GenerationConfig:
     cell_kappa: float = DEFAULT_CELL_KAPPA  # with cells: a cell's sum ≥ κ·σ√d (K_c's rule)
     label_prior: float = DEFAULT_LABEL_PRIOR  # centroid: κ of the label names' prior; 0: off
     label_prior_lead: float = 0.0  # centroid: L, the names' strength at least L·clip(z − 1,
-    # 0, 1) as the releases agree with them by z (label_prior.py, prior_strength); 0: no lead
+    # 0, 1) as the releases agree with them by z (density/label_prior.py, prior_strength); 0:
+    # no lead
     sequence_selection: int | None = None  # F: draw F× the sequences, keep the 1/F nearest
     # their class's (or cell's) released direction; 1: off; None: F = 8 with cells, else 1
     consistency_filter: bool | None = None  # keep a sequence only where its own class's

@@ -1,12 +1,15 @@
 """Every parameter of a DP-KPS run, as one typed model (the job spec's and the CLI's).
 
-The fields are :class:`~workers.methods.dpkps.config.GenerationConfig`'s (every engine
-parameter but the device, which is the worker's business) and the public vocabulary the
-run reads, each with its bounds, its default (the engine's own, chosen by measurement: see
-``benchmarks/notes/README.md`` and :class:`GenerationConfig`'s docstring) and a
-description for the API docs and the command line's help. :meth:`DPKPSParams.generation_config`
-maps them to the engine's configuration, whose own checks (the options that go together)
-run there, with errors that name the field.
+The fields are :class:`~workers.methods.dpkps.config.GenerationConfig`'s public ones
+(:data:`PUBLIC_FIELDS`: every engine parameter but the device, which is the worker's
+business, and the research levers, :data:`RESEARCH_FIELDS`, which the benchmarks vary
+through ``benchmarks/experiments.py``) and the public vocabulary the run reads, each with
+its bounds, its default (the engine's own, chosen by measurement) and a description for
+the API docs and the command line's help. ``docs/parameters.md`` says, per option and per
+lever, its default, the rule that sets it and the study that chose it. A stored spec that
+recorded the levers reads with them (:func:`stored_levers`, the stored specs' reader).
+:meth:`DPKPSParams.generation_config` maps them to the engine's configuration, whose own
+checks (the options that go together) run there, with errors that name the field.
 
 Numbers are read as JSON Schema reads them (``2.0`` is the integer 2), never ``true`` or
 ``false`` for a number. This module imports no numerical library, so an API process can
@@ -16,7 +19,7 @@ validate job specs.
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -24,24 +27,24 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
-    DEFAULT_EXTENSION_RATIO,
     DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
     EMBEDDING_DIMENSION,
     LIMITS,
     MAX_CELLS,
-    MAX_DOCUMENT_WINDOW,
     MAX_EMBED_SAMPLE,
-    MAX_EXTENSION_RATIO,
-    MAX_LABEL_PRIOR,
     MAX_SELECTION,
     PUBLIC_VOCABULARY_DEFAULTS,
     SUBSPACE_FROM_CLASSES,
@@ -55,7 +58,34 @@ ENGINE_FIELDS: Final = tuple(
     f.name for f in dataclasses.fields(GenerationConfig) if f.name != "device"
 )
 _ENGINE: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
-_BOOLEAN_FIELDS = frozenset({"distinct", "consistency_filter"})
+# The research levers (issue 64): engine parameters that no default rule moves and no
+# user need asks for (docs/parameters.md says, per lever, the study that fixed it). They
+# stay :class:`GenerationConfig` fields at their measured defaults, which the benchmarks
+# vary by name (benchmarks/experiments.py); a job spec or the command line names none.
+RESEARCH_FIELDS: Final = frozenset(
+    {
+        "bandwidth",
+        "cell_kappa",
+        "cell_share",
+        "class_contrast",
+        "contribution_bound",
+        "distinct",
+        "document_window",
+        "extension_ratio",
+        "kde_weighting",
+        "label_prior",
+        "label_prior_lead",
+        "max_phrases_per_document",
+        "noise_floor",
+        "public_extension",
+    }
+)
+# Values of public fields that left with them (no default chooses them, and they measured
+# no gain): the moments density and the thresholded vocabulary.
+RESEARCH_VALUES: Final = {"kde_method": ("moments",), "vocabulary_method": ("threshold",)}
+# What a job spec and the command line offer: every engine parameter but the levers.
+PUBLIC_FIELDS: Final = tuple(name for name in ENGINE_FIELDS if name not in RESEARCH_FIELDS)
+_BOOLEAN_FIELDS = frozenset({"consistency_filter"})
 
 
 def not_a_boolean(value: Any) -> Any:
@@ -72,10 +102,53 @@ MechanismEpsilon = Annotated[
 ]
 
 
+def stored_levers(stored: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A stored spec split into what the public model reads and the research levers it
+    names (:data:`RESEARCH_FIELDS`, or a field at one of :data:`RESEARCH_VALUES`).
+
+    A job submitted while the levers were public recorded every one of them; it reads
+    and runs with the values it recorded.
+
+    >>> stored_levers({"epsilon": 1.0, "noise_floor": 0.0, "kde_method": "moments"})
+    ({'epsilon': 1.0}, {'noise_floor': 0.0, 'kde_method': 'moments'})
+    """
+    public: dict[str, Any] = {}
+    levers: dict[str, Any] = {}
+    for name, value in stored.items():
+        research = name in RESEARCH_FIELDS or value in RESEARCH_VALUES.get(name, ())
+        (levers if research else public)[name] = value
+    return public, levers
+
+
 class DPKPSParams(BaseModel):
     """A DP-KPS run's parameters (module docstring)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # The research levers a stored spec recorded (:func:`stored_levers`); empty for a new one.
+    _stored_levers: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _research_levers_are_not_parameters(
+        cls, data: Any, handler: ModelWrapValidatorHandler[DPKPSParams]
+    ) -> DPKPSParams:
+        """A research lever named in new parameters: an error that says so, per lever."""
+        if not isinstance(data, Mapping) or not stored_levers(data)[1]:
+            return handler(data)
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError(
+                    "research_option",
+                    "{field}{value} is a research setting, not a parameter of the product "
+                    "(docs/parameters.md)",
+                    {"field": name, "value": "" if name in RESEARCH_FIELDS else f" {value}"},
+                ),
+                loc=(name,),
+                input=value,
+            )
+            for name, value in stored_levers(data)[1].items()
+        ]
+        raise ValidationError.from_exception_data(cls.__name__, errors)
 
     vocabulary: str = Field(
         min_length=1,
@@ -201,51 +274,23 @@ class DPKPSParams(BaseModel):
         f"random_features; default {_ENGINE['num_features']:,}, 1 to "
         f"{LIMITS['num_features']:,}",
     )
-    bandwidth: float = Field(
-        default=_ENGINE["bandwidth"],
-        gt=0,
-        le=1e6,
-        description="σ of the Gaussian kernel on unit embedding vectors (exact kernel and "
-        f"random features); default {_ENGINE['bandwidth']:g}, > 0 to 1e6",
-    )
-    kde_method: Literal["exact", "random_features", "centroid", "moments"] | None = Field(
+    kde_method: Literal["exact", "random_features", "centroid"] | None = Field(
         default=_ENGINE["kde_method"],
         description="default: centroid for a total Gaussian budget in independent mode, "
-        "exact for Laplace, random_features in iterative mode; centroid and moments need "
-        "Gaussian noise and independent mode",
+        "exact for Laplace, random_features in iterative mode; centroid needs Gaussian "
+        "noise and independent mode",
     )
-    vocabulary_method: Literal["histogram", "threshold", "public"] | None = Field(
+    vocabulary_method: Literal["histogram", "public"] | None = Field(
         default=_ENGINE["vocabulary_method"],
-        description="how Ṽ is chosen: a noisy histogram over the vocabulary, a thresholded "
-        "Gaussian histogram over the phrases that occur (Gaussian noise; spends half of "
-        "delta outright), or the first public_vocabulary_size phrases (no release); "
-        "default: public for centroid and moments, else histogram",
-    )
-    kde_weighting: Literal["l1", "l2"] | None = Field(
-        default=_ENGINE["kde_weighting"],
-        description="a document's weights in the exact kernel density: l1 (default) or l2 "
-        "(Gaussian noise, kde_method exact)",
+        description="how Ṽ is chosen: a noisy histogram over the vocabulary, or the first "
+        "public_vocabulary_size phrases (no release); default: public for centroid, else "
+        "histogram",
     )
     public_vocabulary_size: int | None = Field(
         default=_ENGINE["public_vocabulary_size"],
         ge=1,
         le=LIMITS["vocabulary_size"],
         description=f"|Ṽ| of a public Ṽ; default {PUBLIC_VOCABULARY_DEFAULTS}",
-    )
-    public_extension: int = Field(
-        default=_ENGINE["public_extension"],
-        ge=0,
-        le=LIMITS["vocabulary_size"],
-        description="with kde_method centroid, one cell and a total: a class whose released "
-        "count is at least extension_ratio times its sum's noise sigma samples from this many "
-        "public phrases instead of public_vocabulary_size (0, the default: off)",
-    )
-    extension_ratio: float = Field(
-        default=_ENGINE["extension_ratio"],
-        ge=0,
-        le=MAX_EXTENSION_RATIO,
-        description="the released class count, over the class sum's noise sigma, from which "
-        f"a class samples from public_extension's phrases (default {DEFAULT_EXTENSION_RATIO:g})",
     )
     centroid_cells: int | None = Field(
         default=_ENGINE["centroid_cells"],
@@ -255,40 +300,11 @@ class DPKPSParams(BaseModel):
         "this many, whose sums a second release gives (1: the class sum alone); default "
         f"{DEFAULT_CELLS} from epsilon {CELLS_FROM_EPSILON:g} on, else 1",
     )
-    cell_share: float = Field(
-        default=_ENGINE["cell_share"],
-        gt=0,
-        lt=1,
-        description="with cells: the class sum's share of the density's budget",
-    )
-    cell_kappa: float = Field(
-        default=_ENGINE["cell_kappa"],
-        gt=0,
-        le=1000,
-        description="with cells: a class gets as many as keep each cell's sum this many "
-        "noise norms above its noise",
-    )
-    label_prior: float = Field(
-        default=_ENGINE["label_prior"],
-        ge=0,
-        le=MAX_LABEL_PRIOR,
-        description="with kde_method centroid: how far the declared label names' embeddings "
-        "pull each class's released direction, in noise-matched units, when the released "
-        "sums agree with them (0: off)",
-    )
-    label_prior_lead: float = Field(
-        default=_ENGINE["label_prior_lead"],
-        ge=0,
-        le=MAX_LABEL_PRIOR,
-        description="with kde_method centroid: how far the label names may lead each class's "
-        "released direction, in the same units, as the released sums' agreement with them "
-        "grows from 1 to 2 standard deviations of its noise (0, the default: no lead)",
-    )
     sequence_selection: int | None = Field(
         default=_ENGINE["sequence_selection"],
         ge=1,
         le=MAX_SELECTION,
-        description="with kde_method centroid or moments: draw this many times the sequences "
+        description="with kde_method centroid: draw this many times the sequences "
         "and keep those whose phrases lie nearest their class's (or cell's) released "
         "direction (1: keep every draw); post-processing, no budget; default "
         f"{DEFAULT_SELECTION} with cells, else 1",
@@ -311,20 +327,11 @@ class DPKPSParams(BaseModel):
         f"default: {SUGGESTED_SUBSPACE} with {SUBSPACE_FROM_CLASSES} or more declared labels "
         "and one cell per class, else the whole space)",
     )
-    document_window: int = Field(
-        default=_ENGINE["document_window"],
-        ge=0,
-        le=MAX_DOCUMENT_WINDOW,
-        description="with kde_method centroid or moments: a document longer than this many "
-        "words is embedded in windows of it, their embeddings averaged, so that the whole "
-        "document counts and not only the first 256 word pieces the embedding model reads "
-        "(same noise, same budget; 0: one piece, the model's first tokens only)",
-    )
     embed_sample: int = Field(
         default=_ENGINE["embed_sample"],
         ge=0,
         le=MAX_EMBED_SAMPLE,
-        description="with kde_method centroid or moments: embed only a Poisson sample of "
+        description="with kde_method centroid: embed only a Poisson sample of "
         "about this many units of each class (each unit kept independently with probability "
         "min(1, m / the class's released count)), so the embedding work is bounded whatever "
         "the corpus holds; the class counts are released for the rate (a small share of the "
@@ -338,41 +345,6 @@ class DPKPSParams(BaseModel):
         description="τ: a phrase is drawn with probability ∝ clip(score)^(1/τ) (lower: "
         "sharper, fewer distinct phrases; post-processing); null, the default: per "
         f"kde_method ({', '.join(f'{k} {v:g}' for k, v in DEFAULT_TEMPERATURE.items())})",
-    )
-    noise_floor: float = Field(
-        default=_ENGINE["noise_floor"],
-        ge=0,
-        le=10,
-        description="Scores lose this many noise standard deviations before they are "
-        "clipped at 0 (post-processing); default 0, 0 to 10",
-    )
-    class_contrast: float = Field(
-        default=_ENGINE["class_contrast"],
-        ge=0,
-        le=10,
-        description="β: a class's phrase scores are weighted by the class's share of the "
-        "phrase to the power β, so words every class uses fade (independent mode; "
-        f"post-processing); default {_ENGINE['class_contrast']:g}, 0 (off) to 10",
-    )
-    contribution_bound: float = Field(
-        default=_ENGINE["contribution_bound"],
-        gt=0,
-        le=math.sqrt(2.0),
-        description="c: each document's random-feature vector is clipped to L1 norm c·I, "
-        "so the density's sensitivity is c·I (kde_method random_features); default "
-        f"{_ENGINE['contribution_bound']:g}, > 0 to √2",
-    )
-    max_phrases_per_document: int = Field(
-        default=_ENGINE["max_phrases_per_document"],
-        ge=1,
-        le=LIMITS["max_phrases_per_document"],
-        description="M, the most private-vocabulary phrases of one document averaged into "
-        f"its density contribution (independent mode); default "
-        f"{_ENGINE['max_phrases_per_document']}, 1 to {LIMITS['max_phrases_per_document']:,}",
-    )
-    distinct: bool = Field(
-        default=_ENGINE["distinct"],
-        description="No phrase twice in one sequence (post-processing); default true",
     )
     # At most 2**53 - 1: beyond it a JSON number is not exact in most clients (I-JSON).
     seed: int = Field(
@@ -408,8 +380,19 @@ class DPKPSParams(BaseModel):
             return self.total
         return (self.per_class or 0) * labels
 
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        """The engine parameters these parameters set: the public ones, and the research
+        levers a stored spec recorded."""
+        return tuple(n for n in ENGINE_FIELDS if n in PUBLIC_FIELDS or n in self._stored_levers)
+
     def engine_parameters(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in ENGINE_FIELDS}
+        """Every engine parameter (:data:`ENGINE_FIELDS`): the public fields, and each
+        research lever at its engine default or at the value a stored spec recorded."""
+        values = {name: _ENGINE[name] for name in RESEARCH_FIELDS}
+        values |= {name: getattr(self, name) for name in PUBLIC_FIELDS}
+        values |= self._stored_levers
+        return {name: values[name] for name in ENGINE_FIELDS}
 
     def generation_config(self, device: str | None = None) -> GenerationConfig:
         """The engine's configuration on ``device``; raises ``ConfigError`` naming the field."""
