@@ -28,19 +28,29 @@ $(STAMP): pyproject.toml requirements-no-deps.txt
 
 install: $(STAMP)
 
+# The suite runs on pytest-xdist workers, one file to a worker at a time (a file's
+# servers and fixtures start once): one more worker than cores, up to 8, since many
+# tests wait on subprocesses, servers and the database rather than compute. Each worker
+# has its own Postgres database; Redis users take a key prefix of their own.
+# TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc); n=$$((n + 1)); [ $$n -gt 8 ] && n=8; echo $$n)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 ## make test: the whole suite (unit, statistical, CLI end to end, local LLM, service,
-## dashboard in Chromium, reliability) except the long proofs below
+## dashboard in Chromium, reliability) except the long proofs below; PROOF=1 runs the
+## proofs too, in the same run (.ci/run does), their figures in out/proof/figures.json
 test: $(STAMP)
-	$(BIN)/pytest -q -m "not proof"
+	$(if $(PROOF),KEYSEED_PROOF_REPORT=out/proof/figures.json) \
+		$(BIN)/pytest -q $(XDIST) $(if $(PROOF),,-m "not proof")
 
 ## make proof: the long reliability proofs (API fuzzing, worker crashes, load);
 ## the figures they record (quoted in RELIABILITY.md) go to out/proof/figures.json
 proof: $(STAMP)
-	KEYSEED_PROOF_REPORT=out/proof/figures.json $(BIN)/pytest -q -m proof
+	KEYSEED_PROOF_REPORT=out/proof/figures.json $(BIN)/pytest -q $(XDIST) -m proof
 
 ## make test-fast: skip the slow tests (models, AG News, LLM)
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow and not proof"
+	$(BIN)/pytest -q $(XDIST) -m "not slow and not proof"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
