@@ -221,7 +221,8 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         return _generate_llm_method(args, started)
     from workers.text.vocabulary import load_vocabulary
 
-    config = checks.dpkps_config(args)
+    params = checks.dpkps_params(args)
+    config = params.generation_config(args.device)
     label_set = checks.declared_labels(args)
     if len(label_set) < 2:
         raise ConfigError("a labelled corpus needs at least two labels", field="declared_labels")
