@@ -29,6 +29,7 @@ from app.cli.options import (
     optional_type,
 )
 from workers.errors import ConfigError, InputDataError, KeyseedError
+from workers.methods.dpkps.params import DPKPSParams
 
 LLM_CONCURRENCY = (1, 256)  # workers.settings.CoreSettings.llm_concurrency's range
 
@@ -86,11 +87,10 @@ def declared_labels(args: argparse.Namespace) -> list[str]:
 FILE_VOCABULARY = "file"
 
 
-def dpkps_params(args: argparse.Namespace) -> Any:
+def dpkps_params(args: argparse.Namespace) -> DPKPSParams:
     """The run's :class:`~workers.methods.dpkps.params.DPKPSParams` from the options given
     (one per field, :func:`app.cli.options._dpkps_options`); errors name the option, a
     value out of its range as the engine words it (``must be between 0.001 and 100``)."""
-    from workers.methods.dpkps.params import DPKPSParams
     from workers.text.vocabulary import BUILTIN_VOCABULARIES
 
     data = {
@@ -100,7 +100,8 @@ def dpkps_params(args: argparse.Namespace) -> Any:
     }
     builtin = args.vocabulary.strip() in BUILTIN_VOCABULARIES
     data["vocabulary"] = args.vocabulary.strip() if builtin else FILE_VOCABULARY
-    return _validated(DPKPSParams, data, args.method, dest=str, ranges=True)
+    params: DPKPSParams = _validated(DPKPSParams, data, args.method, dest=str, ranges=True)
+    return params
 
 
 def method_params(args: argparse.Namespace) -> Any:
@@ -143,24 +144,22 @@ def _validated(
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "missing":
             message = f"required with --method {method}"
-        elif ranges and error["type"] in _BOUND_ERRORS:
-            low, high = _range(model.model_fields[field])
+        elif ranges and error["type"] in ("greater_than_equal", "less_than_equal"):
+            low, high = _closed_range(model.model_fields[field])
             if low is not None and high is not None:
                 message = f"must be between {low:g} and {high:g} (got {error['input']})"
         raise ConfigError(message, field=option) from None
 
 
-_BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
-
-
-def _range(info: Any) -> tuple[float | None, float | None]:
-    """The bounds of a field (or of its ``Annotated`` type, ``X | None`` too)."""
+def _closed_range(info: Any) -> tuple[float | None, float | None]:
+    """A field's inclusive bounds (``ge``, ``le``; of its ``Annotated`` type too, in
+    ``X | None``), None where it has none."""
     metadata = list(info.metadata)
     kind, _ = optional_type(info.annotation)
     for extra in getattr(kind, "__metadata__", ()):
         metadata.extend(getattr(extra, "metadata", ()))
-    low = next((getattr(m, a) for m in metadata for a in ("ge", "gt") if hasattr(m, a)), None)
-    high = next((getattr(m, a) for m in metadata for a in ("le", "lt") if hasattr(m, a)), None)
+    low = next((m.ge for m in metadata if hasattr(m, "ge")), None)
+    high = next((m.le for m in metadata if hasattr(m, "le")), None)
     return low, high
 
 
