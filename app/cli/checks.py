@@ -1,18 +1,21 @@
 """What ``keyseed generate`` checks before it loads the engine, with the engine's own rules.
 
 Every check here imports the standard library and pydantic at most: the options'
-ranges (:class:`workers.methods.dpkps.config.GenerationConfig` for DP-KPS, each LLM
-method's parameter model), the output's name and folder, the declared labels, and the
-input file (it exists, is UTF-8, has the named columns, no row without a label, only
-declared labels; :func:`workers.text.corpus.read_labelled` and ``check_corpus``). A
-mistake is reported in one line that names the option, with exit code 2, before torch
-and the embedding model take their seconds to load.
+ranges (each method's parameter model; DP-KPS's,
+:class:`workers.methods.dpkps.params.DPKPSParams`, maps them to its engine's
+configuration, which checks the options that go together), the output's name and
+folder, the declared labels, and the input file (it exists, is UTF-8, has the named
+columns, no row without a label, only declared labels;
+:func:`workers.text.corpus.read_labelled` and ``check_corpus``). A mistake is reported
+in one line that names the option, with exit code 2, before torch and the embedding
+model take their seconds to load.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +23,13 @@ from app.cli.options import (
     DPKPS_ONLY,
     METHOD_PREFIX,
     SHARED_OPTIONS,
-    dpkps_defaults,
     method_dest,
     methods_of_fields,
     option_name,
     optional_type,
 )
 from workers.errors import ConfigError, InputDataError, KeyseedError
+from workers.methods.dpkps.params import DPKPSParams
 
 LLM_CONCURRENCY = (1, 256)  # workers.settings.CoreSettings.llm_concurrency's range
 
@@ -77,25 +80,33 @@ def declared_labels(args: argparse.Namespace) -> list[str]:
     return label_set
 
 
-def dpkps_config(args: argparse.Namespace) -> Any:
-    """The validated :class:`GenerationConfig` of the options: every DP-KPS parameter
-    (:data:`~workers.methods.dpkps.params.ENGINE_FIELDS`) that has an option of its own
-    name, the others at their defaults."""
-    from workers.methods.dpkps.config import GenerationConfig
-    from workers.methods.dpkps.params import ENGINE_FIELDS
+# What DPKPSParams records as the vocabulary of a run that reads a file (``--vocabulary
+# PATH``): the model's ``vocabulary`` names a built-in or uploaded one (at most 64
+# characters, as a job spec's), while a path may be longer; the command line checks the
+# file itself when it reads it (:func:`workers.text.vocabulary.load_vocabulary`).
+FILE_VOCABULARY = "file"
 
-    values = {name: getattr(args, name) for name in ENGINE_FIELDS if hasattr(args, name)}
-    if args.total is None and args.per_class is None:
-        values["per_class"] = dpkps_defaults()["per_class"]
-    values["noise"] = args.noise or ("gaussian" if args.delta else "laplace")
-    return GenerationConfig(**values, device=args.device).validate()
+
+def dpkps_params(args: argparse.Namespace) -> DPKPSParams:
+    """The run's :class:`~workers.methods.dpkps.params.DPKPSParams` from the options given
+    (one per field, :func:`app.cli.options._dpkps_options`); errors name the option, a
+    value out of its range as the engine words it (``must be between 0.001 and 100``)."""
+    from workers.text.vocabulary import BUILTIN_VOCABULARIES
+
+    data = {
+        name: getattr(args, name)
+        for name in DPKPSParams.model_fields
+        if name != "vocabulary" and getattr(args, name) is not None
+    }
+    builtin = args.vocabulary.strip() in BUILTIN_VOCABULARIES
+    data["vocabulary"] = args.vocabulary.strip() if builtin else FILE_VOCABULARY
+    params: DPKPSParams = _validated(DPKPSParams, data, args.method, dest=str, ranges=True)
+    return params
 
 
 def method_params(args: argparse.Namespace) -> Any:
     """The run's parameters for ``--method`` from the options given; errors name the
     option."""
-    from pydantic import ValidationError
-
     from workers.methods.catalog import METHOD_PARAMS
 
     model = METHOD_PARAMS[args.method]
@@ -108,16 +119,48 @@ def method_params(args: argparse.Namespace) -> Any:
         if isinstance(value, str) and optional_type(info.annotation)[1] and value.lower() == "none":
             value = None
         data[name] = value
+    return _validated(model, data, args.method)
+
+
+def _validated(
+    model: Any,
+    data: dict[str, Any],
+    method: str,
+    *,
+    dest: Callable[[str], str] = method_dest,
+    ranges: bool = False,
+) -> Any:
+    """``model`` validated from ``data``, or a ``ConfigError`` naming the first wrong
+    field's option (``dest``: its option's, as a field name); with ``ranges``, a value out
+    of range says the field's whole range."""
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(data, strict=False)
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else ""
-        option = method_dest(field) if field else None
+        option = dest(field) if field else None
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "missing":
-            message = f"required with --method {args.method}"
+            message = f"required with --method {method}"
+        elif ranges and error["type"] in ("greater_than_equal", "less_than_equal"):
+            low, high = _closed_range(model.model_fields[field])
+            if low is not None and high is not None:
+                message = f"must be between {low:g} and {high:g} (got {error['input']})"
         raise ConfigError(message, field=option) from None
+
+
+def _closed_range(info: Any) -> tuple[float | None, float | None]:
+    """A field's inclusive bounds (``ge``, ``le``; of its ``Annotated`` type too, in
+    ``X | None``), None where it has none."""
+    metadata = list(info.metadata)
+    kind, _ = optional_type(info.annotation)
+    for extra in getattr(kind, "__metadata__", ()):
+        metadata.extend(getattr(extra, "metadata", ()))
+    low = next((m.ge for m in metadata if hasattr(m, "ge")), None)
+    high = next((m.le for m in metadata if hasattr(m, "le")), None)
+    return low, high
 
 
 def read_few_shot(path: Path | None) -> tuple[str, ...]:

@@ -221,7 +221,8 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         return _generate_llm_method(args, started)
     from workers.text.vocabulary import load_vocabulary
 
-    config = checks.dpkps_config(args)
+    params = checks.dpkps_params(args)
+    config = params.generation_config(args.device)
     label_set = checks.declared_labels(args)
     if len(label_set) < 2:
         raise ConfigError("a labelled corpus needs at least two labels", field="declared_labels")
@@ -230,13 +231,12 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     config = config.for_classes(len(label_set))  # the default subspace: by the label set
     if args.dry_run:  # public inputs only: --input is not opened
         from workers.methods.dpkps.config import method_description
-        from workers.methods.dpkps.plan import plan
+        from workers.methods.dpkps.run import plan_of
 
-        planned = plan(config, label_set, len(vocabulary))
         summary = {
             "method": method_description(config),
             "parameters": config.to_dict(),
-            **planned.to_dict(),
+            **plan_of(params, label_set, len(vocabulary)).to_dict(),
         }
         print(json.dumps(summary, indent=2, ensure_ascii=False))
         return 0
@@ -248,26 +248,28 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     corpus = checks.read_input(args, label_set)
     # Every check that needs no model has passed: the engine loads from here on.
     from workers.llm.client import LLMCosts
-    from workers.methods.dpkps.pipeline import generate_sequences, shuffled
-    from workers.methods.dpkps.plan import plan
+    from workers.methods.dpkps.pipeline import shuffled
+    from workers.methods.dpkps.run import plan_of
+    from workers.methods.registry import METHODS
     from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
 
-    planned = plan(config, label_set, len(vocabulary))
+    planned = plan_of(params, label_set, len(vocabulary))
     embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
     cache = EmbeddingCache(settings.embedding_cache_dir)
     progress = StageBars(run_stages(args.method, mode=config.mode, llm=args.llm))
     try:
-        result = generate_sequences(
+        result = METHODS[args.method].run(
             corpus.texts,
             corpus.labels,
             label_set=label_set,
+            units=corpus.units,
+            params=params,
             vocabulary=vocabulary,
-            config=config,
             embedder=embedder,
             cache=cache,
             progress=progress,
-            units=corpus.units,
             unit_name=args.unit_column,
+            device=config.device,
             planned=planned,
         )
         progress.close()

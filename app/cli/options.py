@@ -1,38 +1,28 @@
 """The options of ``keyseed generate`` and ``keyseed evaluate``, declared without the engine.
 
 Building the parser imports the standard library, pydantic and the parameter modules
-(:mod:`workers.methods.dpkps.config`, :mod:`workers.methods.catalog`) only, so every
+(:mod:`workers.methods.dpkps.params`, :mod:`workers.methods.catalog`) only, so every
 command of ``keyseed`` starts at once. What a newcomer needs is in the first group of
 ``--help``; the rest is under "expert options".
 
-The LLM methods' options are generated from their parameter models (a field
-``variation_folds`` is ``--variation-folds``; ``temperature`` and ``concurrency`` are the
-LLM's, ``--llm-temperature`` and ``--llm-concurrency``; a field two methods share is one
-option), each field's ``description`` its help, so each model is the one list of its
-options and its errors name the option.
+Every method's options are generated from its parameter model (a field
+``variation_folds`` is ``--variation-folds``), each field's ``description`` its help, so
+each model is the one list of its options and its errors name the option. DP-KPS's
+(:class:`~workers.methods.dpkps.params.DPKPSParams`) are typed and placed in the help's
+groups (:data:`DPKPS_GROUPS`); the LLM methods' ``temperature`` and ``concurrency`` are
+the LLM's, ``--llm-temperature`` and ``--llm-concurrency``, and a field two methods share
+is one option.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from workers.methods.dpkps.config import (
-    CELLS_FROM_EPSILON,
-    DEFAULT_CELLS,
-    DEFAULT_SELECTION,
-    DEFAULT_TEMPERATURE,
-    KDE_METHODS,
-    PUBLIC_VOCABULARY_DEFAULTS,
-    SUBSPACE_FROM_CLASSES,
-    SUGGESTED_SUBSPACE,
-    VOCABULARY_METHODS,
-)
-from workers.privacy.limits import DELTA_CEILING, EPSILON_CEILING, EPSILON_FLOOR
+from workers.methods.dpkps.params import PUBLIC_FIELDS
 
 METHODS = ("dpkps", "aug-pe", "pate-tutor", "dp-eda")  # workers.methods.registry's, in order
 DESCRIPTION = (
@@ -57,13 +47,51 @@ SHARED_OPTIONS = {
 # Fields whose option name says they are the LLM's (DP-KPS's --temperature is τ).
 RENAMED_OPTIONS = {"temperature": "llm_temperature"}
 METHOD_PREFIX = "method_"  # dest of a generated option: method_<field>
-# DP-KPS options without a default value, refused with another --method when given.
+# Where DP-KPS's options (one per field of DPKPSParams, generated) stand in ``--help``
+# beyond the first group's --epsilon, --delta, --per-class and --total, and --vocabulary.
+DPKPS_GROUPS = {
+    "privacy": (
+        "noise",
+        "share_vocab",
+        "share_kde",
+        "share_count",
+        "epsilon_vocab",
+        "epsilon_kde",
+        "epsilon_count",
+    ),
+    "engine": (
+        "sequence_length",
+        "mode",
+        "ensemble",
+        "vocabulary_size",
+        "max_matches_per_document",
+        "num_features",
+        "kde_method",
+        "vocabulary_method",
+        "public_vocabulary_size",
+        "centroid_cells",
+        "sequence_selection",
+        "consistency_filter",
+        "subspace",
+        "embed_sample",
+        "temperature",
+        "seed",
+    ),
+}
+# The command line's own help where it differs from a job spec's (which names an
+# uploaded vocabulary by its id; here a file is read).
+DPKPS_HELP = {
+    "vocabulary": "public phrases: english, medical, or a UTF-8 file with one phrase a line",
+}
+# A DP-KPS option the LLM methods share (SHARED_OPTIONS) defaults to its field's default,
+# which every method then reads; --vocabulary to this (a job spec names its own). The
+# others default to None (the field keeps the model's default), so a given one is known,
+# and refused with another --method.
+DEFAULT_VOCABULARY = "english"
+# Options of DP-KPS alone, refused with another --method when given: its parameters that
+# no LLM method shares, and its prompting's.
 DPKPS_ONLY = (
-    "epsilon_vocab",
-    "epsilon_kde",
-    "epsilon_count",
-    "per_class",
-    "total",
+    *(name for name in ("vocabulary", *PUBLIC_FIELDS) if name not in SHARED_OPTIONS.values()),
     "few_shot",
     "max_llm_calls",
 )
@@ -111,23 +139,6 @@ def methods_of_fields() -> dict[str, list[str]]:
     return fields
 
 
-def public_choices(field: str, values: tuple[str, ...]) -> tuple[str, ...]:
-    """The values of ``field`` a user may choose: the research ones left out."""
-    from workers.methods.dpkps.params import RESEARCH_VALUES
-
-    return tuple(v for v in values if v not in RESEARCH_VALUES.get(field, ()))
-
-
-def dpkps_defaults() -> dict[str, Any]:
-    from workers.methods.dpkps.config import GenerationConfig
-
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(GenerationConfig)
-        if f.default is not dataclasses.MISSING
-    }
-
-
 def register(sub: Any) -> None:
     from app.cli import evaluate
 
@@ -142,7 +153,6 @@ def _register_generate(sub: Any) -> None:
         description=DESCRIPTION,
     )
     gen.set_defaults(handler="app.cli.generate:generate")
-    d = dpkps_defaults()
     basic = gen.add_argument_group("options (the ones most runs need)")
     basic.add_argument(
         "--input", required=True, type=Path, help="the private labelled CSV or JSONL file"
@@ -171,20 +181,7 @@ def _register_generate(sub: Any) -> None:
         "aug-pe: Private Evolution for text; pate-tutor: PATE discriminator with a DP label "
         "tutor; dp-eda: DP evolution of embeddings (the last three need --llm)",
     )
-    basic.add_argument(
-        "--epsilon",
-        type=float,
-        default=None,
-        help=f"the run's total privacy budget ε ({EPSILON_FLOOR:g} to {EPSILON_CEILING:g} "
-        "per mechanism), split among the mechanisms",
-    )
-    basic.add_argument(
-        "--delta",
-        type=float,
-        default=0.0,
-        help=f"the run's total δ (at most {DELTA_CEILING:g}; e.g. 1e-6): > 0 selects Gaussian "
-        "noise, 0 (the default) Laplace noise and pure ε-DP; the LLM methods need δ > 0",
-    )
+    _dpkps_options(basic, "epsilon", "delta")
     basic.add_argument(
         "--llm",
         choices=("none", "local", "openai"),
@@ -195,19 +192,7 @@ def _register_generate(sub: Any) -> None:
     basic.add_argument(
         "--output", required=True, type=Path, help="OUT.jsonl, in an existing folder"
     )
-    basic.add_argument(
-        "--per-class",
-        type=int,
-        default=None,
-        help=f"dpkps: synthetic samples per declared label (default {d['per_class']})",
-    )
-    basic.add_argument(
-        "--total",
-        type=int,
-        default=None,
-        help="dpkps: synthetic samples in all, split by noisy class counts (with --epsilon-count "
-        "or a total --epsilon)",
-    )
+    _dpkps_options(basic, "per_class", "total", prefix="dpkps: ")
     basic.add_argument(
         "--dry-run",
         action="store_true",
@@ -222,169 +207,15 @@ def _register_generate(sub: Any) -> None:
         help="privacy unit column (e.g. a patient id): every mechanism bounds one unit's "
         "documents together; default: one row is one unit",
     )
-    io.add_argument(
-        "--vocabulary",
-        default="english",
-        help="public phrases: english, medical, or a UTF-8 file with one phrase a line",
+    _dpkps_options(io, "vocabulary")
+    _dpkps_options(
+        gen.add_argument_group(
+            "expert options: privacy (dpkps; a total --epsilon [--delta], or per-mechanism ε)"
+        ),
+        *DPKPS_GROUPS["privacy"],
     )
-
-    priv = gen.add_argument_group(
-        "expert options: privacy (dpkps; a total --epsilon [--delta], or per-mechanism ε)"
-    )
-    priv.add_argument(
-        "--noise",
-        choices=("laplace", "gaussian"),
-        default=None,
-        help="default: gaussian when --delta > 0, else laplace",
-    )
-    share_help = {
-        "vocab": "the private vocabulary's share of a total --epsilon",
-        "kde": "the keyphrase densities' share of a total --epsilon",
-        "count": "with --total, the noisy class counts' share of a total --epsilon",
-    }
-    for name, text in share_help.items():
-        priv.add_argument(
-            f"--share-{name}",
-            type=float,
-            default=d[f"share_{name}"],
-            help=f"{text} (of ε for Laplace, of μ² for Gaussian noise; default "
-            f"{d[f'share_{name}']:g})",
-        )
-    priv.add_argument(
-        "--epsilon-vocab",
-        type=float,
-        default=None,
-        help="ε of the private vocabulary's release (instead of a total --epsilon)",
-    )
-    priv.add_argument(
-        "--epsilon-kde",
-        type=float,
-        default=None,
-        help="ε of the keyphrase densities' release (instead of a total --epsilon)",
-    )
-    priv.add_argument(
-        "--epsilon-count",
-        type=float,
-        default=None,
-        help="spend this ε on noisy class counts and split --total by them",
-    )
-
     eng = gen.add_argument_group("expert options: the dpkps engine")
-    eng.add_argument(
-        "--sequence-length",
-        type=int,
-        default=d["sequence_length"],
-        help=f"keyphrases per sequence, L (default {d['sequence_length']})",
-    )
-    eng.add_argument(
-        "--mode",
-        choices=("independent", "iterative"),
-        default=d["mode"],
-        help="independent: each phrase drawn from the class density; iterative: each phrase "
-        "conditioned on the ones before (random Fourier features)",
-    )
-    eng.add_argument(
-        "--ensemble",
-        choices=("log", "linear"),
-        default=d["ensemble"],
-        help="iterative mode: how many prefix structures share the density's ε (log: "
-        "⌈log₂ L⌉ + 1; linear: L)",
-    )
-    eng.add_argument(
-        "--vocabulary-size",
-        type=int,
-        default=d["vocabulary_size"],
-        help=f"phrases in the private vocabulary Ṽ, N (default {d['vocabulary_size']})",
-    )
-    eng.add_argument(
-        "--max-matches-per-document",
-        type=int,
-        default=d["max_matches_per_document"],
-        help="phrases a document counts at most in the vocabulary histogram (its "
-        f"sensitivity, S; default {d['max_matches_per_document']})",
-    )
-    eng.add_argument(
-        "--num-features",
-        type=int,
-        default=d["num_features"],
-        help=f"random Fourier features, I (default {d['num_features']})",
-    )
-    eng.add_argument(
-        "--kde-method",
-        choices=public_choices("kde_method", KDE_METHODS),
-        default=d["kde_method"],
-        help="independent mode: class centroids of the document embeddings (the default "
-        "for a Gaussian budget), or the exact kernel on Ṽ (the default for Laplace); "
-        "random Fourier features (the iterative mode's)",
-    )
-    eng.add_argument(
-        "--vocabulary-method",
-        choices=public_choices("vocabulary_method", VOCABULARY_METHODS),
-        default=d["vocabulary_method"],
-        help="how Ṽ is chosen: noisy histogram over the vocabulary, or the first "
-        "--public-vocabulary-size phrases, no release (default: public for centroid, else "
-        "histogram)",
-    )
-    eng.add_argument(
-        "--public-vocabulary-size",
-        type=int,
-        default=d["public_vocabulary_size"],
-        help=f"|Ṽ| of a public Ṽ (default {PUBLIC_VOCABULARY_DEFAULTS})",
-    )
-    eng.add_argument(
-        "--centroid-cells",
-        type=int,
-        default=d["centroid_cells"],
-        help="cells per class with class centroids: the class sum places up to this many, "
-        f"a second release gives their sums (1: none; default {DEFAULT_CELLS} from "
-        f"--epsilon {CELLS_FROM_EPSILON:g} on, else 1)",
-    )
-    eng.add_argument(
-        "--sequence-selection",
-        type=int,
-        default=d["sequence_selection"],
-        help="with class centroids: draw this many times the sequences and keep those whose "
-        "phrases lie nearest their class's (or cell's) released direction (1: keep every "
-        f"draw; default {DEFAULT_SELECTION} with cells, else 1)",
-    )
-    eng.add_argument(
-        "--consistency-filter",
-        action=argparse.BooleanOptionalAction,
-        default=d["consistency_filter"],
-        help="with class centroids: keep a sequence only where its own class's released "
-        "direction (with cells: one of its class's cells) is the nearest to its embedding "
-        "(fewer sequences than asked for; default on with class centroids, else off)",
-    )
-    eng.add_argument(
-        "--subspace",
-        type=int,
-        default=d["subspace"],
-        help="with class centroids: release each class sum in this many top principal "
-        "directions of the public phrases' embeddings (same noise and budget; 0: the whole "
-        f"embedding space; default {SUGGESTED_SUBSPACE} with {SUBSPACE_FROM_CLASSES} or more "
-        "declared labels and one cell per class, else the whole space)",
-    )
-    eng.add_argument(
-        "--embed-sample",
-        type=int,
-        default=d["embed_sample"],
-        help="with class centroids: embed a Poisson sample of about this many "
-        "units a class (rate from the released class counts; 0: every unit)",
-    )
-    eng.add_argument(
-        "--temperature",
-        type=float,
-        default=d["temperature"],
-        help="τ of p ∝ score^(1/τ) (default: "
-        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_TEMPERATURE.items())
-        + ")",
-    )
-    eng.add_argument(
-        "--seed",
-        type=int,
-        default=d["seed"],
-        help="public randomness (features, sampling); DP noise is never seeded",
-    )
+    _dpkps_options(eng, *DPKPS_GROUPS["engine"])
     eng.add_argument("--device", default=None, help="cpu, cuda (default: GPU if available)")
 
     llm = gen.add_argument_group("expert options: the language model")
@@ -412,6 +243,32 @@ def _register_generate(sub: Any) -> None:
         help="dpkps: LLM requests at most, retries included (default: KEYSEED_LLM_MAX_CALLS)",
     )
     _register_llm_methods(gen)
+
+
+def _dpkps_options(group: Any, *fields: str, prefix: str = "") -> None:
+    """One option per field of :class:`~workers.methods.dpkps.params.DPKPSParams`
+    (module docstring): ``--field-name``, its type, choices or ``--[no-]`` switch from the
+    field's annotation, its help the field's description (:data:`DPKPS_HELP` where the
+    command line differs from a job spec). Left out, an option is None and its field
+    keeps the model's default (those the LLM methods share: :data:`DEFAULT_VOCABULARY`)."""
+    from workers.methods.dpkps.params import DPKPSParams
+
+    for name in fields:
+        info = DPKPSParams.model_fields[name]
+        kind, _ = optional_type(info.annotation)
+        default = info.default if name in SHARED_OPTIONS.values() else None
+        options: dict[str, Any] = {
+            "dest": name,
+            "default": DEFAULT_VOCABULARY if name == "vocabulary" else default,
+        }
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is typing.Literal:
+            options["choices"] = typing.get_args(kind)
+        elif kind is not str:
+            options["type"] = kind
+        text = DPKPS_HELP.get(name) or (info.description or "").strip().rstrip(".")
+        group.add_argument(option_name(name), help=prefix + text.replace("%", "%%"), **options)
 
 
 def _register_llm_methods(gen: Any) -> None:

@@ -461,6 +461,21 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
     assert outputs_absent(small["out"])
 
 
+def test_a_vocabulary_file_may_have_a_long_path(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a job spec names a vocabulary in at most 64 characters; the command line reads a file
+    folder = small["input"].parent / ("a folder with a long name " * 3).strip()
+    folder.mkdir()
+    vocabulary = folder / "phrases.txt"
+    vocabulary.write_text(small["vocab"].read_text(encoding="utf-8"), encoding="utf-8")
+    assert len(str(vocabulary)) > 64
+    args = generate_args(small)
+    args[args.index("--vocabulary") + 1] = str(vocabulary)
+    assert main([*args, "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["events"]
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [

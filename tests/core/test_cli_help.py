@@ -10,6 +10,7 @@ import pytest
 from app.cli import COMMANDS, REGISTRARS, build_parser
 from app.cli.options import METHOD_PREFIX, SHARED_OPTIONS, method_dest, option_name
 from workers.methods.catalog import METHOD_PARAMS
+from workers.methods.dpkps.params import DPKPSParams
 
 NEWCOMER = (
     "--input",
@@ -75,6 +76,16 @@ def test_every_llm_method_field_is_an_option_with_its_description() -> None:
             assert method in helps[option], (method, option)
     generated = [a for a in parser._actions if a.dest.startswith(METHOD_PREFIX)]
     assert len(generated) >= 37
+
+
+def test_every_dpkps_field_is_an_option_with_its_description() -> None:
+    parser = PARSERS["generate"]
+    helps = {o: a.help or "" for a in parser._actions for o in a.option_strings}
+    for name, info in DPKPSParams.model_fields.items():
+        option = "--" + name.replace("_", "-")
+        assert option in helps, name
+        if name != "vocabulary":  # the command line reads a file too (its own help)
+            assert info.description and info.description.rstrip(".") in helps[option], name
 
 
 def test_the_first_group_holds_what_a_newcomer_needs_and_the_rest_is_expert() -> None:

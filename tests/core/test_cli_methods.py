@@ -145,6 +145,8 @@ def test_dry_run_prints_the_planned_events_without_reading_the_input(
         ({"--num-released": "99"}, "error: --num-released: must be at most the 8 candidates"),
         ({"--variation-folds": "0", "--no-keep-selected": ""}, "error: --keep-selected: "),
         ({"--epsilon-kde": "1"}, "error: --epsilon-kde: an option of --method dpkps"),
+        ({"--sequence-length": "4"}, "error: --sequence-length: an option of --method dpkps"),
+        ({"--temperature": "0.5"}, "error: --temperature: an option of --method dpkps"),
     ],
 )
 def test_a_bad_option_is_named(
