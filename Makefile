@@ -31,10 +31,11 @@ install: $(STAMP)
 # The suite runs on pytest-xdist workers, one file to a worker at a time (a file's
 # servers and fixtures start once): one more worker than cores, up to 8, since many
 # tests wait on subprocesses, servers and the database rather than compute. Each worker
-# has its own Postgres database; Redis users take a key prefix of their own.
+# has its own Postgres database; Redis users take a key prefix of their own. Files go out
+# in collection order (--no-loadscope-reorder), the longest first (tests/conftest.py).
 # TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc); n=$$((n + 1)); [ $$n -gt 8 ] && n=8; echo $$n)
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 ## make test: the whole suite (unit, statistical, CLI end to end, local LLM, service,
 ## dashboard in Chromium, reliability) except the long proofs below; PROOF=1 runs the

@@ -35,6 +35,16 @@ LONG_FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # schemathesis names each operation's item ``test[GET /path]`` but leaves every one
+    # the node id of the bare function; pytest-xdist schedules by node id, so it would
+    # run the first operation only. Each item gets the id its name says.
+    for item in items:
+        if "[" in item.name and "[" not in item.nodeid:
+            params = item.name.partition("[")[2].removesuffix("]")
+            if hasattr(item, "_id"):  # pytest 9: a structured node id
+                item._id = item._id.with_params(params)
+            else:
+                item._nodeid = f"{item.nodeid}[{params}]"
     rank = {path: n for n, path in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
