@@ -58,7 +58,8 @@ class CheckoutServer(LocalLLMServer):
         self.python = python
 
     def command(self, port: int) -> list[str]:
-        argv = super().command(port)
+        # an older checkout's server has no --exit-with-parent
+        argv = [a for a in super().command(port) if a != "--exit-with-parent"]
         # run in src: ``python -m`` puts the working folder before PYTHONPATH
         return ["env", "-C", str(self.src), f"PYTHONPATH={self.src}", str(self.python), *argv[1:]]
 

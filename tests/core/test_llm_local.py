@@ -262,3 +262,40 @@ def test_steps_decode_their_sequences_in_order_and_the_lane_gives_way_to_other_w
     # lane's arrival order (its dict of active slots) was not sequence order
     assert any(others and seq < max(others) for seq, others in restarts)
     assert stats.thread_switches >= 1 and stats.threads == 1
+
+
+def test_the_server_stops_when_its_launcher_is_killed() -> None:
+    """A launcher killed with SIGKILL (no atexit, no stop()) leaves no server behind: the
+    server, in a session of its own, sees its parent go and shuts down."""
+    import signal
+    import time
+
+    from workers.llm.local import free_port
+
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "workers.llm.local", "--port", str(free_port())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert launcher.stdout is not None
+        assert b"local LLM" in launcher.stdout.readline()  # the server answers
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text()
+        (server_pid,) = (int(pid) for pid in children.split())
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=30)
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        return state != "Z"
+
+    deadline = time.monotonic() + 60
+    while alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive(server_pid):
+        os.kill(server_pid, signal.SIGKILL)
+        pytest.fail("the server outlived its launcher by a minute")

@@ -251,6 +251,7 @@ class LocalLLMServer:
             str(self.lanes),
             "--weight-type",
             self.weight_type or "as-is",
+            "--exit-with-parent",
             "--cache-dir",
             str(self.cache_dir or default_cache_dir()),
         ]

@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -248,6 +249,14 @@ def make_server(
     return server
 
 
+def _exit_with(parent: int, server: ThreadingHTTPServer) -> None:
+    """Stop ``server`` once ``parent`` has exited (this process is then re-parented)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    logger.info("the launching process %d exited; stopping", parent)
+    server.shutdown()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m workers.llm.serve",
@@ -274,6 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true", help="llama.cpp's own log")
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one exits (the launcher, "
+        "workers.llm.local, passes it: a launcher killed with SIGKILL leaves no server)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -303,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _shutdown)
     signal.signal(signal.SIGINT, _shutdown)
+    if args.exit_with_parent:
+        threading.Thread(target=_exit_with, args=(os.getppid(), server), daemon=True).start()
     logger.info("serving %s on %s:%d", args.alias, args.host, args.port)
     try:
         server.serve_forever(poll_interval=0.2)
