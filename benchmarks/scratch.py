@@ -1,5 +1,5 @@
-"""A Postgres database of a benchmark's own: created on the local server, migrated,
-dropped after (what the service tests' ``database_url`` fixture does for a test session)."""
+"""A Postgres database of its own, for a benchmark or a test session (the service tests'
+``database_url`` fixture): created on the local server, migrated, dropped after."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def scratch_database() -> Iterator[str]:
+def scratch_database(prefix: str = "keyseed_bench") -> Iterator[str]:
     """The URL of a fresh, migrated database, dropped (with its connections) on exit."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
@@ -17,7 +17,7 @@ def scratch_database() -> Iterator[str]:
     import migrations
     from tests.service.conftest import SERVER
 
-    name = f"keyseed_bench_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     server = create_engine(SERVER, isolation_level="AUTOCOMMIT")
     with server.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))

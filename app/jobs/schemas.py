@@ -344,31 +344,26 @@ def _method(value: Any) -> str:
     return f"method={method}"
 
 
-AnyJobSpec = Annotated[
-    Annotated[JobSpec, Tag(f"method={DPKPS}")]
-    | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")]
-    | Annotated[PateTutorJobSpec, Tag(f"method={PATE_TUTOR}")]
-    | Annotated[DPEDAJobSpec, Tag(f"method={DP_EDA}")],
-    Discriminator(
-        _method,
-        custom_error_type="unknown_method",
-        custom_error_message=f"method must be one of {', '.join(METHODS)}",
-    ),
-]
+def _by_method(dpkps: type[JobSpec]) -> Any:
+    """The job specs of every method, told apart by ``method`` (``dpkps``: its model)."""
+    return Annotated[
+        Annotated[dpkps, Tag(f"method={DPKPS}")]
+        | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")]
+        | Annotated[PateTutorJobSpec, Tag(f"method={PATE_TUTOR}")]
+        | Annotated[DPEDAJobSpec, Tag(f"method={DP_EDA}")],
+        Discriminator(
+            _method,
+            custom_error_type="unknown_method",
+            custom_error_message=f"method must be one of {', '.join(METHODS)}",
+        ),
+    ]
+
+
+AnyJobSpec = _by_method(JobSpec)
 AnySpec = JobSpec | AugPEJobSpec | PateTutorJobSpec | DPEDAJobSpec
 # A stored spec (the worker's, the release's reader): as a new one, but a DP-KPS job may
 # name the research levers it was submitted with (:class:`StoredJobSpec`).
-StoredSpec = Annotated[
-    Annotated[StoredJobSpec, Tag(f"method={DPKPS}")]
-    | Annotated[AugPEJobSpec, Tag(f"method={AUG_PE}")]
-    | Annotated[PateTutorJobSpec, Tag(f"method={PATE_TUTOR}")]
-    | Annotated[DPEDAJobSpec, Tag(f"method={DP_EDA}")],
-    Discriminator(
-        _method,
-        custom_error_type="unknown_method",
-        custom_error_message=f"method must be one of {', '.join(METHODS)}",
-    ),
-]
+StoredSpec = _by_method(StoredJobSpec)
 JOB_SPEC: TypeAdapter[AnySpec] = TypeAdapter(StoredSpec)
 
 

@@ -2,7 +2,8 @@
 the migrations, emptied after every test; the app; one caller per role and organisation.
 
 The database is ``keyseed_t_<random>`` on the server of ``KEYSEED_TEST_POSTGRES``
-(default: the local server), created and dropped here, so concurrent test sessions
+(default: the local server), created and dropped by
+:func:`benchmarks.scratch.scratch_database`, so concurrent test sessions
 never share tables. The broker is kombu's in-memory transport except where a test
 asks for Redis explicitly.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +19,12 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
-import migrations
 from app.config import LLMEndpointSettings, Settings
 from app.db import Database
 from app.main import create_app
 from app.models import Base
+from benchmarks.scratch import scratch_database
 from tests.service import factories
 
 # Only CREATE DATABASE and DROP DATABASE run on this connection; its tables are never read.
@@ -42,18 +41,8 @@ def _server_engine():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
-    name = f"keyseed_t_{uuid.uuid4().hex[:12]}"
-    server = _server_engine()
-    with server.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(SERVER).set(database=name).render_as_string(hide_password=False)
-    try:
-        migrations.upgrade(url)
+    with scratch_database("keyseed_t") as url:
         yield url
-    finally:
-        with server.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        server.dispose()
 
 
 def make_settings(database_url: str, data_dir: Path, **overrides: object) -> Settings:

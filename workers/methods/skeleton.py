@@ -24,6 +24,7 @@ configuration) and ``<method>-llm-costs`` (its LLM costs with the method's count
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ PlanT = TypeVar("PlanT", bound=Planned)
 
 
 @dataclass
-class MethodRun(Generic[ParamsT, PlanT]):
+class MethodRun(ABC, Generic[ParamsT, PlanT]):
     """One run of an LLM method (module docstring); a method subclasses it with its
     ``method`` id, ``description`` and :meth:`execute`."""
 
@@ -162,11 +163,11 @@ class MethodRun(Generic[ParamsT, PlanT]):
     def prepare(self) -> None:
         """Load what the method's public inputs need, before the claim (none here)."""
 
+    @abstractmethod
     def execute(
         self, documents: Sequence[str], labels: Sequence[str], units: Sequence[str] | None
     ) -> MethodResult:
         """The method's steps, from the first private read to the result."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------ checkpoints
 
