@@ -30,19 +30,6 @@ from tests.fake_llm import FakeLLM
 from tests.service import factories
 
 REPO = Path(__file__).resolve().parents[2]
-PHRASES = (
-    "chest pain",
-    "heart failure",
-    "shortness of breath",
-    "atrial fibrillation",
-    "anticoagulation",
-    "fracture",
-    "femur",
-    "fall",
-    "knee",
-    "arthritis",
-    "joint pain",
-)
 FOREIGN = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
 
 
@@ -208,7 +195,7 @@ def _submit_job(http: httpx.Client, owner: dict[str, str], *, llm: str) -> tuple
             "/v1/vocabularies",
             headers=owner,
             data={"name": "cardio-ortho"},
-            files={"file": ("phrases.txt", "\n".join(PHRASES).encode())},
+            files={"file": ("phrases.txt", "\n".join(factories.PHRASES).encode())},
         ),
         201,
     )
