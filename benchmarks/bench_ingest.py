@@ -304,7 +304,7 @@ def markdown(results: dict[str, Any]) -> str:
         return f"{figures.get('api_cpu_s')} | {per:,.0f}" if per else "- | -"
 
     lines = [
-        "## Ingest: documents stored per second, and the API's memory while streaming",
+        "### Ingest: documents stored per second, and the API's memory while streaming",
         "",
         f"{results['rows']:,} AG-sized rows ({results['corpus_bytes'] / 2**20:.0f} MiB of "
         f"CSV), one uvicorn process on Postgres, {results['cpus']} CPUs, load average "

@@ -101,7 +101,7 @@ def run_path(corpus: Path, out: Path, path: str) -> dict[str, Any]:
 
 
 def run(
-    sizes: tuple[int, ...] = (60_000, 600_000),
+    sizes: tuple[int, ...] = (2_000, 60_000, 600_000),
     *,
     embed_samples: tuple[int, ...] = EMBED_SAMPLES,
     full_default_up_to: int = 2_000,
@@ -160,7 +160,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[60_000, 600_000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2_000, 60_000, 600_000])
     parser.add_argument("--embed-samples", type=int, nargs="+", default=list(EMBED_SAMPLES))
     parser.add_argument("--full-default-up-to", type=int, default=2_000)
     args = parser.parse_args(argv)

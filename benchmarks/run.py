@@ -5,10 +5,10 @@ Each benchmark is a module of this folder with ``run() -> dict`` and ``markdown(
 (its short part of the report). The raw figures are written beside the report as JSON
 (BENCHMARKS.json); ``--render`` rewrites BENCHMARKS.md from them without running anything.
 ``LAYOUT`` orders the report: the product default's accuracy against ε first, then the
-head-to-head of the four methods, the pure-ε path's utility, speed, prompting throughput and
-load, and last an index of the notes that changed a default (read from
-``benchmarks/notes/README.md``). Tuning studies are never part of the report: each is a dated
-file under ``benchmarks/notes/``.
+head-to-head of the four methods, the pure-ε path's utility, speed, prompting throughput,
+scale (hospital-size corpora, ingest) and load, and last an index of the notes that changed
+a default (read from ``benchmarks/notes/README.md``). Tuning studies are never part of the
+report: each is a dated file under ``benchmarks/notes/``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ SECTIONS = (
     "bench_scoring",
     "bench_prompting",
     "bench_methods",
+    "bench_scale",
+    "bench_ingest",
     "bench_load",
     "bench_download",
 )
@@ -42,6 +44,9 @@ LAYOUT: tuple[tuple[str, str] | str, ...] = (
     ("bench_utility", "speed_markdown"),
     ("bench_scoring", "markdown"),
     ("bench_prompting", "markdown"),
+    "## Scale\n",
+    ("bench_scale", "markdown"),
+    ("bench_ingest", "markdown"),
     ("bench_load", "markdown"),
     ("bench_download", "markdown"),
 )
