@@ -37,7 +37,7 @@ AG_NEWS = (
     Path(os.environ.get("KEYSEED_SHARED", REPO.parent / "shared")) / "data" / "ag_news_test.csv"
 )
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
-EMBED_SAMPLES = (300, 2000)
+EMBED_SAMPLES = (300,)  # the 2× target's budget; its note: 2,000 keeps utility at 4× the work
 
 
 def ag_rows() -> list[dict[str, str]]:
