@@ -27,7 +27,6 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -226,18 +225,10 @@ def run_download(
 
 def run() -> dict[str, Any]:
     """:func:`run_download` on a database of its own (created, migrated, dropped)."""
-    from app.main import create_app
-    from benchmarks.scratch import scratch_database
-    from tests.service.conftest import make_settings
+    from benchmarks.scratch import scratch_app
 
-    with scratch_database() as url, tempfile.TemporaryDirectory() as folder:
-        workdir = Path(folder)
-        app = create_app(make_settings(url, workdir / "inproc"))
-        try:
-            with TestClient(app) as app_client:
-                return run_download(url, app.state.database, app_client, workdir)
-        finally:
-            app.state.database.dispose()
+    with scratch_app() as (url, db, app_client, workdir):
+        return run_download(url, db, app_client, workdir)
 
 
 def markdown(results: dict[str, Any]) -> str:

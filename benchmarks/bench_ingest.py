@@ -49,6 +49,7 @@ from benchmarks.bench_load import (
     RssSampler,
     _status_kb,
     api_argv,
+    child,
     http_ok,
     service_env,
     wait_until,
@@ -108,29 +109,12 @@ def streamed(size: int) -> Iterator[bytes]:
 
 @contextlib.contextmanager
 def api(tree: Path, env: dict[str, str], log: Path) -> Iterator[tuple[Child, str]]:
+    """``tree``'s API (``keyseed api``), ready; stopped with its process group on exit."""
     port = free_port()
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            api_argv(port),
-            cwd=tree,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    handle = Child(tree.name, process, log)
     base = f"http://127.0.0.1:{port}"
-    try:
+    with child(tree.name, api_argv(port), env, log, cwd=tree) as handle:
         wait_until(lambda: http_ok(f"{base}/readyz"), handle, f"the API of {tree}", 180)
         yield handle, base
-    finally:
-        process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=30)
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
 
 
 def _form(name: str) -> dict[str, Any]:

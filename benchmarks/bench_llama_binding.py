@@ -34,14 +34,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_prompting import (
-    LOCAL_CALLS,
-    LOCAL_LEVELS,
     LOCAL_MAX_TOKENS,
     SPEC,
     TOPICS,
-    _measure,
-    _median_row,
     _table,
+    interleaved_rows,
 )
 from workers.llm.local import LocalLLMServer
 from workers.methods.dpkps.prompting import run_prompts
@@ -102,9 +99,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cache_dir=caches["b"],
         ),
     }
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
-        name: {level: [] for level in LOCAL_LEVELS} for name in servers
-    }
     load_before = os.getloadavg()
     try:
         startup = {}
@@ -114,21 +108,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             startup[name] = time.perf_counter() - t0
             run_prompts([TOPICS[0]], endpoint=server.endpoint, spec=SPEC)  # warm-up
         greedy = {name: _greedy(server) for name, server in servers.items()}
-        for _ in range(args.repeats):
-            for level in LOCAL_LEVELS:
-                for name, server in servers.items():
-                    runs[name][level].append(
-                        _measure(
-                            server.endpoint,
-                            calls=LOCAL_CALLS[level],
-                            concurrency=level,
-                            pid=server.pid,
-                        )
-                    )
+        rows = interleaved_rows(servers, args.repeats)
     finally:
         for server in servers.values():
             server.stop()
-    rows = {name: [_median_row(runs[name][level]) for level in LOCAL_LEVELS] for name in servers}
     return {
         "machine": {
             "cpus": os.cpu_count(),

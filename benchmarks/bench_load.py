@@ -662,22 +662,10 @@ def _forget_prefix(prefix: str) -> None:
 
 def run() -> dict[str, Any]:
     """:func:`run_load` on a database of its own (created, migrated, dropped)."""
-    import tempfile
+    from benchmarks.scratch import scratch_app
 
-    from app.main import create_app
-    from benchmarks.scratch import scratch_database
-    from tests.service.conftest import make_settings
-
-    with scratch_database() as url, tempfile.TemporaryDirectory() as folder:
-        workdir = Path(folder)
-        app = create_app(make_settings(url, workdir / "inproc"))
-        try:
-            with TestClient(app) as app_client:
-                db: Database = app.state.database
-                world = factories.build_world(db)
-                return run_load(url, db, app_client, world, workdir)
-        finally:
-            app.state.database.dispose()
+    with scratch_app() as (url, db, app_client, workdir):
+        return run_load(url, db, app_client, factories.build_world(db), workdir)
 
 
 def markdown(results: dict[str, Any]) -> str:

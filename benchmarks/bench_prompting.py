@@ -136,6 +136,29 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def interleaved_rows(
+    servers: dict[str, LocalLLMServer], repeats: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Each server's :func:`_median_row` per level of ``LOCAL_LEVELS`` over ``repeats``
+    rounds; within a round the servers take turns at each level, so that a drift in the
+    machine's load falls on all of them alike."""
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+        name: {level: [] for level in LOCAL_LEVELS} for name in servers
+    }
+    for _ in range(repeats):
+        for level in LOCAL_LEVELS:
+            for name, server in servers.items():
+                runs[name][level].append(
+                    _measure(
+                        server.endpoint,
+                        calls=LOCAL_CALLS[level],
+                        concurrency=level,
+                        pid=server.pid,
+                    )
+                )
+    return {name: [_median_row(runs[name][level]) for level in LOCAL_LEVELS] for name in servers}
+
+
 def bench_local() -> dict[str, Any]:
     servers = {
         "old": LocalLLMServer(
@@ -147,25 +170,12 @@ def bench_local() -> dict[str, Any]:
         ),
         "new": LocalLLMServer(max_tokens=LOCAL_MAX_TOKENS, request_timeout=600.0),
     }
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
-        name: {level: [] for level in LOCAL_LEVELS} for name in servers
-    }
     load_before = os.getloadavg()[0]
     try:
         for server in servers.values():
             server.start()
             run_prompts([TOPICS[0]], endpoint=server.endpoint, spec=SPEC)  # warm-up
-        for _ in range(REPEATS):
-            for level in LOCAL_LEVELS:
-                for name, server in servers.items():
-                    runs[name][level].append(
-                        _measure(
-                            server.endpoint,
-                            calls=LOCAL_CALLS[level],
-                            concurrency=level,
-                            pid=server.pid,
-                        )
-                    )
+        rows = interleaved_rows(servers, REPEATS)
         import httpx
 
         root = servers["new"].base_url.removesuffix("/v1")
@@ -192,7 +202,7 @@ def bench_local() -> dict[str, Any]:
                 "weights": "Q4_1 (as packaged)"
                 if server.weight_type is None
                 else str(server.weight_type),
-                "rows": [_median_row(runs[name][level]) for level in LOCAL_LEVELS],
+                "rows": rows[name],
             }
             for name, server in servers.items()
         }

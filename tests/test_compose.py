@@ -1027,23 +1027,28 @@ def stack_secrets(stack_root: Path, server_database: dict[str, str]) -> Path:
     return directory
 
 
-def stack_env(
-    name: str,
-    services: dict[str, dict[str, Any]],
-    parsed: dict[str, Dockerfile],
-    root: Path,
-    secrets: Path,
-    database: dict[str, str],
-    redis_url: str,
-) -> dict[str, str]:
-    env = native_env(services[name], image_of(services, name, parsed), root, secrets)
-    for key in ("POSTGRES_HOST", "POSTGRES_PORT", "POSTGRES_USER", "POSTGRES_DB"):
-        if key in env:
-            env[key] = database[key]
-    if "REDIS_URL" in env:
-        env["REDIS_URL"] = redis_url
-    env["HOSTNAME"] = socket.gethostname()
-    return env
+@dataclass(frozen=True)
+class Stack:
+    """The compose services run natively: their images, a root for their container paths,
+    the secrets and the Postgres database they share."""
+
+    services: dict[str, dict[str, Any]]
+    parsed: dict[str, Dockerfile]
+    root: Path
+    secrets: Path
+    database: dict[str, str]
+
+    def env(self, name: str, redis_url: str = "redis://-") -> dict[str, str]:
+        """Service ``name``'s environment, pointed at the test Postgres and Redis."""
+        dockerfile = image_of(self.services, name, self.parsed)
+        env = native_env(self.services[name], dockerfile, self.root, self.secrets)
+        for key in ("POSTGRES_HOST", "POSTGRES_PORT", "POSTGRES_USER", "POSTGRES_DB"):
+            if key in env:
+                env[key] = self.database[key]
+        if "REDIS_URL" in env:
+            env["REDIS_URL"] = redis_url
+        env["HOSTNAME"] = socket.gethostname()
+        return env
 
 
 @pytest.fixture(scope="module")
@@ -1053,13 +1058,13 @@ def migrated(
     stack_root: Path,
     stack_secrets: Path,
     server_database: dict[str, str],
-) -> dict[str, str]:
-    """``migrate`` as compose runs it: its command, through the entry point."""
+) -> Stack:
+    """The stack after ``migrate`` ran as compose runs it: its command, through the entry
+    point."""
     import migrations
 
-    env = stack_env(
-        "migrate", services, parsed, stack_root, stack_secrets, server_database, "redis://-"
-    )
+    stack = Stack(services, parsed, stack_root, stack_secrets, server_database)
+    env = stack.env("migrate")
     result = run_entrypoint(env, *services["migrate"]["command"], cwd=stack_root)
     assert result.returncode == 0, result.stderr
     url = make_url("postgresql+psycopg://").set(
@@ -1073,41 +1078,29 @@ def migrated(
     assert migrations.current_revision(rendered) == migrations.head_revision()
     # a second start (the next `up`) is a no-op
     assert run_entrypoint(env, *services["migrate"]["command"], cwd=stack_root).returncode == 0
-    return server_database
+    return stack
 
 
-def test_admin_commands_run_in_the_migrate_service(
-    services: dict[str, dict[str, Any]],
-    parsed: dict[str, Dockerfile],
-    stack_root: Path,
-    stack_secrets: Path,
-    migrated: dict[str, str],
-) -> None:
+def test_admin_commands_run_in_the_migrate_service(migrated: Stack) -> None:
     """``docker compose run --rm migrate keyseed admin bootstrap`` (docker/README.md)."""
-    env = stack_env("migrate", services, parsed, stack_root, stack_secrets, migrated, "redis://-")
-    result = run_entrypoint(env, "keyseed", "admin", "bootstrap", cwd=stack_root)
+    env = migrated.env("migrate")
+    result = run_entrypoint(env, "keyseed", "admin", "bootstrap", cwd=migrated.root)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1]  # the key, printed once
-    assert not list(stack_root.rglob("*.sqlite3"))  # Postgres, not an embedded file
+    assert not list(migrated.root.rglob("*.sqlite3"))  # Postgres, not an embedded file
 
 
 @pytest.mark.slow
-def test_api_runs_natively_and_passes_its_health_check(
-    services: dict[str, dict[str, Any]],
-    parsed: dict[str, Dockerfile],
-    stack_root: Path,
-    stack_secrets: Path,
-    migrated: dict[str, str],
-    redis_url: str,
-) -> None:
-    env = stack_env("api", services, parsed, stack_root, stack_secrets, migrated, redis_url)
+def test_api_runs_natively_and_passes_its_health_check(migrated: Stack, redis_url: str) -> None:
+    services = migrated.services
+    env = migrated.env("api", redis_url)
     env["KEYSEED_METRICS_TOKEN"] = "compose-metrics-token"  # what a Prometheus scraper sends
     port = free_port()
     argv = with_option(services["api"]["command"], "--port", str(port))
     argv = with_option(argv, "--host", "127.0.0.1")
     check = healthcheck_test(services["api"])
     check = [part.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for part in check]
-    with started(argv, env, stack_root) as running:
+    with started(argv, env, migrated.root) as running:
         wait_healthy(check, env, running, timeout=90)
         import httpx
 
@@ -1128,21 +1121,17 @@ def test_api_runs_natively_and_passes_its_health_check(
 
 @pytest.mark.slow
 def test_cpu_worker_runs_natively_and_passes_its_health_check(
-    services: dict[str, dict[str, Any]],
-    parsed: dict[str, Dockerfile],
-    stack_root: Path,
-    stack_secrets: Path,
-    migrated: dict[str, str],
-    redis_url: str,
+    migrated: Stack, redis_url: str
 ) -> None:
-    env = stack_env("worker-cpu", services, parsed, stack_root, stack_secrets, migrated, redis_url)
+    services = migrated.services
+    env = migrated.env("worker-cpu", redis_url)
     argv = [str(a) for a in services["worker-cpu"]["command"]]
     argv = with_option(argv, "--hostname", f"cpu-{uuid.uuid4().hex[:6]}@%h")
     node = option(argv, "--hostname")
     assert node is not None
     check = healthcheck_test(services["worker-cpu"])
     check = [check[0], check[1].replace('"cpu@$$HOSTNAME"', f'"{node.split("@")[0]}@$$HOSTNAME"')]
-    with started(argv, env, stack_root) as running:
+    with started(argv, env, migrated.root) as running:
         wait_healthy(check, env, running, timeout=120)
     # a warm shutdown on SIGTERM, as `docker compose stop` sends it
     assert running.process.returncode == 0, running.output()

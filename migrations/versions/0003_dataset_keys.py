@@ -12,15 +12,13 @@ documents (the settings, as the service reads them); with none, neither is read.
 count failures per name and address; ``users.failed_sign_ins`` and ``users.locked_until``
 go, as no account is locked any more.
 
-Revision ID: 0003
-Revises: 0002
 Create Date: 2026-11-24
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from alembic import op
@@ -29,8 +27,6 @@ from app.crypto import DocumentCipher, DocumentKey
 
 revision: str = "0003"
 down_revision: str | None = "0002"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 BATCH = 500
 documents = sa.table(

@@ -5,22 +5,16 @@ unit (a patient id, say), NULL when every row is its own unit. ``documents.unit`
 row's unit sealed with the document key (``nonce || ciphertext``), NULL without a unit
 column. Both are nullable: existing datasets keep row-level privacy.
 
-Revision ID: 0004
-Revises: 0002
 Create Date: 2026-11-24
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
 down_revision: str | None = "0003"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -23,27 +23,22 @@ append-only) holds the releases each job's engine reports it made.
 Downgrading drops the new columns and ``ledger_reports`` (what the reports hold is also
 in the jobs' manifests), turns the amounts back into floats, and keeps every other row.
 
-Revision ID: 0005
-Revises: 0002
 Create Date: 2026-11-24
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 import sqlalchemy as sa
 from alembic import op
 
 from migrations.append_only import append_only, lifted
+from migrations.columns import json, ref, serial_id, text, timestamp
 
 revision: str = "0005"
 down_revision: str | None = "0004"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
-BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 EPSILON_PLACES, DELTA_PLACES = 12, 18  # app.ledger.amounts (not imported: frozen here)
 DEFAULT_EPSILON, DEFAULT_DELTA = Decimal(10), Decimal("1e-6")
 
@@ -173,15 +168,15 @@ def upgrade() -> None:
         _retype("ledger_entries", exact=True)
     op.create_table(
         "ledger_reports",
-        sa.Column("id", BIG_ID, primary_key=True, autoincrement=True),
-        sa.Column("dataset_id", sa.Uuid(), sa.ForeignKey("datasets.id"), nullable=False),
-        sa.Column("job_id", sa.Uuid(), sa.ForeignKey("jobs.id"), nullable=False),
+        serial_id(),
+        ref("dataset_id", "datasets"),
+        ref("job_id", "jobs"),
         sa.Column("epsilon", sa.BigInteger(), nullable=False),
         sa.Column("delta", sa.BigInteger(), nullable=False),
-        sa.Column("events", sa.JSON(), nullable=False),
-        sa.Column("accountant", sa.String(200), nullable=False),
-        sa.Column("actor", sa.String(80), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        json("events"),
+        text("accountant", 200),
+        text("actor", 80),
+        timestamp("created_at"),
         sa.UniqueConstraint("job_id"),
     )
     op.create_index("ix_ledger_reports_dataset_id", "ledger_reports", ["dataset_id"])

@@ -6,30 +6,26 @@ worker process that ran a stage, with the time until which it counts as alive; t
 process renews it while it runs. A queued or running job whose process is not alive is
 sent to a worker again (``app.jobs.recovery``). Existing jobs are held by nobody.
 
-Revision ID: 0006
-Revises: 0002
 Create Date: 2026-11-24
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.columns import timestamp
+
 revision: str = "0006"
 down_revision: str | None = "0005"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     op.create_table(
         "workers",
         sa.Column("id", sa.String(200), primary_key=True),
-        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        timestamp("started_at"),
+        timestamp("expires_at"),
     )
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("worker_id", sa.String(200), nullable=True))

@@ -6,37 +6,28 @@ so a redelivered or recovered task resumes without new noise or new spend; it go
 its job. ``jobs.llm_costs`` records LLM calls, prompt and completion tokens and wall time
 (existing jobs have none recorded). A job's method lives in its spec (absent: DP-KPS).
 
-Revision ID: 0007
-Revises: 0006
 Create Date: 2026-11-25
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.columns import ref, timestamp
+
 revision: str = "0007"
 down_revision: str | None = "0006"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     op.create_table(
         "job_checkpoints",
-        sa.Column(
-            "job_id",
-            sa.Uuid(),
-            sa.ForeignKey("jobs.id", ondelete="CASCADE", name="fk_job_checkpoints_job_id_jobs"),
-            nullable=False,
-        ),
+        ref("job_id", "jobs", ondelete="CASCADE"),
         sa.Column("key", sa.String(128), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("job_id", "key", name="pk_job_checkpoints"),
+        timestamp("created_at"),
+        sa.PrimaryKeyConstraint("job_id", "key"),
     )
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("llm_costs", sa.JSON(), nullable=True))

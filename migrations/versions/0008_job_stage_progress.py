@@ -7,22 +7,16 @@ a stage that reads the private corpus); ``stage_base`` is that share when the st
 (re)started, and ``stage_started_at`` when it did (a time estimate is the rate since).
 Existing jobs have none recorded.
 
-Revision ID: 0008
-Revises: 0007
 Create Date: 2026-12-07
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
 down_revision: str | None = "0007"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

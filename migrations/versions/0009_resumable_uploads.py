@@ -9,22 +9,18 @@ row, the CSV header, row and line numbers); it is emptied when the dataset is se
 while the dataset is uploading, so that a repeat is found across chunks without
 holding the keys in memory; its rows go when the dataset is sealed or deleted.
 
-Revision ID: 0009
-Revises: 0008
 Create Date: 2026-12-07
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.columns import integer, ref
+
 revision: str = "0009"
 down_revision: str | None = "0008"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
@@ -34,17 +30,10 @@ def upgrade() -> None:
         batch.create_check_constraint("state_valid", "state IN ('uploading', 'ready')")
     op.create_table(
         "upload_digests",
-        sa.Column(
-            "dataset_id",
-            sa.Uuid(),
-            sa.ForeignKey(
-                "datasets.id", ondelete="CASCADE", name="fk_upload_digests_dataset_id_datasets"
-            ),
-            nullable=False,
-        ),
+        ref("dataset_id", "datasets", ondelete="CASCADE"),
         sa.Column("digest", sa.LargeBinary(16), nullable=False),
-        sa.Column("row", sa.Integer(), nullable=False),
-        sa.PrimaryKeyConstraint("dataset_id", "digest", name="pk_upload_digests"),
+        integer("row"),
+        sa.PrimaryKeyConstraint("dataset_id", "digest"),
     )
 
 

@@ -5,41 +5,32 @@ record's hashed fields as canonical JSON, its chain hash, the messages and input
 clear, and ``entry``, which names the request so that a retry sending the same prompt
 again adds nothing (unique per job). It goes with its job. Existing jobs have no log.
 
-Revision ID: 0010_prompt_log
-Revises: 0009
 Create Date: 2026-12-07
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.columns import ref, text, timestamp
+
 revision: str = "0010_prompt_log"
 down_revision: str | None = "0009"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     op.create_table(
         "prompt_log",
-        sa.Column(
-            "job_id",
-            sa.Uuid(),
-            sa.ForeignKey("jobs.id", ondelete="CASCADE", name="fk_prompt_log_job_id_jobs"),
-            nullable=False,
-        ),
+        ref("job_id", "jobs", ondelete="CASCADE"),
         sa.Column("seq", sa.Integer(), nullable=False, autoincrement=False),
-        sa.Column("entry", sa.String(64), nullable=False),
-        sa.Column("hash", sa.String(64), nullable=False),
-        sa.Column("record", sa.Text(), nullable=False),
-        sa.Column("content", sa.Text(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("job_id", "seq", name="pk_prompt_log"),
-        sa.UniqueConstraint("job_id", "entry", name="uq_prompt_log_job_id"),
+        text("entry", 64),
+        text("hash", 64),
+        text("record"),
+        text("content"),
+        timestamp("created_at"),
+        sa.PrimaryKeyConstraint("job_id", "seq"),
+        sa.UniqueConstraint("job_id", "entry"),
     )
 
 
