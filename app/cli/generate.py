@@ -95,7 +95,11 @@ def _warn_owner(diag: Any) -> None:
             )
 
 
-def _endpoint_for(choice: str, settings: Any) -> Any:
+def _endpoint(args: argparse.Namespace, settings: Any) -> Any:
+    """The endpoint of ``--llm openai``, resolved before the run (None otherwise: the
+    packaged model starts when the LLM is needed, or there is none)."""
+    if args.llm != "openai":
+        return None
     from workers.llm.client import LLMEndpoint
 
     endpoint = LLMEndpoint.from_settings(settings)
@@ -212,12 +216,6 @@ def _write_outputs(
         if none_is_an_error and not records:
             raise KeyseedError("the language model produced no text for any sequence", field="llm")
     return manifest_path
-
-
-def _endpoint(args: argparse.Namespace, settings: Any) -> Any:
-    """The endpoint of ``--llm openai``, resolved before the run (None otherwise: the
-    packaged model starts when the LLM is needed, or there is none)."""
-    return _endpoint_for(args.llm, settings) if args.llm == "openai" else None
 
 
 def generate(args: argparse.Namespace) -> int:
