@@ -57,15 +57,21 @@ def check_run_options(args: argparse.Namespace) -> None:
 
 def refuse_other_methods_options(args: argparse.Namespace) -> None:
     """An option of another method is a mistake, never silently ignored."""
-    if args.method != DPKPS:
-        given = [name for name in DPKPS_ONLY if getattr(args, name) is not None]
-        if given:
-            raise ConfigError(f"an option of --method dpkps, not of {args.method}", field=given[0])
-    for name, methods in methods_of_fields().items():
-        if args.method not in methods and getattr(args, METHOD_PREFIX + name) is not None:
+    for dest, (field, methods) in _methods_options().items():
+        if args.method not in methods and getattr(args, dest) is not None:
             raise ConfigError(
-                f"an option of --method {' or '.join(methods)}", field=method_dest(name)
+                f"an option of --method {' or '.join(methods)}, not of {args.method}",
+                field=field,
             )
+
+
+def _methods_options() -> dict[str, tuple[str, list[str]]]:
+    """Each option that some methods take and others do not, by its dest: the field an
+    error names it by, and the methods that take it (DP-KPS's own first)."""
+    options = {name: (name, [DPKPS]) for name in DPKPS_ONLY}
+    for name, methods in methods_of_fields().items():
+        options[METHOD_PREFIX + name] = (method_dest(name), methods)
+    return options
 
 
 def declared_labels(args: argparse.Namespace) -> list[str]:
