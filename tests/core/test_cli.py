@@ -268,6 +268,17 @@ def keyseed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+# AG News's columns: the text is the title and the description, joined
+AG_NEWS_COLUMNS = (
+    "--text-column",
+    "title",
+    "--text-column",
+    "description",
+    "--label-column",
+    "class",
+)
+
+
 @pytest.mark.slow
 def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) -> None:
     private, test = ag_news_slice(ag_news_path, tmp_path, 2000, 400)
@@ -276,12 +287,7 @@ def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) ->
         "generate",
         "--input",
         str(private),
-        "--text-column",
-        "title",
-        "--text-column",
-        "description",
-        "--label-column",
-        "class",
+        *AG_NEWS_COLUMNS,
         "--labels",
         ",".join(LABELS),
         "--vocabulary",
@@ -311,12 +317,7 @@ def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) ->
         str(out),
         "--test",
         str(test),
-        "--text-column",
-        "title",
-        "--text-column",
-        "description",
-        "--label-column",
-        "class",
+        *AG_NEWS_COLUMNS,
         "--train-real",
         str(private),
     )
