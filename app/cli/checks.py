@@ -29,6 +29,7 @@ from app.cli.options import (
     optional_type,
 )
 from workers.errors import ConfigError, InputDataError, KeyseedError
+from workers.methods.catalog import DPKPS, METHOD_PARAMS, check_vocabulary, vocabulary_of
 from workers.methods.dpkps.params import DPKPSParams
 
 LLM_CONCURRENCY = (1, 256)  # workers.settings.CoreSettings.llm_concurrency's range
@@ -56,15 +57,21 @@ def check_run_options(args: argparse.Namespace) -> None:
 
 def refuse_other_methods_options(args: argparse.Namespace) -> None:
     """An option of another method is a mistake, never silently ignored."""
-    if args.method != "dpkps":
-        given = [name for name in DPKPS_ONLY if getattr(args, name) is not None]
-        if given:
-            raise ConfigError(f"an option of --method dpkps, not of {args.method}", field=given[0])
-    for name, methods in methods_of_fields().items():
-        if args.method not in methods and getattr(args, METHOD_PREFIX + name) is not None:
+    for dest, (field, methods) in _methods_options().items():
+        if args.method not in methods and getattr(args, dest) is not None:
             raise ConfigError(
-                f"an option of --method {' or '.join(methods)}", field=method_dest(name)
+                f"an option of --method {' or '.join(methods)}, not of {args.method}",
+                field=field,
             )
+
+
+def _methods_options() -> dict[str, tuple[str, list[str]]]:
+    """Each option that some methods take and others do not, by its dest: the field an
+    error names it by, and the methods that take it (DP-KPS's own first)."""
+    options = {name: (name, [DPKPS]) for name in DPKPS_ONLY}
+    for name, methods in methods_of_fields().items():
+        options[METHOD_PREFIX + name] = (method_dest(name), methods)
+    return options
 
 
 def declared_labels(args: argparse.Namespace) -> list[str]:
@@ -77,6 +84,8 @@ def declared_labels(args: argparse.Namespace) -> list[str]:
     label_set = list(dict.fromkeys(x.strip() for x in args.labels.split(",") if x.strip()))
     if not label_set:
         raise ConfigError("declare at least one label", field="declared_labels")
+    if len(label_set) < 2:
+        raise ConfigError("a labelled corpus needs at least two labels", field="declared_labels")
     return label_set
 
 
@@ -85,6 +94,13 @@ def declared_labels(args: argparse.Namespace) -> list[str]:
 # characters, as a job spec's), while a path may be longer; the command line checks the
 # file itself when it reads it (:func:`workers.text.vocabulary.load_vocabulary`).
 FILE_VOCABULARY = "file"
+
+
+def run_params(args: argparse.Namespace) -> Any:
+    """The run's parameters, validated by ``--method``'s own model, from the options given
+    (:data:`PARAMETER_READERS`: DP-KPS's options are one typed option per field, the
+    others' generated from their models); errors name the option."""
+    return PARAMETER_READERS[args.method](args)
 
 
 def dpkps_params(args: argparse.Namespace) -> DPKPSParams:
@@ -107,8 +123,6 @@ def dpkps_params(args: argparse.Namespace) -> DPKPSParams:
 def method_params(args: argparse.Namespace) -> Any:
     """The run's parameters for ``--method`` from the options given; errors name the
     option."""
-    from workers.methods.catalog import METHOD_PARAMS
-
     model = METHOD_PARAMS[args.method]
     data: dict[str, Any] = {}
     for name, info in model.model_fields.items():
@@ -120,6 +134,26 @@ def method_params(args: argparse.Namespace) -> Any:
             value = None
         data[name] = value
     return _validated(model, data, args.method)
+
+
+# How each method's parameters are read from the options (by the methods' ids, as in
+# the registry).
+PARAMETER_READERS: dict[str, Callable[[argparse.Namespace], Any]] = {
+    DPKPS: dpkps_params,
+    **dict.fromkeys(METHOD_PARAMS, method_params),
+}
+
+
+def read_vocabulary(args: argparse.Namespace, params: Any) -> Any:
+    """The public vocabulary of ``--vocabulary`` where the run of ``params`` reads one,
+    loaded and checked against what the parameters ask of it (None where it reads none)."""
+    from workers.text.vocabulary import load_vocabulary
+
+    if vocabulary_of(args.method, params) is None:
+        return None
+    vocabulary = load_vocabulary(args.vocabulary)
+    check_vocabulary(args.method, params, vocabulary.name, len(vocabulary))
+    return vocabulary
 
 
 def _validated(

@@ -3,20 +3,29 @@
 It is for a data owner on their own machine: it reads a labelled CSV (or JSONL), runs a
 method (``--method dpkps``, the default: DP-KPS, optionally prompting an LLM;
 ``--method aug-pe`` (Private Evolution for text), ``pate-tutor`` (PATE discriminator
-with a DP label tutor) or ``dp-eda`` (DP evolution of embeddings), which need an LLM:
-:mod:`workers.methods.registry`), and writes ``OUT.jsonl`` (one synthetic document a
-line) and ``OUT.manifest.json`` (every parameter, the models, the privacy events and
-their composed (ε, δ), LLM costs). Both files appear only when the run succeeded: they
-are written under temporary names and renamed at the end, so an interrupted or failed
-run leaves nothing that looks complete.
+with a DP label tutor) or ``dp-eda`` (DP evolution of embeddings), which need an LLM),
+and writes ``OUT.jsonl`` (one synthetic document a line) and ``OUT.manifest.json``
+(every parameter, the models, the privacy events and their composed (ε, δ), LLM
+costs). Both files appear only when the run succeeded: they are written under
+temporary names and renamed at the end, so an interrupted or failed run leaves nothing
+that looks complete.
+
+Every method goes through one path, as the service's worker runs them
+(:mod:`workers.methods.registry`): its parameters from its own model, its plan, its run
+with the inputs its registry entry says it takes, its result as a
+:class:`~workers.methods.outcome.RunOutcome`, written by one writer; ``--dry-run``
+prints one format for every method (:func:`_planned`). A run that releases keyphrase
+sequences (DP-KPS) has them written out by an LLM afterwards (post-processing) or
+writes each as its keyphrases; a method that writes its texts with an LLM keeps its DP
+outputs in ``OUT.checkpoints/`` as it goes: a killed run, started again with the same
+arguments, resumes without drawing (or spending) again. The folder is removed once the
+outputs are in place.
 
 Its options are declared in :mod:`app.cli.options`. Every check that needs no model
 (options, labels, vocabulary, the input file) runs first, with only the standard
 library and pydantic loaded (:mod:`app.cli.checks`); the numerical stack, the
 embedding model and the LLM are imported after. An option of another method is
-refused. An LLM method's run keeps its DP outputs in ``OUT.checkpoints/`` as it goes:
-a killed run, started again with the same arguments, resumes without drawing (or
-spending) again. The folder is removed once the outputs are in place.
+refused.
 
 What reaches the terminal: progress bars and errors on stderr. Errors name the option
 (``--epsilon-kde: must be finite and > 0``) or the row of the input, never a document's
@@ -28,6 +37,7 @@ they are never written to the output or the manifest.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +56,7 @@ from workers.progress_bars import StageBars
 
 if TYPE_CHECKING:
     from workers.llm.client import LLMCosts
+    from workers.methods.outcome import RunOutcome
 
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
 
@@ -64,9 +75,11 @@ def _atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
         os.replace(tmp, final)
 
 
-def _warn_owner(result: Any) -> None:
-    """Facts about the private corpus, for its owner's terminal only."""
-    diag = result.owner_diagnostics
+def _warn_owner(diag: Any) -> None:
+    """Facts about the private corpus (a run's owner diagnostics, None where its method
+    gives none), for its owner's terminal only."""
+    if diag is None:
+        return
     if diag.documents_without_match:
         print(
             f"warning: {diag.documents_without_match} of {diag.documents} documents contain no "
@@ -82,7 +95,11 @@ def _warn_owner(result: Any) -> None:
             )
 
 
-def _endpoint_for(choice: str, settings: Any) -> Any:
+def _endpoint(args: argparse.Namespace, settings: Any) -> Any:
+    """The endpoint of ``--llm openai``, resolved before the run (None otherwise: the
+    packaged model starts when the LLM is needed, or there is none)."""
+    if args.llm != "openai":
+        return None
     from workers.llm.client import LLMEndpoint
 
     endpoint = LLMEndpoint.from_settings(settings)
@@ -104,48 +121,50 @@ def _endpoint_for(choice: str, settings: Any) -> Any:
     return endpoint
 
 
+def _llm_block(args: argparse.Namespace, endpoint: Any) -> dict[str, Any]:
+    """The manifest's ``llm``: the LLM named, and the endpoint that wrote the texts (none
+    where no LLM wrote any)."""
+    if endpoint is None:
+        return {"llm": args.llm}
+    return {
+        "llm": args.llm,
+        "base_url": endpoint.base_url if args.llm == "openai" else "local",
+        "model": endpoint.model,
+    }
+
+
 def _prompt(
     args: argparse.Namespace,
     few_shot: tuple[str, ...],
     endpoint: Any,
-    sequences: Sequence[Any],
+    sequences: Sequence[tuple[str, Sequence[str]]],
     settings: Any,
     progress: StageBars,
     costs: LLMCosts,
 ) -> tuple[list[str | None], dict[str, Any]]:
-    """Texts for every sequence (None where the LLM failed) and a public summary; what
-    the calls cost is added to ``costs``. ``endpoint``: the one of ``--llm openai``,
-    resolved before the run (None for the packaged model)."""
+    """Texts for every ``(label, keyphrases)`` sequence (None where the LLM failed) and a
+    public summary; what the calls cost is added to ``costs``. ``endpoint``: the one of
+    ``--llm openai``, resolved before the run (None for the packaged model)."""
     from workers.llm.local import LocalLLMServer
     from workers.methods.dpkps.prompting import PromptSpec, run_prompts
 
     spec = PromptSpec(document_type=args.document_type, few_shot=few_shot).validate()
-    keyphrases = [list(s.keyphrases) for s in sequences]
-    concurrency = args.llm_concurrency or settings.llm_concurrency
-    max_calls = args.max_llm_calls or settings.llm_max_calls
-
-    def run(endpoint: Any) -> list[Any]:
-        return run_prompts(
+    keyphrases = [list(phrases) for _, phrases in sequences]
+    with contextlib.ExitStack() as stack:
+        if endpoint is None:
+            endpoint = stack.enter_context(LocalLLMServer()).endpoint
+        outcomes = run_prompts(
             keyphrases,
             endpoint=endpoint,
             spec=spec,
-            concurrency=concurrency,
-            max_calls=max_calls,
+            concurrency=args.llm_concurrency or settings.llm_concurrency,
+            max_calls=args.max_llm_calls or settings.llm_max_calls,
             progress=progress.prompts,
             costs=costs,
         )
-
-    if args.llm == "local":
-        with LocalLLMServer() as server:
-            endpoint = server.endpoint
-            outcomes = run(endpoint)
-    else:
-        outcomes = run(endpoint)
     failures = Counter(o.error for o in outcomes if o.text is None)
     summary = {
-        "llm": args.llm,
-        "base_url": endpoint.base_url if args.llm == "openai" else "local",
-        "model": endpoint.model,
+        **_llm_block(args, endpoint),
         "document_type": spec.document_type,
         "few_shot_examples": len(spec.few_shot),
         "requested": len(outcomes),
@@ -199,12 +218,6 @@ def _write_outputs(
     return manifest_path
 
 
-def _endpoint(args: argparse.Namespace, settings: Any) -> Any:
-    """The endpoint of ``--llm openai``, resolved before the run (None otherwise: the
-    packaged model starts when the LLM is needed, or there is none)."""
-    return _endpoint_for(args.llm, settings) if args.llm == "openai" else None
-
-
 def generate(args: argparse.Namespace) -> int:
     started = time.time()
     try:
@@ -214,31 +227,16 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, started: float) -> int:
-    from workers.methods.catalog import METHOD_PARAMS
-
+    """Every method through one path: its parameters from its own model, its plan, its
+    run with the inputs its registry entry says it takes, its outcome written by
+    :func:`_write_outputs` (:mod:`workers.methods.registry`)."""
     checks.check_run_options(args)
-    if args.method in METHOD_PARAMS:  # its options are its own parameter model's
-        return _generate_llm_method(args, started)
-    from workers.text.vocabulary import load_vocabulary
-
-    params = checks.dpkps_params(args)
-    config = params.generation_config(args.device)
+    params = checks.run_params(args)
     label_set = checks.declared_labels(args)
-    if len(label_set) < 2:
-        raise ConfigError("a labelled corpus needs at least two labels", field="declared_labels")
-    vocabulary = load_vocabulary(args.vocabulary)
-    config.check_vocabulary(vocabulary.name, len(vocabulary))
-    config = config.for_classes(len(label_set))  # the default subspace: by the label set
+    vocabulary = checks.read_vocabulary(args, params)
+    size = len(vocabulary) if vocabulary is not None else None
     if args.dry_run:  # public inputs only: --input is not opened
-        from workers.methods.dpkps.config import method_description
-        from workers.methods.dpkps.run import plan_of
-
-        summary = {
-            "method": method_description(config),
-            "parameters": config.to_dict(),
-            **plan_of(params, label_set, len(vocabulary)).to_dict(),
-        }
-        print(json.dumps(summary, indent=2, ensure_ascii=False))
+        print(json.dumps(_planned(args, params, label_set, size), indent=2, ensure_ascii=False))
         return 0
     from workers.settings import CoreSettings
 
@@ -247,180 +245,162 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     endpoint = _endpoint(args, settings)
     corpus = checks.read_input(args, label_set)
     # Every check that needs no model has passed: the engine loads from here on.
-    from workers.llm.client import LLMCosts
-    from workers.methods.dpkps.pipeline import shuffled
-    from workers.methods.dpkps.run import plan_of
+    from workers.llm.local import LocalLLMServer
+    from workers.methods.checkpoints import DirectoryCheckpoints
     from workers.methods.registry import METHODS
-    from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
+    from workers.text.embeddings import SentenceEmbedder
 
-    planned = plan_of(params, label_set, len(vocabulary))
-    embedder = SentenceEmbedder(settings.embedding_model, device=config.device)
-    cache = EmbeddingCache(settings.embedding_cache_dir)
-    progress = StageBars(run_stages(args.method, mode=config.mode, llm=args.llm))
-    try:
-        result = METHODS[args.method].run(
-            corpus.texts,
-            corpus.labels,
-            label_set=label_set,
-            units=corpus.units,
-            params=params,
-            vocabulary=vocabulary,
-            embedder=embedder,
-            cache=cache,
-            progress=progress,
-            unit_name=args.unit_column,
-            device=config.device,
-            planned=planned,
+    method = METHODS[args.method]
+    if method.writes_texts and args.llm == "none":
+        raise ConfigError(
+            f"{method.id} writes texts with an LLM: choose local or openai", field="llm"
         )
-        progress.close()
-        _warn_owner(result)
-        sequences = shuffled(result.sequences, config.seed)
-        prompting: dict[str, Any] = {"llm": "none"}
-        costs = LLMCosts()
-        texts: list[str | None] = [" ".join(s.keyphrases) for s in sequences]
-        if args.llm != "none":
-            texts, prompting = _prompt(
-                args, few_shot, endpoint, sequences, settings, progress, costs
+    method.plan(params, label_set, size)  # its errors, before the embedding model loads
+    inputs = _run_inputs(args, method, vocabulary, settings)
+    checkpoint_dir = _checkpoint_dir(args.output)
+    embedder = SentenceEmbedder(settings.embedding_model, device=args.device)
+    progress = StageBars(run_stages(args.method, mode=args.mode or "independent", llm=args.llm))
+    try:
+        with contextlib.ExitStack() as stack:
+            if method.writes_texts:  # with its LLM, from its checkpoints (a killed run resumes)
+                if checkpoint_dir.is_dir():
+                    print(f"resuming from {checkpoint_dir}", file=sys.stderr)
+                if endpoint is None:
+                    server = LocalLLMServer(max_tokens=params.max_tokens)
+                    endpoint = stack.enter_context(server).endpoint
+                inputs["llm"] = endpoint
+                inputs["checkpoints"] = DirectoryCheckpoints(checkpoint_dir)
+            result = method.run(
+                corpus.texts,
+                corpus.labels,
+                label_set=label_set,
+                units=corpus.units,
+                params=params,
+                embedder=embedder,
+                progress=progress,
+                **inputs,
             )
+        progress.close()
+        _warn_owner(method.owner_diagnostics(result))
+        outcome = method.outcome(result, params, label_set, args.unit_column)
+        texts, written_by = _texts(args, outcome, endpoint, few_shot, settings, progress)
     finally:
         progress.close()
     manifest = {
-        **result.manifest(),
+        **outcome.manifest,
         "labels": _declared(label_set),
-        "prompting": prompting,
-        "llm_costs": {"method": args.method, **costs.as_dict()},
+        **written_by,
         **_inputs(args),
     }
+    afterwards = outcome.texts is None  # its texts were written from its sequences
     records = [
-        {"label": seq.label, "keyphrases": list(seq.keyphrases), "text": text}
-        for seq, text in zip(sequences, texts, strict=True)
+        {"label": label, **({"keyphrases": list(phrases)} if afterwards else {}), "text": text}
+        for (label, phrases), text in zip(outcome.sequences, texts, strict=True)
         if text is not None  # the LLM failed on it; counted in the manifest
     ]
-    manifest_path = _write_outputs(args, records, manifest, none_is_an_error=True)
-    written = len(records)
-    drawn = manifest["sequences_drawn"]
+    manifest_path = _write_outputs(args, records, manifest, none_is_an_error=afterwards)
+    if method.writes_texts:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)  # the outputs hold the run now
+    _report(args, outcome, manifest, records, manifest_path, started)
+    return 0
+
+
+def _run_inputs(
+    args: argparse.Namespace, method: Any, vocabulary: Any, settings: Any
+) -> dict[str, Any]:
+    """What the run of ``method`` takes besides the corpus and its parameters, as its
+    registry entry says: the vocabulary it reads (and an embedding cache for its
+    phrases), the unit column's name and the device (its LLM and checkpoints are added
+    where the run starts)."""
+    from workers.text.embeddings import EmbeddingCache
+
+    inputs: dict[str, Any] = {}
+    if vocabulary is not None:
+        inputs["vocabulary"] = vocabulary
+        inputs["cache"] = EmbeddingCache(settings.embedding_cache_dir)
+    if method.takes_unit_and_device:
+        inputs["unit_name"] = args.unit_column
+        inputs["device"] = args.device
+    return inputs
+
+
+def _texts(
+    args: argparse.Namespace,
+    outcome: RunOutcome,
+    endpoint: Any,
+    few_shot: tuple[str, ...],
+    settings: Any,
+    progress: StageBars,
+) -> tuple[list[str | None], dict[str, Any]]:
+    """The released documents' texts (None where the LLM failed on one) and the
+    manifest's entries on what wrote them: the texts the run wrote with its LLM; or, for
+    a run that released keyphrase sequences, an LLM prompted with each afterwards
+    (post-processing, ``prompting`` and its ``llm_costs``), or each its keyphrases."""
+    from workers.llm.client import LLMCosts
+
+    if outcome.texts is not None:
+        return list(outcome.texts), {"llm": _llm_block(args, endpoint)}
+    costs = LLMCosts()
+    texts: list[str | None] = [text for _, text in outcome.released()]
+    prompting: dict[str, Any] = {"llm": "none"}
+    if args.llm != "none":
+        texts, prompting = _prompt(
+            args, few_shot, endpoint, outcome.sequences, settings, progress, costs
+        )
+    return texts, {"prompting": prompting, "llm_costs": {"method": args.method, **costs.as_dict()}}
+
+
+def _report(
+    args: argparse.Namespace,
+    outcome: RunOutcome,
+    manifest: dict[str, Any],
+    records: Sequence[dict[str, Any]],
+    manifest_path: Path,
+    started: float,
+) -> None:
+    """The run's one line on stderr: what was written, what it spent, how long it took."""
+    drawn = manifest.get("sequences_drawn", len(outcome.sequences))
     filtered = (
-        f"; the consistency filter kept {len(sequences)} of {drawn} sequences drawn"
-        if drawn != len(sequences)
+        f"; the consistency filter kept {len(outcome.sequences)} of {drawn} sequences drawn"
+        if drawn != len(outcome.sequences)
         else ""
     )
+    calls = f"; {manifest['llm_costs']['calls']} LLM calls" if args.llm != "none" else ""
     print(
-        f"wrote {written} synthetic documents to {args.output} "
-        f"(ε = {float(result.report.epsilon):.6g}, δ = {result.report.delta:g} spent{filtered}; "
-        f"manifest {manifest_path}; "
-        f"{time.time() - started:.1f} s)",
+        f"wrote {len(records)} synthetic documents to {args.output} "
+        f"(ε = {outcome.epsilon:.6g}, δ = {manifest['privacy']['delta']:g} spent{filtered}"
+        f"{calls}; manifest {manifest_path}; {time.time() - started:.1f} s)",
         file=sys.stderr,
     )
-    return 0
+
+
+def _planned(
+    args: argparse.Namespace, params: Any, label_set: list[str], vocabulary_size: int | None
+) -> dict[str, Any]:
+    """``--dry-run``, one format for every method (public inputs only): the method and
+    what it runs in words, its parameters (every one the run uses, resolved), the
+    declared labels, the LLM calls it plans and the documents it can release, its
+    releases' events and the (ε, δ) they compose to."""
+    from workers.methods.registry import METHODS
+    from workers.privacy.accountant import compose, epsilon_by_mechanism
+
+    method = METHODS[args.method]
+    classes = len(label_set)
+    events = method.plan(params, label_set, vocabulary_size)
+    prompts = method.writes_texts or args.llm != "none"  # else no LLM writes anything
+    return {
+        "method": method.id,
+        "description": method.described(params, classes),
+        "parameters": method.engine_parameters(params, classes),
+        "labels": label_set,
+        "planned_llm_calls": method.planned_calls(params, classes) if prompts else 0,
+        "max_released": method.max_released(params, classes),
+        "events": [e.to_dict() for e in events],
+        "by_mechanism": epsilon_by_mechanism(events, params.delta),
+        "privacy": compose(events).to_dict(delta=params.delta),
+    }
 
 
 def _checkpoint_dir(output: Path) -> Path:
     """``OUT.checkpoints/`` beside ``OUT.jsonl``."""
     return output.with_name(output.name[: -len(".jsonl")] + ".checkpoints")
-
-
-def _plan_llm_method(args: argparse.Namespace, params: Any, label_set: list[str]) -> int:
-    """``--dry-run`` of an LLM method: its planned events and composed (ε, δ)."""
-    from workers.methods.registry import METHODS
-    from workers.privacy.accountant import compose
-
-    method = METHODS[args.method]
-    events = method.plan(params, label_set)
-    planned = {
-        "method": method.id,
-        "description": method.description,
-        "parameters": params.to_dict(),
-        "labels": label_set,
-        "planned_llm_calls": method.planned_calls(params, len(label_set)),
-        "max_released": method.max_released(params, len(label_set)),
-        "events": [e.to_dict() for e in events],
-        "privacy": compose(events).to_dict(delta=params.delta),
-    }
-    print(json.dumps(planned, indent=2, ensure_ascii=False))
-    return 0
-
-
-def _generate_llm_method(args: argparse.Namespace, started: float) -> int:
-    """``--method aug-pe``, ``pate-tutor`` or ``dp-eda``: the run, its checkpoints in
-    ``OUT.checkpoints/`` (a killed run resumes), ``OUT.jsonl`` and its manifest."""
-    from workers.methods.catalog import vocabulary_of
-    from workers.settings import CoreSettings
-    from workers.text.vocabulary import load_vocabulary
-
-    params = checks.method_params(args)
-    label_set = checks.declared_labels(args)
-    if args.dry_run:  # public inputs only: --input is not opened
-        return _plan_llm_method(args, params, label_set)
-    if args.llm == "none":
-        raise ConfigError(
-            f"{args.method} writes texts with an LLM: choose local or openai", field="llm"
-        )
-    settings = CoreSettings()
-    vocabulary_name = vocabulary_of(args.method, params)
-    vocabulary = load_vocabulary(vocabulary_name) if vocabulary_name is not None else None
-    endpoint = _endpoint(args, settings)
-    corpus = checks.read_input(args, label_set)
-    # Every check that needs no model has passed: the engine loads from here on.
-    from workers.llm.local import LocalLLMServer
-    from workers.methods.checkpoints import DirectoryCheckpoints
-    from workers.methods.registry import METHODS
-    from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
-
-    method = METHODS[args.method]
-    method.plan(params, label_set)  # its errors, before the embedding model loads
-    extra: dict[str, Any] = {}
-    if vocabulary is not None:
-        extra["vocabulary"] = vocabulary
-        extra["cache"] = EmbeddingCache(settings.embedding_cache_dir)
-    checkpoint_dir = _checkpoint_dir(args.output)
-    if checkpoint_dir.is_dir():
-        print(f"resuming from {checkpoint_dir}", file=sys.stderr)
-    embedder = SentenceEmbedder(settings.embedding_model, device=args.device)
-    progress = StageBars(run_stages(args.method))
-
-    def run(llm: Any) -> Any:
-        return method.run(
-            corpus.texts,
-            corpus.labels,
-            label_set=label_set,
-            units=corpus.units,
-            params=params,
-            llm=llm,
-            embedder=embedder,
-            checkpoints=DirectoryCheckpoints(checkpoint_dir),
-            progress=progress,
-            **extra,
-        )
-
-    try:
-        if endpoint is None:
-            with LocalLLMServer(max_tokens=params.max_tokens) as server:
-                endpoint = server.endpoint
-                result = run(endpoint)
-        else:
-            result = run(endpoint)
-    finally:
-        progress.close()
-    manifest = {
-        **result.manifest,
-        "labels": _declared(label_set),
-        "llm": {
-            "llm": args.llm,
-            "base_url": endpoint.base_url if args.llm == "openai" else "local",
-            "model": endpoint.model,
-        },
-        **_inputs(args),
-    }
-    records = [{"label": label, "text": text} for label, text in result.records]
-    manifest_path = _write_outputs(args, records, manifest)
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # the outputs hold the run now
-    privacy = manifest["privacy"]
-    costs = manifest["llm_costs"]
-    print(
-        f"wrote {len(result.records)} synthetic documents to {args.output} "
-        f"(ε = {float(privacy['epsilon']):.6g}, δ = {privacy['delta']:g} spent; "
-        f"{costs['calls']} LLM calls; manifest {manifest_path}; "
-        f"{time.time() - started:.1f} s)",
-        file=sys.stderr,
-    )
-    return 0

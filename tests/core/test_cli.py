@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -267,6 +268,17 @@ def keyseed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+# AG News's columns: the text is the title and the description, joined
+AG_NEWS_COLUMNS = (
+    "--text-column",
+    "title",
+    "--text-column",
+    "description",
+    "--label-column",
+    "class",
+)
+
+
 @pytest.mark.slow
 def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) -> None:
     private, test = ag_news_slice(ag_news_path, tmp_path, 2000, 400)
@@ -275,12 +287,7 @@ def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) ->
         "generate",
         "--input",
         str(private),
-        "--text-column",
-        "title",
-        "--text-column",
-        "description",
-        "--label-column",
-        "class",
+        *AG_NEWS_COLUMNS,
         "--labels",
         ",".join(LABELS),
         "--vocabulary",
@@ -310,12 +317,7 @@ def test_generate_and_evaluate_on_ag_news(ag_news_path: Path, tmp_path: Path) ->
         str(out),
         "--test",
         str(test),
-        "--text-column",
-        "title",
-        "--text-column",
-        "description",
-        "--label-column",
-        "class",
+        *AG_NEWS_COLUMNS,
         "--train-real",
         str(private),
     )
@@ -356,14 +358,19 @@ def evaluate_args(small: dict[str, Path], *extra: str) -> list[str]:
     return ["evaluate", "--synthetic", synthetic, "--test", test, *columns, *extra]
 
 
+def evaluated(small: dict[str, Path], capsys: pytest.CaptureFixture[str], *extra: str) -> Any:
+    """``keyseed evaluate``'s result (with ``extra``) on a synthetic corpus of the small one
+    (20 sequences a class)."""
+    assert main(generate_args(small, "--per-class", "20")) == 0
+    capsys.readouterr()
+    assert main(evaluate_args(small, *extra)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_evaluate_prints_accuracy_and_real_baseline(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(generate_args(small, "--per-class", "20")) == 0
-    capsys.readouterr()
-    args = evaluate_args(small, "--train-real", str(small["input"]), "--classifier", "tfidf")
-    assert main(args) == 0
-    result = json.loads(capsys.readouterr().out)
+    result = evaluated(small, capsys, "--train-real", str(small["input"]), "--classifier", "tfidf")
     assert 0.0 <= result["accuracy"] <= 1.0
     assert result["accuracy_real"] == 1.0  # trained and tested on the same tiny corpus
     assert result["n_train"] == 80 and result["n_test"] == 48
@@ -373,11 +380,7 @@ def test_evaluate_prints_accuracy_and_real_baseline(
 def test_evaluate_with_unlabeled_texts_uses_coral(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(generate_args(small, "--per-class", "20")) == 0
-    capsys.readouterr()
-    args = evaluate_args(small, "--unlabeled", str(small["input"]), "--coral-weight", "10")
-    assert main(args) == 0
-    result = json.loads(capsys.readouterr().out)
+    result = evaluated(small, capsys, "--unlabeled", str(small["input"]), "--coral-weight", "10")
     assert result["classifier"] == "embedding" and result["coral"] is True
 
 
@@ -454,8 +457,14 @@ def test_dry_run_prints_the_plan_without_reading_the_input(
     args = _without(generate_args(small), "--epsilon-vocab", "--epsilon-kde")
     assert main([*args, "--epsilon", "0.25", "--delta", "1e-6", "--dry-run"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert float(plan["epsilon"]) <= 0.25 and plan["delta"] == 1e-6
-    assert plan["accountant"].startswith("pld(")
+    assert plan["method"] == "dpkps" and plan["labels"] == list(LABELS)
+    assert float(plan["privacy"]["epsilon"]) <= 0.25 and plan["privacy"]["delta"] == 1e-6
+    assert plan["privacy"]["accountant"].startswith("pld(")
+    assert sorted(plan["privacy"]["events"], key=json.dumps) == sorted(
+        plan["events"], key=json.dumps
+    )
+    assert plan["max_released"] == 5 * len(LABELS)
+    assert plan["planned_llm_calls"] == 0  # --llm none: no LLM writes the sequences out
     kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
     assert {e["partition"] for e in kde} == set(LABELS)  # one per class, in parallel
     assert outputs_absent(small["out"])
@@ -523,17 +532,18 @@ def test_a_dry_run_shows_the_small_epsilon_options(
     selection = plan["parameters"]["vocabulary_method"]
     assert len(vocab) == (selection != "public")
     if selection == "threshold":  # δ_thr is spent by the vocabulary release itself
-        assert vocab[0]["delta"] == "5E-7" and "thresholded" in plan["method"]
+        assert vocab[0]["delta"] == "5E-7" and "thresholded" in plan["description"]
     if selection == "public":
-        assert f"first {plan['parameters']['public_vocabulary_size']:,} phrases" in plan["method"]
+        size = plan["parameters"]["public_vocabulary_size"]
+        assert f"first {size:,} phrases" in plan["description"]
     if plan["parameters"]["kde_weighting"] == "l2":
-        assert "L2 norm 1" in plan["method"]
+        assert "L2 norm 1" in plan["description"]
     cells = [e for e in plan["events"] if e["mechanism"] == "kde_cells"]
     if plan["parameters"]["centroid_cells"] > 1:  # a second release per class, in parallel
         assert cells and all(e["dimension"] == 3 * 384 for e in cells)
     else:
         assert not cells
-    assert float(plan["epsilon"]) <= 1.0
+    assert float(plan["privacy"]["epsilon"]) <= 1.0
 
 
 @pytest.mark.parametrize(("declared", "dimension"), [(len(LABELS), 384), (20, 128)])
@@ -549,7 +559,7 @@ def test_a_dry_run_shows_the_subspace_the_declared_labels_choose(
     plan = json.loads(capsys.readouterr().out)
     assert plan["parameters"]["subspace"] == dimension
     assert {e["dimension"] for e in plan["events"] if e["mechanism"] == "kde"} == {dimension}
-    assert ("top 128 principal directions" in plan["method"]) == (dimension == 128)
+    assert ("top 128 principal directions" in plan["description"]) == (dimension == 128)
 
 
 def test_an_unknown_small_epsilon_option_value_names_the_option(

@@ -180,6 +180,11 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ),
     ("aug-pe option", lambda f: generate(f, *LLM, "--iterations", "0"), "error: --iterations:"),
     (
+        "aug-pe one label",
+        lambda f: generate(f, *LLM, "--labels", "Sports"),
+        "error: --labels: a labelled corpus needs at least two labels",
+    ),
+    (
         "foreign option",
         lambda f: generate(f, "--teachers", "4"),
         "error: --teachers: an option of --method pate-tutor",

@@ -7,7 +7,6 @@ OpenAI-compatible server of ``tests/fake_llm.py``, with a phrase file as vocabul
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +14,19 @@ from typing import Any
 
 import pytest
 
-from app.cli import main
+from app.cli import build_parser, main
+from app.cli.checks import run_params
+from tests.core.generate_runs import (
+    LABELS,
+    TEXTS,
+    generate_args,
+    manifest_of,
+    serving,
+    write_corpus,
+)
 from tests.fake_llm import FakeLLM
-from workers.methods.registry import LLM_METHODS
+from workers.methods.registry import LLM_METHODS, METHODS
 
-LABELS = ("Sports", "Business")
-TEXTS = {
-    "Sports": "The team won the match with a late goal in the final minute.",
-    "Business": "Shares rose after the bank reported higher quarterly profits.",
-}
 PATE = {
     "--teachers": "2",
     "--queries": "4",
@@ -46,6 +49,14 @@ EDA = {
     "--max-tokens": "24",
 }
 PHRASES = "football match\nlate goal\nbank profits\nstock market\nshare price\nteam coach\n"
+# Each method's small run; --vocabulary (the phrase file) where the run reads one.
+TINY = {
+    "dpkps": {"--sequence-length": "2", "--vocabulary-size": "4", "--per-class": "2"},
+    "aug-pe": {"--iterations": "1", "--population": "4", "--num-released": "4"},
+    "pate-tutor": PATE,
+    "dp-eda": EDA,
+}
+READS_PHRASES = ("dpkps", "dp-eda")
 
 
 def topical(body: dict[str, Any]) -> str:
@@ -62,62 +73,26 @@ topical.calls = 0  # type: ignore[attr-defined]
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> dict[str, Path]:
-    path = tmp_path / "private.csv"
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["text", "class"])
-        writer.writeheader()
-        for i in range(12):
-            label = LABELS[i % 2]
-            writer.writerow({"text": f"{TEXTS[label]} ({i})", "class": label})
     phrases = tmp_path / "phrases.txt"
     phrases.write_text(PHRASES, encoding="utf-8")
+    path = write_corpus(tmp_path / "private.csv")
     return {"input": path, "out": tmp_path / "out.jsonl", "phrases": phrases}
 
 
 @pytest.fixture
 def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLLM]:
-    with FakeLLM(content_fn=topical) as server:
-        monkeypatch.setenv("KEYSEED_LLM_BASE_URL", server.base_url)
-        monkeypatch.setenv("KEYSEED_LLM_MODEL", server.model)
+    with serving(topical, monkeypatch) as server:
         yield server
 
 
 def args_for(
     method: str, corpus: dict[str, Path], *extra: str, llm: str = "openai", **options: str
 ) -> list[str]:
-    args = [
-        "generate",
-        "--method",
-        method,
-        "--input",
-        str(corpus["input"]),
-        "--text-column",
-        "text",
-        "--label-column",
-        "class",
-        "--labels",
-        ",".join(LABELS),
-        "--output",
-        str(corpus["out"]),
-        "--document-type",
-        "news article",
-        "--epsilon",
-        "8",
-        "--delta",
-        "1e-5",
-        "--llm",
-        llm,
-    ]
-    tiny = PATE if method == "pate-tutor" else {**EDA, "--vocabulary": str(corpus["phrases"])}
-    for option, value in {**tiny, **options}.items():
-        args += [option, value]
-    return args + list(extra)
-
-
-def manifest_of(out: Path) -> dict[str, Any]:
-    data = json.loads(out.with_name("out.manifest.json").read_text(encoding="utf-8"))
-    assert isinstance(data, dict)
-    return data
+    common = {"--document-type": "news article", "--epsilon": "8", "--delta": "1e-5", "--llm": llm}
+    tiny = {**TINY[method]}
+    if method in READS_PHRASES:
+        tiny["--vocabulary"] = str(corpus["phrases"])
+    return generate_args(method, corpus, *extra, **{**common, **tiny, **options})
 
 
 @pytest.mark.parametrize("method", ["pate-tutor", "dp-eda"])
@@ -134,6 +109,44 @@ def test_dry_run_plans_the_method_without_reading_the_input(
     assert planned["planned_llm_calls"] == entry.planned_calls(params, len(LABELS)) > 0
     assert 0 < float(planned["privacy"]["epsilon"]) <= 8.0 + 1e-9
     assert float(planned["privacy"]["delta"]) == 1e-5
+
+
+def test_every_method_dry_runs_in_one_format(
+    corpus: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus["input"].unlink()  # a dry run never opens --input
+    keys = set()
+    for method, entry in METHODS.items():
+        args = args_for(method, corpus, "--dry-run")
+        assert main(args) == 0
+        planned = json.loads(capsys.readouterr().out)
+        keys.add(tuple(planned))
+        params = run_params(build_parser("generate").parse_args(args))
+        classes = len(LABELS)
+        assert planned["parameters"] == entry.engine_parameters(params, classes)
+        assert planned["planned_llm_calls"] == entry.planned_calls(params, classes) > 0
+        assert planned["method"] == method
+        assert planned["description"] == entry.described(params, classes)
+        assert planned["labels"] == list(LABELS)
+        assert planned["max_released"] == entry.max_released(params, classes) > 0
+        assert sorted(planned["events"], key=json.dumps) == sorted(
+            planned["privacy"]["events"], key=json.dumps
+        )
+        assert planned["by_mechanism"]
+        assert 0 < float(planned["privacy"]["epsilon"]) <= 8.0 + 1e-9
+    assert keys == {
+        (
+            "method",
+            "description",
+            "parameters",
+            "labels",
+            "planned_llm_calls",
+            "max_released",
+            "events",
+            "by_mechanism",
+            "privacy",
+        )
+    }
 
 
 @pytest.mark.parametrize(
@@ -164,12 +177,7 @@ def test_dp_eda_runs_and_its_manifest_names_the_decoder(
     corpus: dict[str, Path], llm: FakeLLM
 ) -> None:
     # 30 documents a class: enough votes for LimitedDomain's noisy threshold at ε = 40
-    with open(corpus["input"], "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["text", "class"])
-        writer.writeheader()
-        for i in range(60):
-            label = LABELS[i % 2]
-            writer.writerow({"text": f"{TEXTS[label]} ({i})", "class": label})
+    write_corpus(corpus["input"], 60)
     assert main(args_for("dp-eda", corpus, "--epsilon", "40")) == 0
     records = [json.loads(line) for line in corpus["out"].read_text().splitlines()]
     assert records and all(r["label"] in LABELS and r["text"] for r in records)

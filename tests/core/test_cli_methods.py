@@ -7,7 +7,6 @@ tiny two-class corpus; one slow test uses the packaged local LLM.
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +15,12 @@ from typing import Any
 import pytest
 
 from app.cli import main
+from tests.core.generate_runs import LABELS, generate_args, manifest_of, serving, write_corpus
 from tests.fake_llm import FakeLLM
 from workers.methods.aug_pe import AugPEParams, plan_aug_pe, runner
 from workers.privacy.accountant import compose
 from workers.privacy.noise import gaussian_noise
 
-LABELS = ("Sports", "Business")
-TEXTS = {
-    "Sports": "The team won the match with a late goal in the final minute.",
-    "Business": "Shares rose after the bank reported higher quarterly profits.",
-}
 TINY = {
     "--iterations": "2",
     "--population": "4",
@@ -33,6 +28,13 @@ TINY = {
     "--initial-variation-folds": "1",
     "--variation-folds": "1",
     "--max-tokens": "32",
+}
+AUG_PE = {
+    "--document-type": "news article",
+    "--epsilon": "2",
+    "--delta": "1e-4",
+    "--llm": "openai",
+    **TINY,
 }
 
 
@@ -47,51 +49,18 @@ def topical(body: dict[str, object]) -> str:
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> dict[str, Path]:
-    path = tmp_path / "private.csv"
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["text", "class", "patient"])
-        writer.writeheader()
-        for i in range(12):
-            label = LABELS[i % 2]
-            writer.writerow({"text": f"{TEXTS[label]} ({i})", "class": label, "patient": i // 4})
+    path = write_corpus(tmp_path / "private.csv", patients=True)
     return {"input": path, "out": tmp_path / "out.jsonl"}
 
 
 @pytest.fixture
 def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLLM]:
-    with FakeLLM(content_fn=topical) as server:
-        monkeypatch.setenv("KEYSEED_LLM_BASE_URL", server.base_url)
-        monkeypatch.setenv("KEYSEED_LLM_MODEL", server.model)
+    with serving(topical, monkeypatch) as server:
         yield server
 
 
 def aug_pe_args(corpus: dict[str, Path], *extra: str, **options: str) -> list[str]:
-    args = [
-        "generate",
-        "--method",
-        "aug-pe",
-        "--input",
-        str(corpus["input"]),
-        "--text-column",
-        "text",
-        "--label-column",
-        "class",
-        "--labels",
-        ",".join(LABELS),
-        "--output",
-        str(corpus["out"]),
-        "--document-type",
-        "news article",
-        "--epsilon",
-        "2",
-        "--delta",
-        "1e-4",
-        "--llm",
-        "openai",
-    ]
-    for option, value in {**TINY, **options}.items():
-        args += [option, value]
-    return args + list(extra)
+    return generate_args("aug-pe", corpus, *extra, **{**AUG_PE, **options})
 
 
 def tiny_params(**changes: object) -> AugPEParams:
@@ -109,12 +78,6 @@ def tiny_params(**changes: object) -> AugPEParams:
     return AugPEParams.model_validate({**values, **changes})
 
 
-def manifest_of(out: Path) -> dict[str, object]:
-    data = json.loads(out.with_name("out.manifest.json").read_text(encoding="utf-8"))
-    assert isinstance(data, dict)
-    return data
-
-
 def test_dry_run_prints_the_planned_events_without_reading_the_input(
     corpus: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -125,7 +88,10 @@ def test_dry_run_prints_the_planned_events_without_reading_the_input(
     events = plan_aug_pe(params, LABELS)
     assert planned["method"] == "aug-pe"
     assert planned["parameters"] == params.to_dict()
+    assert planned["description"].startswith("Aug-PE")
+    assert planned["labels"] == list(LABELS)
     assert planned["planned_llm_calls"] == params.planned_calls()
+    assert planned["max_released"] == params.num_released
     assert planned["privacy"] == compose(events).to_dict(delta=1e-4)
     assert sorted(planned["privacy"]["events"], key=json.dumps) == sorted(
         (e.to_dict() for e in events), key=json.dumps
@@ -187,13 +153,18 @@ def test_manifest_records_the_privacy_block_every_event_and_llm_costs(
     privacy = manifest["privacy"]
     assert isinstance(privacy, dict)
     events = plan_aug_pe(tiny_params(), LABELS)
-    assert privacy == compose(events).to_dict(delta=1e-4)  # every planned event, once
+    composed = compose(events).to_dict(delta=1e-4)  # every planned event, once
+    assert {k: privacy[k] for k in composed} == composed
+    assert privacy["unit"] == "patient"  # the registry's outcome: the unit and the plan
+    assert privacy["planned"] == {"events": [e.to_dict() for e in events]}
     assert len(privacy["events"]) == 1 + 2 * len(LABELS)
     assert privacy["accountant"] == compose(events).name
     assert privacy["epsilon"] == str(compose(events).epsilon(1e-4))
     assert float(privacy["epsilon"]) <= 2.0
     assert privacy["delta"] == 1e-4
     assert "unit" in str(manifest["adjacency"])  # --unit-column is the privacy unit
+    assert manifest["llm"] == {"llm": "openai", "base_url": llm.base_url, "model": llm.model}
+    assert manifest["labels"] == {"names": list(LABELS), "source": "declared"}
     costs = manifest["llm_costs"]
     assert isinstance(costs, dict)
     assert costs["calls"] == len(llm.chat_requests) == tiny_params().planned_calls()
@@ -229,7 +200,8 @@ def test_a_failed_run_resumes_from_its_checkpoints_without_releasing_again(
     assert isinstance(privacy, dict)
     noisy = json.loads(counts)
     assert [e for e in privacy["events"] if e["name"] == "class-counts"] == [noisy["event"]]
-    assert privacy == compose(plan_aug_pe(tiny_params(), LABELS)).to_dict(delta=1e-4)
+    composed = compose(plan_aug_pe(tiny_params(), LABELS)).to_dict(delta=1e-4)
+    assert {k: privacy[k] for k in composed} == composed
     assert (checkpoints / "aug-pe-counts").exists() is False  # removed once written
     assert manifest["released_per_class"] is not None
 
@@ -267,33 +239,16 @@ def test_dpkps_prompts_the_openai_endpoint_it_resolved_before_the_run(
 ) -> None:
     vocabulary = tmp_path / "vocab.txt"
     vocabulary.write_text("match\ngoal\nteam\nshares\nbank\nprofits\n", encoding="utf-8")
-    args = [
-        "generate",
-        "--input",
-        str(corpus["input"]),
-        "--text-column",
-        "text",
-        "--label-column",
-        "class",
-        "--labels",
-        ",".join(LABELS),
-        "--vocabulary",
-        str(vocabulary),
-        "--vocabulary-size",
-        "4",
-        "--epsilon-vocab",
-        "2",
-        "--epsilon-kde",
-        "4",
-        "--per-class",
-        "2",
-        "--sequence-length",
-        "2",
-        "--output",
-        str(corpus["out"]),
-        "--llm",
-        "openai",
-    ]
+    options = {
+        "--vocabulary": str(vocabulary),
+        "--vocabulary-size": "4",
+        "--epsilon-vocab": "2",
+        "--epsilon-kde": "4",
+        "--per-class": "2",
+        "--sequence-length": "2",
+        "--llm": "openai",
+    }
+    args = generate_args("dpkps", corpus, **options)
     assert main(args) == 0
     records = [json.loads(line) for line in corpus["out"].read_text().splitlines()]
     assert len(records) == 2 * len(LABELS)

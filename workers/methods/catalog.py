@@ -1,9 +1,9 @@
-"""The methods' ids and the LLM methods' parameter models, importable without the
-numerical stack.
+"""The methods' ids, the LLM methods' parameter models and the public vocabulary each
+method's run reads, importable without the numerical stack.
 
 :mod:`workers.methods.registry` describes each method in full (its plan and entry
 point, which load numpy, OpenDP and torch); this module names only what validating a
-job spec or building the command line's options needs, so both stay fast.
+job spec or the command line's options and vocabulary needs, so both stay fast.
 """
 
 from __future__ import annotations
@@ -36,11 +36,31 @@ def _dp_eda_vocabulary(params: DPEDAParams) -> str | None:
 
 # The public vocabulary a run of a method's parameters reads, by name (None: none).
 METHOD_VOCABULARY: Final[dict[str, Callable[[Any], str | None]]] = {
+    DPKPS: lambda params: params.vocabulary,
     DP_EDA: _dp_eda_vocabulary,
 }
 
 
-def vocabulary_of(method: str, params: MethodParams) -> str | None:
+def _dpkps_vocabulary_check(params: Any, name: str, size: int) -> None:
+    params.generation_config().check_vocabulary(name, size)
+
+
+# What a run of a method's parameters asks of the vocabulary it reads (the phrases it
+# draws), checked against the vocabulary's name and size; errors name the option.
+VOCABULARY_CHECKS: Final[dict[str, Callable[[Any, str, int], None]]] = {
+    DPKPS: _dpkps_vocabulary_check,
+}
+
+
+def vocabulary_of(method: str, params: Any) -> str | None:
     """The name of the public vocabulary a run of ``method`` with ``params`` reads."""
     reader = METHOD_VOCABULARY.get(method)
     return reader(params) if reader is not None else None
+
+
+def check_vocabulary(method: str, params: Any, name: str, size: int) -> None:
+    """A run of ``method`` with ``params`` asks no more of the vocabulary ``name`` it
+    reads than its ``size`` phrases (:data:`VOCABULARY_CHECKS`; raises ``ConfigError``)."""
+    check = VOCABULARY_CHECKS.get(method)
+    if check is not None:
+        check(params, name, size)

@@ -89,6 +89,11 @@ class Method:
     # ``params`` with the defaults that depend on them and ``classes`` resolved (dry runs;
     # None: the method resolves none)
     resolved: Callable[[Any, int], dict[str, Any] | None] = lambda params, classes: None
+    # every parameter a run of ``params`` on ``classes`` declared labels uses, as its
+    # manifest records them (the command line's dry run: the owner's own machine)
+    engine_parameters: Callable[[Any, int], dict[str, Any]] = lambda params, classes: (
+        params.to_dict()
+    )
     # The run writes its released texts with an LLM (it takes ``llm=`` and resumes from
     # ``checkpoints=``; every prompt it sends is logged first). Otherwise it releases
     # keyphrase sequences, which a later stage prompts an LLM with (post-processing).
@@ -103,6 +108,9 @@ class Method:
     # ``canary_phrases(params, vocabulary size)`` phrases of the vocabulary the run reads
     # (None: the method takes no canaries)
     canary_phrases: Callable[[Any, int], int] | None = None
+    # raw facts about the private corpus that a run's result carries for its owner's
+    # terminal alone (the command line's warnings; never saved nor sent); None: none
+    owner_diagnostics: Callable[[Any], Any] = lambda result: None
 
     def described(self, params: Any, classes: int) -> str:
         """What a run of ``params`` on ``classes`` declared labels does, in words."""
@@ -120,11 +128,17 @@ def _without_vocabulary(plan: Callable[[Any, Sequence[str]], list[PrivacyEvent]]
     return planned
 
 
+def _dpkps_parameters(params: DPKPSParams, classes: int) -> dict[str, Any]:
+    """The engine's configuration of a run, the defaults that depend on the mode and the
+    label set resolved (the research levers too)."""
+    return params.generation_config().for_classes(classes).to_dict()
+
+
 def _dpkps_resolved(params: DPKPSParams, classes: int) -> dict[str, Any]:
     """The spec's parameters as the run resolves them: the public ones (the device is the
     worker's business, the research levers the benchmarks'), and the levers a stored spec
     recorded."""
-    resolved = params.generation_config().for_classes(classes).to_dict()
+    resolved = _dpkps_parameters(params, classes)
     return {name: resolved[name] for name in params.parameter_names}
 
 
@@ -210,15 +224,17 @@ METHODS: Final[dict[str, Method]] = {
             run=run_dpkps,
             outcome=dpkps_outcome,
             release=dpkps_release,
-            vocabulary=lambda p: p.vocabulary,
+            vocabulary=METHOD_VOCABULARY[DPKPS],
             describe=lambda p, classes: method_description(
                 p.generation_config().for_classes(classes)
             ),
             resolved=_dpkps_resolved,
+            engine_parameters=_dpkps_parameters,
             writes_texts=False,
             takes_unit_and_device=True,
             supports_holdout=True,
             canary_phrases=_dpkps_canary_phrases,
+            owner_diagnostics=lambda result: result.owner_diagnostics,
         ),
         Method(
             id=AUG_PE,
