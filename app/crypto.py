@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from app.storage import sync_directory
+
 if TYPE_CHECKING:
     from app.config import Settings
 
@@ -178,7 +180,7 @@ class DocumentCipher:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _sync_directory(self.keyring)
+        sync_directory(self.keyring)
         return DocumentKey(key)
 
     def dataset_key(self, dataset_id: uuid.UUID) -> DocumentKey:
@@ -217,7 +219,7 @@ class DocumentCipher:
         finally:
             os.close(fd)
         path.unlink()
-        _sync_directory(self.keyring)
+        sync_directory(self.keyring)
         return True
 
     def open(
@@ -226,11 +228,3 @@ class DocumentCipher:
         """``(text, label)`` of one document, with its dataset's key (read from the
         keyring for this one document: to read many, use :meth:`dataset_key` once)."""
         return self.dataset_key(dataset_id).open(dataset_id, row, key_id, nonce, ciphertext)
-
-
-def _sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
-from sqlalchemy import Engine, create_engine, event, inspect, update
+from sqlalchemy import Engine, Select, create_engine, event, inspect, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -123,6 +123,24 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+Row = TypeVar("Row")
+
+
+def add_row(session: Session, row: Row) -> Row:
+    """Insert the mapped ``row`` now (flushed: its defaults and id are set)."""
+    session.add(row)
+    session.flush()
+    return row
+
+
+def first_row(session: Session, query: Select[Row], *, for_update: bool = False) -> Row | None:
+    """The query's first row, or None; with ``for_update`` its row is locked and read
+    afresh (it may be in the identity map already: the locked version replaces it)."""
+    if for_update:
+        query = query.with_for_update().execution_options(populate_existing=True)
+    return session.scalar(query)
 
 
 def writes(session: Session) -> bool:

@@ -18,11 +18,12 @@ import structlog
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.logging import exception_fields
+from app.schemas import with_examples
 from workers.errors import KeyseedError
 
 PROBLEM_JSON = "application/problem+json"
@@ -210,21 +211,17 @@ def type_of_status(status: int) -> ProblemType:
 class ProblemDetail(BaseModel):
     """An RFC 9457 problem; extension members (``field``, ``errors`` …) may follow."""
 
-    model_config = ConfigDict(
-        extra="allow",
-        json_schema_extra={
-            "examples": [
-                {
-                    "type": "/problems/budget-exceeded",
-                    "title": "Privacy budget exceeded",
-                    "status": 409,
-                    "detail": "the job asks for ε = 2 at δ = 0 (basic) but the dataset has ε = 0.5 "
-                    "left at δ = 0 (cap ε = 1, δ = 0; spent ε = 0.5, reserved ε = 0; with this "
-                    "job: ε = 2.5 at δ = 0)",
-                    "instance": "/v1/datasets/3f0c9a52-8d55-4a0e-9d43-0b7c3a9e5f21/jobs",
-                }
-            ]
+    model_config = with_examples(
+        {
+            "type": "/problems/budget-exceeded",
+            "title": "Privacy budget exceeded",
+            "status": 409,
+            "detail": "the job asks for ε = 2 at δ = 0 (basic) but the dataset has ε = 0.5 "
+            "left at δ = 0 (cap ε = 1, δ = 0; spent ε = 0.5, reserved ε = 0; with this "
+            "job: ε = 2.5 at δ = 0)",
+            "instance": "/v1/datasets/3f0c9a52-8d55-4a0e-9d43-0b7c3a9e5f21/jobs",
         },
+        extra="allow",
     )
 
     type: str = Field(

@@ -5,23 +5,20 @@ from __future__ import annotations
 
 from celery import Celery
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy import text
 
 from app import metrics
 from app.db import Database
 from app.deps import DatabaseDep, MetricsReader
 from app.errors import ServiceUnavailable, problems
+from app.schemas import with_examples
 
 router = APIRouter(tags=["operations"])
 
 
 class Health(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [{"status": "ok", "checks": {"database": "ok", "broker": "ok"}}]
-        }
-    )
+    model_config = with_examples({"status": "ok", "checks": {"database": "ok", "broker": "ok"}})
 
     status: str = Field(
         description="ok when the service answers (and, for /readyz, every check passed)"

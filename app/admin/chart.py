@@ -191,6 +191,29 @@ def _when(at: datetime, own: bool) -> str:
     return f"{at:%Y-%m-%d %H:%M:%S} UTC" if own else f"submitted {at:%Y-%m-%d %H:%M:%S} UTC"
 
 
+def _point(
+    times: PublicTimes,
+    entry: LedgerEntry,
+    spent: Decimal,
+    held: Decimal,
+    spent_delta: Decimal,
+    accountant: str,
+    *,
+    whose: str,
+    of: str = "",
+) -> Point:
+    """The chart's point after ``entry``, placed by ``times``; a commit's marker says what
+    its job spent and ``whose`` spend it brings to (``of``: which dataset the job ran on)."""
+    at, own = times.at(entry)
+    marker = None
+    if entry.kind == "commit":
+        marker = (
+            f"{_when(at, own)}: job {str(entry.job_id)[:8]}{of} spent ε = {_said(entry.epsilon)}; "
+            f"{whose}, composed ({accountant}): {_said(spent)} at δ = {_said(spent_delta)}"
+        )
+    return Point(at, float(spent), float(held), float(spent_delta), marker)
+
+
 def cumulative_chart(budget_cap: ledger.Amount, entries: Sequence[LedgerEntry]) -> Chart | None:
     """The step lines of ε spent and ε spent + reserved over time (each point the
     accountant's composition at the cap's δ), with the cap, and the δ spent is stated at;
@@ -198,26 +221,19 @@ def cumulative_chart(budget_cap: ledger.Amount, entries: Sequence[LedgerEntry]) 
     :class:`PublicTimes`."""
     if not entries:
         return None
-    points = []
     times = PublicTimes()
-    for entry, f in zip(entries, ledger.running_budgets(budget_cap, entries), strict=True):
-        at, own = times.at(entry)
-        marker = None
-        if entry.kind == "commit":
-            marker = (
-                f"{_when(at, own)}: job {str(entry.job_id)[:8]} "
-                f"spent ε = {_said(entry.epsilon)}; ε spent in all, composed "
-                f"({entry.accountant}): {_said(f.spent)} at δ = {_said(f.spent_delta)}"
-            )
-        points.append(
-            Point(
-                at,
-                float(f.spent),
-                float(f.spent + f.reserved),
-                float(f.spent_delta),
-                marker,
-            )
+    points = [
+        _point(
+            times,
+            entry,
+            f.spent,
+            f.spent + f.reserved,
+            f.spent_delta,
+            entry.accountant,
+            whose="ε spent in all",
         )
+        for entry, f in zip(entries, ledger.running_budgets(budget_cap, entries), strict=True)
+    ]
     return _chart(float(budget_cap.epsilon), float(budget_cap.delta), points, "cap")
 
 
@@ -231,18 +247,18 @@ def organisation_chart(
     its first ledger entry."""
     if not moments:
         return None
-    points = []
     times = PublicTimes()
-    for m in moments:
-        entry = m.entry
-        at, own = times.at(entry)
-        marker = None
-        if entry.kind == "commit":
-            marker = (
-                f"{_when(at, own)}: job {str(entry.job_id)[:8]} of "
-                f"{dataset_names.get(entry.dataset_id, '?')} spent ε = {_said(entry.epsilon)}; "
-                f"the organisation's ε spent, composed ({m.accountant}): {_said(m.spent)} "
-                f"at δ = {_said(m.spent_delta)}"
-            )
-        points.append(Point(at, float(m.spent), float(m.held), float(m.spent_delta), marker))
+    points = [
+        _point(
+            times,
+            m.entry,
+            m.spent,
+            m.held,
+            m.spent_delta,
+            m.accountant,
+            whose="the organisation's ε spent",
+            of=f" of {dataset_names.get(m.entry.dataset_id, '?')}",
+        )
+        for m in moments
+    ]
     return _chart(float(budget.epsilon), float(budget.delta), points, "budget")

@@ -10,13 +10,12 @@ from datetime import datetime
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.db import add_row
 from app.models import AdminSession, Download, Release, SignInFailure
 
 
 def add_session(session: Session, record: AdminSession) -> AdminSession:
-    session.add(record)
-    session.flush()
-    return record
+    return add_row(session, record)
 
 
 def session_by_token_hash(session: Session, token_hash: str) -> AdminSession | None:

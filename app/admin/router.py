@@ -431,19 +431,28 @@ def release_report(
     return _page(request, me, "report.html", "overview", report=built, **links)
 
 
-@router.get("/audit")
-def audit_log(
-    request: Request,
-    session: SessionDep,
-    me: Annotated[SignedIn, may(Action.AUDIT_READ)],
+def audit_query(
     organisation: Annotated[str, Query(max_length=64)] = "",
     actor: Annotated[str, Query(max_length=200)] = "",
     kind: Annotated[str, Query(max_length=64)] = "",
     date_from: Annotated[str, Query(alias="from", max_length=32)] = "",
     date_to: Annotated[str, Query(alias="to", max_length=32)] = "",
+) -> service.AuditQuery:
+    """The audit filters of the query string (the audit page's and its CSV export's)."""
+    return service.AuditQuery(organisation, actor, kind, date_from, date_to)
+
+
+AuditQueryDep = Annotated[service.AuditQuery, Depends(audit_query)]
+
+
+@router.get("/audit")
+def audit_log(
+    request: Request,
+    session: SessionDep,
+    me: Annotated[SignedIn, may(Action.AUDIT_READ)],
+    query: AuditQueryDep,
     cursor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> Response:
-    query = service.AuditQuery(organisation, actor, kind, date_from, date_to)
     filters, problems = query.to_filter()
     page = None if problems else service.audit_page(session, filters, cursor=cursor)
     return _page(
@@ -468,13 +477,8 @@ def audit_export(
     request: Request,
     database: DatabaseDep,
     me: Annotated[SignedIn, may(Action.AUDIT_READ)],
-    organisation: Annotated[str, Query(max_length=64)] = "",
-    actor: Annotated[str, Query(max_length=200)] = "",
-    kind: Annotated[str, Query(max_length=64)] = "",
-    date_from: Annotated[str, Query(alias="from", max_length=32)] = "",
-    date_to: Annotated[str, Query(alias="to", max_length=32)] = "",
+    query: AuditQueryDep,
 ) -> Response:
-    query = service.AuditQuery(organisation, actor, kind, date_from, date_to)
     filters, problems = query.to_filter()
     if problems:
         detail = "; ".join(f"{name}: {text}" for name, text in problems.items())

@@ -199,12 +199,11 @@ def sign_in(
             ),
         )
         signed_in = SignedIn(user, record)
-        audit.record(
+        audit.record_about(
             session,
             "user.signed_in",
             signed_in.principal.actor,
-            organisation_id=user.organisation_id,
-            target=("user", user.id),
+            user,
             address=address,
         )
         return SignInResult(signed_in=signed_in, token=token)
@@ -235,12 +234,11 @@ def resolve(session: Session, token: str | None) -> SignedIn | None:
 
 def sign_out(session: Session, signed_in: SignedIn) -> None:
     signed_in.record.ended_at = utcnow()
-    audit.record(
+    audit.record_about(
         session,
         "user.signed_out",
         signed_in.principal.actor,
-        organisation_id=signed_in.user.organisation_id,
-        target=("user", signed_in.user.id),
+        signed_in.user,
     )
 
 

@@ -9,22 +9,18 @@ from typing import Any
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
+from app.db import add_row, first_row
 from app.models import Dataset, Document, UploadDigest
 
 
 def add(session: Session, dataset: Dataset) -> Dataset:
-    session.add(dataset)
-    session.flush()
-    return dataset
+    return add_row(session, dataset)
 
 
 def get(session: Session, dataset_id: uuid.UUID, *, for_update: bool = False) -> Dataset | None:
-    query = select(Dataset).where(Dataset.id == dataset_id)
-    if for_update:
-        query = query.with_for_update()
-        # The row may be in the identity map already: read the locked version.
-        query = query.execution_options(populate_existing=True)
-    return session.scalar(query)
+    return first_row(
+        session, select(Dataset).where(Dataset.id == dataset_id), for_update=for_update
+    )
 
 
 def list_datasets(session: Session, organisation_id: uuid.UUID | None) -> Sequence[Dataset]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tempfile
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
@@ -98,6 +98,20 @@ OnDuplicateForm = Annotated[
     ),
 ]
 
+_UNIT_COLUMN = "The column naming each row's privacy unit (a patient id, say)"
+
+
+def _unit_column_form(description: str) -> Any:
+    """The optional ``unit_column`` field; the union with a hidden None drops the pattern
+    from the schema, so it is restated there."""
+    return Form(
+        min_length=1,
+        max_length=200,
+        pattern=_NAME,
+        json_schema_extra={"pattern": _NAME},
+        description=description,
+    )
+
 
 def _names(values: list[str], *, field: str, limit: int) -> tuple[str, ...]:
     """Declared names, stripped; one value with commas is a comma-separated list."""
@@ -142,15 +156,7 @@ def upload_dataset(
     on_duplicate: OnDuplicateForm = "skip",
     unit_column: Annotated[
         str | SkipJsonSchema[None],
-        Form(
-            min_length=1,
-            max_length=200,
-            pattern=_NAME,
-            # the union with a hidden None drops the pattern from the schema: restate it
-            json_schema_extra={"pattern": _NAME},
-            description="The column naming each row's privacy unit (a patient id, say); "
-            "without it every row is its own unit",
-        ),
+        _unit_column_form(f"{_UNIT_COLUMN}; without it every row is its own unit"),
     ] = None,
 ) -> DatasetOut:
     """Documents are sealed (AES-256-GCM) before they are stored; the response and any
@@ -202,16 +208,7 @@ def open_upload(
     delta_cap: DeltaCapForm = 0.0,
     on_empty: OnEmptyForm = "skip",
     on_duplicate: OnDuplicateForm = "skip",
-    unit_column: Annotated[
-        str | SkipJsonSchema[None],
-        Form(
-            min_length=1,
-            max_length=200,
-            pattern=_NAME,
-            json_schema_extra={"pattern": _NAME},
-            description="The column naming each row's privacy unit (a patient id, say)",
-        ),
-    ] = None,
+    unit_column: Annotated[str | SkipJsonSchema[None], _unit_column_form(_UNIT_COLUMN)] = None,
 ) -> DatasetOut:
     """The dataset, in state ``uploading``, with the form fields of a one-shot upload
     (``format`` required) and no file; its cap is carved now. Send the file with

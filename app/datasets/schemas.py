@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from app.schemas import BUDGET_EXAMPLE, KDE_EVENTS_EXAMPLE, with_examples
+
 MAX_EPSILON = 1000.0
 
 
@@ -52,37 +54,26 @@ RAW_COUNTS = ("documents", "skipped_empty", "skipped_duplicate", "upload_bytes")
 
 
 class DatasetOut(BaseModel):
-    model_config = ConfigDict(
-        from_attributes=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
-                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "name": "cardiology notes 2025",
-                    "format": "csv",
-                    "text_columns": ["text"],
-                    "label_column": "label",
-                    "labels": ["cardio", "ortho"],
-                    "unit_column": "patient_id",
-                    "documents": 1840,
-                    "skipped_empty": 3,
-                    "skipped_duplicate": 12,
-                    "upload_bytes": 2351904,
-                    "state": "ready",
-                    "created_at": "2026-12-07T05:31:37.680719Z",
-                    "deleted_at": None,
-                    "budget": {
-                        "epsilon_cap": 5.0,
-                        "delta_cap": 1e-05,
-                        "spent": 0.0,
-                        "reserved": 0.872469478,
-                        "remaining": 4.127530522,
-                        "accountant": "pld(dp-accounting 0.6.0)",
-                    },
-                }
-            ]
+    model_config = with_examples(
+        {
+            "id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+            "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+            "name": "cardiology notes 2025",
+            "format": "csv",
+            "text_columns": ["text"],
+            "label_column": "label",
+            "labels": ["cardio", "ortho"],
+            "unit_column": "patient_id",
+            "documents": 1840,
+            "skipped_empty": 3,
+            "skipped_duplicate": 12,
+            "upload_bytes": 2351904,
+            "state": "ready",
+            "created_at": "2026-12-07T05:31:37.680719Z",
+            "deleted_at": None,
+            "budget": BUDGET_EXAMPLE,
         },
+        from_attributes=True,
     )
 
     id: uuid.UUID = Field(description="The dataset's id")
@@ -117,17 +108,13 @@ class DatasetOut(BaseModel):
 class UploadOut(BaseModel):
     """Where a resumable upload stands: send the file on from byte ``offset``."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
-                    "state": "uploading",
-                    "offset": 268435456,
-                    "max_upload_bytes": 17179869184,
-                    "max_upload_request_bytes": 268435456,
-                }
-            ]
+    model_config = with_examples(
+        {
+            "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+            "state": "uploading",
+            "offset": 268435456,
+            "max_upload_bytes": 17179869184,
+            "max_upload_request_bytes": 268435456,
         }
     )
 
@@ -142,12 +129,10 @@ class UploadOut(BaseModel):
 
 
 class CapChange(BaseModel):
-    model_config = ConfigDict(
+    model_config = with_examples(
+        {"epsilon_cap": 8.0, "reason": "second study approved by the board"},
         extra="forbid",
         allow_inf_nan=False,
-        json_schema_extra={
-            "examples": [{"epsilon_cap": 8.0, "reason": "second study approved by the board"}]
-        },
     )
 
     epsilon_cap: Epsilon = Field(
@@ -226,61 +211,25 @@ class LedgerReportOut(BaseModel):
 
 
 class LedgerOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = with_examples(
+        {
+            "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+            "budget": BUDGET_EXAMPLE,
+            "entries": [
                 {
-                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
-                    "budget": {
-                        "epsilon_cap": 5.0,
-                        "delta_cap": 1e-05,
-                        "spent": 0.0,
-                        "reserved": 0.872469478,
-                        "remaining": 4.127530522,
-                        "accountant": "pld(dp-accounting 0.6.0)",
-                    },
-                    "entries": [
-                        {
-                            "id": 1,
-                            "job_id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
-                            "kind": "reserve",
-                            "epsilon": 0.872469478,
-                            "delta": 1e-05,
-                            "epsilon_by_mechanism": {"kde": 0.999999289},
-                            "events": [
-                                {
-                                    "mechanism": "kde",
-                                    "name": None,
-                                    "noise": "gaussian",
-                                    "scale": 4.224681681995382,
-                                    "sensitivity": 1.0,
-                                    "norm": "l2",
-                                    "dimension": 384,
-                                    "partition": "cardio",
-                                    "count": 1,
-                                    "epsilon": None,
-                                },
-                                {
-                                    "mechanism": "kde",
-                                    "name": None,
-                                    "noise": "gaussian",
-                                    "scale": 4.224681681995382,
-                                    "sensitivity": 1.0,
-                                    "norm": "l2",
-                                    "dimension": 384,
-                                    "partition": "ortho",
-                                    "count": 1,
-                                    "epsilon": None,
-                                },
-                            ],
-                            "accountant": "pld(dp-accounting 0.6.0)",
-                            "actor": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
-                            "created_at": "2026-12-07T05:31:37.680719Z",
-                        }
-                    ],
-                    "reports": [],
+                    "id": 1,
+                    "job_id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
+                    "kind": "reserve",
+                    "epsilon": 0.872469478,
+                    "delta": 1e-05,
+                    "epsilon_by_mechanism": {"kde": 0.999999289},
+                    "events": KDE_EVENTS_EXAMPLE,
+                    "accountant": "pld(dp-accounting 0.6.0)",
+                    "actor": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
+                    "created_at": "2026-12-07T05:31:37.680719Z",
                 }
-            ]
+            ],
+            "reports": [],
         }
     )
 

@@ -231,12 +231,11 @@ def _finish(session: Session, principal: Principal, dataset: Dataset, report: Up
     dataset.documents = report.documents
     dataset.skipped_empty = report.skipped_empty
     dataset.skipped_duplicate = report.skipped_duplicate
-    audit.record(
+    audit.record_about(
         session,
         "dataset.uploaded",
         principal.actor,
-        organisation_id=dataset.organisation_id,
-        target=("dataset", dataset.id),  # no count of rows or bytes: raw facts (docs/privacy.md)
+        dataset,  # no count of rows or bytes: raw facts (docs/privacy.md)
         name=dataset.name,
         epsilon_cap=float(dataset.epsilon_cap),
         delta_cap=float(dataset.delta_cap),
@@ -431,12 +430,11 @@ def delete_dataset(
     if data_dir is not None:
         released = releases_repo.ids_of_dataset(session, dataset.id)
         after_commit(session, lambda: release_files.remove(data_dir, released))
-    audit.record(  # no count of the documents purged: a raw count (docs/privacy.md)
+    audit.record_about(  # no count of the documents purged: a raw count (docs/privacy.md)
         session,
         "dataset.deleted",
         principal.actor,
-        organisation_id=dataset.organisation_id,
-        target=("dataset", dataset.id),
+        dataset,
     )
     return dataset
 
@@ -471,12 +469,11 @@ def set_cap(
     dataset = repository.get(session, dataset_id)
     assert dataset is not None
     changed_delta = {"previous_delta": float(previous.delta), "delta_cap": float(delta)}
-    audit.record(
+    audit.record_about(
         session,
         "dataset.cap_changed",
         principal.actor,
-        organisation_id=dataset.organisation_id,
-        target=("dataset", dataset.id),
+        dataset,
         previous=float(previous.epsilon),
         epsilon_cap=float(dataset.epsilon_cap),
         reason=reason,

@@ -365,6 +365,21 @@ def read_documents(
         raise Unprocessable(f"malformed CSV at row {row + 1}", field="file", row=row + 1) from None
 
 
+def _stripped(
+    report: UploadReport, row: int, value: str | None, what: str, column: str
+) -> str | None:
+    """A label or unit cell's value, stripped; None once the row's error is recorded (the
+    cell is missing, not Unicode text, or blank)."""
+    if value is None:
+        report.error(row, f"the {what} is missing or not Unicode text", column)
+        return None
+    value = value.strip()
+    if not value:
+        report.error(row, f"the {what} is empty", column)
+        return None
+    return value
+
+
 def _check_row(
     report: UploadReport,
     row: int,
@@ -377,23 +392,15 @@ def _check_row(
     digest: Callable[[bytes], bytes],
 ) -> Row | None:
     """The row as a document to store, or None (errors and skips are recorded)."""
+    label = _stripped(report, row, label, "label", spec.label_column)
     if label is None:
-        report.error(row, "the label is missing or not Unicode text", spec.label_column)
-        return None
-    label = label.strip()
-    if not label:
-        report.error(row, "the label is empty", spec.label_column)
         return None
     if label not in declared:
         report.error(row, "the label is not one of the declared labels", spec.label_column)
         return None
     if spec.unit_column is not None:
+        unit = _stripped(report, row, unit, "unit", spec.unit_column)
         if unit is None:
-            report.error(row, "the unit is missing or not Unicode text", spec.unit_column)
-            return None
-        unit = unit.strip()
-        if not unit:
-            report.error(row, "the unit is empty", spec.unit_column)
             return None
         if len(unit) > MAX_UNIT_CHARS:
             report.error(

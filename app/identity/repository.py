@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
+from app.db import add_row, first_row
 from app.models import ApiKey, Organisation, User
 
 
 def add(session: Session, obj: Organisation | ApiKey | User) -> None:
-    session.add(obj)
-    session.flush()
+    add_row(session, obj)
 
 
 def get_organisation(session: Session, organisation_id: uuid.UUID) -> Organisation | None:
@@ -64,10 +64,7 @@ def active_admin_key_exists(session: Session) -> bool:
 
 
 def user_named(session: Session, username: str, *, for_update: bool = False) -> User | None:
-    query = select(User).where(User.username == username)
-    if for_update:
-        query = query.with_for_update().execution_options(populate_existing=True)
-    return session.scalar(query)
+    return first_row(session, select(User).where(User.username == username), for_update=for_update)
 
 
 def get_user(session: Session, user_id: uuid.UUID) -> User | None:

@@ -6,9 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from app.datasets.schemas import not_a_boolean
+from app.schemas import with_examples
 
 # A name is printable text on one line: no control character (C0, DEL, C1), and no
 # invisible format character that makes one name display as another (zero-width
@@ -22,19 +23,15 @@ TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 
 
 class OrganisationIn(BaseModel):
-    model_config = ConfigDict(
+    model_config = with_examples(
+        {
+            "name": "St Mary's Hospital",
+            "kind": "owner",
+            "epsilon_budget": 20.0,
+            "delta_budget": 1e-05,
+        },
         extra="forbid",
         allow_inf_nan=False,
-        json_schema_extra={
-            "examples": [
-                {
-                    "name": "St Mary's Hospital",
-                    "kind": "owner",
-                    "epsilon_budget": 20.0,
-                    "delta_budget": 1e-05,
-                }
-            ]
-        },
     )
 
     name: str = Field(
@@ -65,20 +62,16 @@ class OrganisationIn(BaseModel):
 
 
 class OrganisationOut(BaseModel):
-    model_config = ConfigDict(
-        from_attributes=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "name": "St Mary's Hospital",
-                    "kind": "owner",
-                    "epsilon_budget": 20.0,
-                    "delta_budget": 1e-05,
-                    "created_at": "2026-12-07T05:31:37.680719Z",
-                }
-            ]
+    model_config = with_examples(
+        {
+            "id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+            "name": "St Mary's Hospital",
+            "kind": "owner",
+            "epsilon_budget": 20.0,
+            "delta_budget": 1e-05,
+            "created_at": "2026-12-07T05:31:37.680719Z",
         },
+        from_attributes=True,
     )
 
     id: uuid.UUID = Field(description="The organisation's id")
@@ -92,17 +85,13 @@ class OrganisationOut(BaseModel):
 
 
 class KeyIn(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "role": "owner",
-                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "name": "ingest",
-                }
-            ]
+    model_config = with_examples(
+        {
+            "role": "owner",
+            "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+            "name": "ingest",
         },
+        extra="forbid",
     )
 
     role: Literal["owner", "client", "admin", "auditor"] = Field(
@@ -122,24 +111,20 @@ class KeyIn(BaseModel):
     )
 
 
+_KEY_EXAMPLE = {
+    "id": "ede1d769-15a2-4e80-a6f1-bc2ff5122c2c",
+    "prefix": "80a3ce03e791",
+    "name": "ingest",
+    "role": "owner",
+    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+    "created_at": "2026-12-07T05:31:37.680719Z",
+    "last_used_at": None,
+    "revoked_at": None,
+}
+
+
 class KeyOut(BaseModel):
-    model_config = ConfigDict(
-        from_attributes=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "ede1d769-15a2-4e80-a6f1-bc2ff5122c2c",
-                    "prefix": "80a3ce03e791",
-                    "name": "ingest",
-                    "role": "owner",
-                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "created_at": "2026-12-07T05:31:37.680719Z",
-                    "last_used_at": None,
-                    "revoked_at": None,
-                }
-            ]
-        },
-    )
+    model_config = with_examples(_KEY_EXAMPLE, from_attributes=True)
 
     id: uuid.UUID = Field(description="The key's id")
     prefix: str = Field(
@@ -160,22 +145,8 @@ class KeyOut(BaseModel):
 
 
 class KeyCreated(KeyOut):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "ede1d769-15a2-4e80-a6f1-bc2ff5122c2c",
-                    "prefix": "80a3ce03e791",
-                    "name": "ingest",
-                    "role": "owner",
-                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "created_at": "2026-12-07T05:31:37.680719Z",
-                    "last_used_at": None,
-                    "revoked_at": None,
-                    "key": "ks_80a3ce03e791_EXAMPLE-not-a-real-secret-0000000000000000000",
-                }
-            ]
-        }
+    model_config = with_examples(
+        {**_KEY_EXAMPLE, "key": "ks_80a3ce03e791_EXAMPLE-not-a-real-secret-0000000000000000000"}
     )
 
     key: str = Field(description="The API key. It is shown once and cannot be recovered.")

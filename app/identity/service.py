@@ -68,12 +68,11 @@ def create_organisation(
     )
     repository.add(session, organisation)
     budget = {"epsilon": float(epsilon_budget), "delta": float(delta_budget)}
-    audit.record(
+    audit.record_about(
         session,
         "organisation.created",
         actor,
-        organisation_id=organisation.id,
-        target=("organisation", organisation.id),
+        organisation,
         organisation_kind=kind,
         **({"budget": budget} if kind == "owner" else {}),
     )
@@ -126,12 +125,11 @@ def create_key(
         organisation_id=organisation.id,
     )
     repository.add(session, key)
-    audit.record(
+    audit.record_about(
         session,
         "key.created",
         actor,
-        organisation_id=organisation.id,
-        target=("api_key", key.id),
+        key,
         role=role,
         prefix=prefix,
     )
@@ -151,12 +149,11 @@ def revoke_key(session: Session, actor: Actor, key_id: uuid.UUID) -> ApiKey:
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         session.flush()
-        audit.record(
+        audit.record_about(
             session,
             "key.revoked",
             actor,
-            organisation_id=key.organisation_id,
-            target=("api_key", key.id),
+            key,
             prefix=key.prefix,
         )
     return key
@@ -240,12 +237,11 @@ def create_user(
         password_hash=hash_password(password),
     )
     repository.add(session, user)
-    audit.record(
+    audit.record_about(
         session,
         "user.created",
         actor,
-        organisation_id=organisation.id,
-        target=("user", user.id),
+        user,
         role=role,
     )
     return user

@@ -11,22 +11,18 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from app.db import add_row, first_row
 from app.models import Job, JobCheckpoint, KeyphraseSequence, PromptRecord, Worker
 
 ACTIVE_STATES = ("queued", "running")
 
 
 def add(session: Session, job: Job) -> Job:
-    session.add(job)
-    session.flush()
-    return job
+    return add_row(session, job)
 
 
 def get(session: Session, job_id: uuid.UUID, *, for_update: bool = False) -> Job | None:
-    query = select(Job).where(Job.id == job_id)
-    if for_update:
-        query = query.with_for_update().execution_options(populate_existing=True)
-    return session.scalar(query)
+    return first_row(session, select(Job).where(Job.id == job_id), for_update=for_update)
 
 
 def list_for_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[Job]:

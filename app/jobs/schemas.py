@@ -31,6 +31,7 @@ from pydantic import (
 
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import NAME_PATTERN, TEXT_PATTERN
+from app.schemas import KDE_EVENTS_EXAMPLE, with_examples
 from workers.evaluation.holdout import DEFAULT_FRACTION as HOLDOUT_FRACTION
 from workers.evaluation.holdout import MAX_FRACTION as HOLDOUT_MAX_FRACTION
 from workers.methods.aug_pe.params import AugPEParams
@@ -76,10 +77,8 @@ class HoldoutSpec(BaseModel):
     """A slice of the private units held out from generation, on which a classifier trained
     on the released corpus is scored, its accuracy published with noise (docs/utility.md)."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        allow_inf_nan=False,
-        json_schema_extra={"examples": [{"fraction": 0.1}, {"fraction": 0.2, "epsilon": 0.5}]},
+    model_config = with_examples(
+        {"fraction": 0.1}, {"fraction": 0.2, "epsilon": 0.5}, extra="forbid", allow_inf_nan=False
     )
 
     fraction: float = Field(
@@ -119,31 +118,27 @@ class JobSpec(DPKPSParams):
     """A DP-KPS job (``method`` absent or ``dpkps``): its :class:`DPKPSParams`, the LLM that
     writes the texts and its prompt, a holdout and the privacy audit's canaries."""
 
-    model_config = ConfigDict(
+    model_config = with_examples(
+        {
+            "vocabulary": "medical",
+            "llm": "local",
+            "document_type": "clinical note",
+            "epsilon": 1.0,
+            "delta": 1e-06,
+            "per_class": 50,
+        },
+        {
+            "vocabulary": "medical",
+            "llm": "none",
+            "document_type": "clinical note",
+            "epsilon_vocab": 0.5,
+            "epsilon_kde": 0.5,
+            "epsilon_count": 0.1,
+            "total": 200,
+            "vocabulary_size": 2000,
+        },
         extra="forbid",
         allow_inf_nan=False,
-        json_schema_extra={
-            "examples": [
-                {
-                    "vocabulary": "medical",
-                    "llm": "local",
-                    "document_type": "clinical note",
-                    "epsilon": 1.0,
-                    "delta": 1e-06,
-                    "per_class": 50,
-                },
-                {
-                    "vocabulary": "medical",
-                    "llm": "none",
-                    "document_type": "clinical note",
-                    "epsilon_vocab": 0.5,
-                    "epsilon_kde": 0.5,
-                    "epsilon_count": 0.1,
-                    "total": 200,
-                    "vocabulary_size": 2000,
-                },
-            ]
-        },
     )
 
     method: Literal["dpkps"] = Field(
@@ -261,27 +256,25 @@ class LLMMethodJob(BaseModel):
         return None
 
 
+def _llm_job_config(method: str, epsilon: float, **levers: Any) -> ConfigDict:
+    """An LLM method's job spec configuration: :class:`LLMMethodJob`'s, and an example job
+    of the method on the local LLM (``levers``: its own parameters)."""
+    example = {
+        "method": method,
+        "llm": "local",
+        "document_type": "clinical note",
+        "epsilon": epsilon,
+        "delta": 1e-06,
+        **levers,
+    }
+    return with_examples(example, **LLMMethodJob.model_config)
+
+
 class AugPEJobSpec(LLMMethodJob, AugPEParams):
     """An Aug-PE job (``method: aug-pe``): :class:`LLMMethodJob` and every
     :class:`~workers.methods.aug_pe.params.AugPEParams` field."""
 
-    model_config = ConfigDict(
-        **LLMMethodJob.model_config,
-        json_schema_extra={
-            "examples": [
-                {
-                    "method": "aug-pe",
-                    "llm": "local",
-                    "document_type": "clinical note",
-                    "epsilon": 1.0,
-                    "delta": 1e-06,
-                    "iterations": 5,
-                    "population": 40,
-                    "num_released": 40,
-                }
-            ]
-        },
-    )
+    model_config = _llm_job_config("aug-pe", 1.0, iterations=5, population=40, num_released=40)
     method: Literal["aug-pe"] = Field(
         description="'aug-pe': Private Evolution for text (Xie et al. 2024)"
     )
@@ -291,22 +284,7 @@ class PateTutorJobSpec(LLMMethodJob, PateTutorParams):
     """A PATE-tutor job (``method: pate-tutor``): :class:`LLMMethodJob` and every
     :class:`~workers.methods.pate_tutor.params.PateTutorParams` field."""
 
-    model_config = ConfigDict(
-        **LLMMethodJob.model_config,
-        json_schema_extra={
-            "examples": [
-                {
-                    "method": "pate-tutor",
-                    "llm": "local",
-                    "document_type": "clinical note",
-                    "epsilon": 2.0,
-                    "delta": 1e-06,
-                    "teachers": 15,
-                    "queries": 100,
-                }
-            ]
-        },
-    )
+    model_config = _llm_job_config("pate-tutor", 2.0, teachers=15, queries=100)
     method: Literal["pate-tutor"] = Field(
         description="'pate-tutor': a PATE discriminator with a DP label tutor (Song et al. 2024)"
     )
@@ -317,22 +295,7 @@ class DPEDAJobSpec(LLMMethodJob, DPEDAParams):
     :class:`~workers.methods.dp_eda.params.DPEDAParams` field; ``vocabulary`` names a
     vocabulary of this server (built-in or uploaded), as a DP-KPS job's does."""
 
-    model_config = ConfigDict(
-        **LLMMethodJob.model_config,
-        json_schema_extra={
-            "examples": [
-                {
-                    "method": "dp-eda",
-                    "llm": "local",
-                    "document_type": "clinical note",
-                    "epsilon": 1.0,
-                    "delta": 1e-06,
-                    "vocabulary": "medical",
-                    "iterations": 7,
-                }
-            ]
-        },
-    )
+    model_config = _llm_job_config("dp-eda", 1.0, vocabulary="medical", iterations=7)
     method: Literal["dp-eda"] = Field(
         description="'dp-eda': DP evolution of embeddings, decoded to text"
     )
@@ -370,85 +333,56 @@ JOB_SPEC: TypeAdapter[AnySpec] = TypeAdapter(StoredSpec)
 class JobPlanOut(BaseModel):
     """A dry run: what a job would release and spend (nothing stored, nothing read)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = with_examples(
+        {
+            "dry_run": True,
+            "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+            "method": "DP-KPS (Nagesh et al., 2024) with DP-KDE by the class "
+            "centroids of the document embeddings (linear kernel); a sequence kept "
+            "only where its own class's released direction is the nearest to its "
+            "embedding; Ṽ: the first 30,000 phrases of the public vocabulary",
+            "epsilon": 0.872469478,
+            "delta": 1e-05,
+            "accountant": "pld(dp-accounting 0.6.0)",
+            "by_mechanism": {"kde": 0.999999289},
+            "events": KDE_EVENTS_EXAMPLE,
+            "parameters": {
+                "kde_method": "centroid",
+                "vocabulary_method": "public",
+                "temperature": 2.0,
+                "per_class": 50,
+            },
+            "noise": [
                 {
-                    "dry_run": True,
-                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
-                    "method": "DP-KPS (Nagesh et al., 2024) with DP-KDE by the class "
-                    "centroids of the document embeddings (linear kernel); a sequence kept "
-                    "only where its own class's released direction is the nearest to its "
-                    "embedding; Ṽ: the first 30,000 phrases of the public vocabulary",
-                    "epsilon": 0.872469478,
-                    "delta": 1e-05,
-                    "accountant": "pld(dp-accounting 0.6.0)",
-                    "by_mechanism": {"kde": 0.999999289},
-                    "events": [
-                        {
-                            "mechanism": "kde",
-                            "name": None,
-                            "noise": "gaussian",
-                            "scale": 4.224681681995382,
-                            "sensitivity": 1.0,
-                            "norm": "l2",
-                            "dimension": 384,
-                            "partition": "cardio",
-                            "count": 1,
-                            "epsilon": None,
-                        },
-                        {
-                            "mechanism": "kde",
-                            "name": None,
-                            "noise": "gaussian",
-                            "scale": 4.224681681995382,
-                            "sensitivity": 1.0,
-                            "norm": "l2",
-                            "dimension": 384,
-                            "partition": "ortho",
-                            "count": 1,
-                            "epsilon": None,
-                        },
-                    ],
-                    "parameters": {
-                        "kde_method": "centroid",
-                        "vocabulary_method": "public",
-                        "temperature": 2.0,
-                        "per_class": 50,
-                    },
-                    "noise": [
-                        {
-                            "mechanism": "kde",
-                            "partition": "cardio",
-                            "noise": "gaussian",
-                            "noise_std": 4.224681681995382,
-                            "unit_contribution": 1.0,
-                            "norm": "l2",
-                            "documents": 920,
-                            "noise_share": 0.004592,
-                        }
-                    ],
-                    "budget_after": {
-                        "epsilon_cap": 10.0,
-                        "delta_cap": 1e-05,
-                        "spent": 0.0,
-                        "reserved": 0.872469478,
-                        "remaining": 9.127530522,
-                        "accountant": "pld(dp-accounting 0.6.0)",
-                    },
-                    "verdict": {
-                        "signal_to_noise": 217.766,
-                        "level": "strong",
-                        "observed_fraction_of_real": [0.85, 0.99],
-                        "epsilon_for_strong": None,
-                        "summary": "The class signal is about 218× the noise on each released "
-                        "score (920 documents a class on average against a noise σ of 4.22): "
-                        "expect class separation close to real text's. On the benchmark "
-                        "corpora a ratio in this band kept 0.85-0.99 of real-text accuracy "
-                        "(BENCHMARKS.md).",
-                    },
+                    "mechanism": "kde",
+                    "partition": "cardio",
+                    "noise": "gaussian",
+                    "noise_std": 4.224681681995382,
+                    "unit_contribution": 1.0,
+                    "norm": "l2",
+                    "documents": 920,
+                    "noise_share": 0.004592,
                 }
-            ]
+            ],
+            "budget_after": {
+                "epsilon_cap": 10.0,
+                "delta_cap": 1e-05,
+                "spent": 0.0,
+                "reserved": 0.872469478,
+                "remaining": 9.127530522,
+                "accountant": "pld(dp-accounting 0.6.0)",
+            },
+            "verdict": {
+                "signal_to_noise": 217.766,
+                "level": "strong",
+                "observed_fraction_of_real": [0.85, 0.99],
+                "epsilon_for_strong": None,
+                "summary": "The class signal is about 218× the noise on each released "
+                "score (920 documents a class on average against a noise σ of 4.22): "
+                "expect class separation close to real text's. On the benchmark "
+                "corpora a ratio in this band kept 0.85-0.99 of real-text accuracy "
+                "(BENCHMARKS.md).",
+            },
         }
     )
 
@@ -623,67 +557,63 @@ class JobStage(BaseModel):
 
 
 class JobOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
-                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
-                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "method": "dpkps",
-                    "state": "running",
-                    "stage": "prompts",
-                    "progress": 0.25,
-                    "current_stage": {
-                        "name": "prompts",
-                        "title": "prompting the LLM",
-                        "number": 6,
-                        "count": 6,
-                        "public_work": True,
-                        "fraction": 0.25,
-                        "seconds_left": 183.2,
-                        "started_at": "2026-12-07T05:31:59.301125Z",
-                    },
-                    "cancel_requested": False,
-                    "counts": {
-                        "sequences": 100,
-                        "sequences_drawn": 112,
-                        "texts_done": 25,
-                        "texts_failed": 0,
-                        "llm_calls": 26,
-                    },
-                    "llm_costs": {
-                        "calls": 26,
-                        "prompt_tokens": 5720,
-                        "completion_tokens": 4810,
-                        "wall_seconds": 61.4,
-                    },
-                    "error": None,
-                    "epsilon": {
-                        "requested": 0.999999289,
-                        "by_mechanism": {"kde": 0.999999289},
-                        "budget_state": "committed",
-                        "charged": {
-                            "epsilon": 0.872469478,
-                            "delta": 1e-05,
-                            "accountant": "pld(dp-accounting 0.6.0)",
-                        },
-                    },
-                    "spec": {
-                        "vocabulary": "medical",
-                        "llm": "local",
-                        "document_type": "clinical note",
-                        "epsilon": 1.0,
-                        "delta": 1e-06,
-                        "per_class": 50,
-                    },
-                    "submitted_by": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
-                    "created_at": "2026-12-07T05:31:37.680719Z",
-                    "started_at": "2026-12-07T05:31:39.102311Z",
-                    "finished_at": None,
-                    "updated_at": "2026-12-07T05:32:40.511902Z",
-                }
-            ]
+    model_config = with_examples(
+        {
+            "id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
+            "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+            "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+            "method": "dpkps",
+            "state": "running",
+            "stage": "prompts",
+            "progress": 0.25,
+            "current_stage": {
+                "name": "prompts",
+                "title": "prompting the LLM",
+                "number": 6,
+                "count": 6,
+                "public_work": True,
+                "fraction": 0.25,
+                "seconds_left": 183.2,
+                "started_at": "2026-12-07T05:31:59.301125Z",
+            },
+            "cancel_requested": False,
+            "counts": {
+                "sequences": 100,
+                "sequences_drawn": 112,
+                "texts_done": 25,
+                "texts_failed": 0,
+                "llm_calls": 26,
+            },
+            "llm_costs": {
+                "calls": 26,
+                "prompt_tokens": 5720,
+                "completion_tokens": 4810,
+                "wall_seconds": 61.4,
+            },
+            "error": None,
+            "epsilon": {
+                "requested": 0.999999289,
+                "by_mechanism": {"kde": 0.999999289},
+                "budget_state": "committed",
+                "charged": {
+                    "epsilon": 0.872469478,
+                    "delta": 1e-05,
+                    "accountant": "pld(dp-accounting 0.6.0)",
+                },
+            },
+            "spec": {
+                "vocabulary": "medical",
+                "llm": "local",
+                "document_type": "clinical note",
+                "epsilon": 1.0,
+                "delta": 1e-06,
+                "per_class": 50,
+            },
+            "submitted_by": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
+            "created_at": "2026-12-07T05:31:37.680719Z",
+            "started_at": "2026-12-07T05:31:39.102311Z",
+            "finished_at": None,
+            "updated_at": "2026-12-07T05:32:40.511902Z",
         }
     )
 

@@ -313,12 +313,11 @@ def submit(
     )
     ledger.reserve(session, job, principal.actor, the_plan.events)
     limits.check_active_jobs(session, dataset.organisation_id, settings, lock=True)
-    audit.record(
+    audit.record_about(
         session,
         "job.submitted",
         principal.actor,
-        organisation_id=job.organisation_id,
-        target=("job", job.id),
+        job,
         dataset_id=str(dataset.id),
         epsilon=job.epsilon,
         epsilon_by_mechanism=by_mechanism,
@@ -353,31 +352,23 @@ def stop(session: Session, job: Job, actor: Actor) -> Job:
     assert current is not None
     if current.state in TERMINAL_STATES:
         raise Conflict(f"the job has ended ({current.state})")
-    target = ("job", current.id)
     reserved = ledger.job_budget_state(session, current.id) == "reserved"
     if reserved or not recovery.held(session, current):
         current.state, current.finished_at, current.stage = "cancelled", utcnow(), None
         recovery.release(current)  # a late task of the job finds it ended
         if reserved:
             ledger.release_reservation(session, current.id, actor)
-        audit.record(
+        audit.record_about(
             session,
             "job.cancelled",
             actor,
-            organisation_id=current.organisation_id,
-            target=target,
+            current,
             epsilon_released=current.epsilon if reserved else 0.0,
         )
         admission.admit(session)  # the next job, in turn, takes its place
     elif not current.cancel_requested:
         current.cancel_requested = True
-        audit.record(
-            session,
-            "job.cancel_requested",
-            actor,
-            organisation_id=current.organisation_id,
-            target=target,
-        )
+        audit.record_about(session, "job.cancel_requested", actor, current)
     session.flush()
     return current
 
@@ -445,12 +436,11 @@ def _run_again(
         job.stage_number = job.stage_count = job.stage_fraction = None
     job.error_code = job.error_message = None
     job.cancel_requested = False  # asking again supersedes an earlier stop
-    audit.record(
+    audit.record_about(
         session,
         "job.retried",
         principal.actor,
-        organisation_id=job.organisation_id,
-        target=("job", job.id),
+        job,
         **why,
     )
     recovery.dispatch(session, job)
@@ -468,12 +458,11 @@ def _resume(session: Session, principal: Principal, job: Job) -> Job:
         )
     job.cancel_requested = False  # asking again supersedes an earlier stop
     task = recovery.dispatch(session, job)
-    audit.record(
+    audit.record_about(
         session,
         "job.retried",
         principal.actor,
-        organisation_id=job.organisation_id,
-        target=("job", job.id),
+        job,
         resumed_with=task,
     )
     session.flush()

@@ -20,6 +20,7 @@ worker died, then looks for such jobs every half lease (:class:`~app.jobs.recove
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -82,30 +83,26 @@ signals.worker_ready.connect(_recover_periodically, weak=False)
 signals.worker_shutdown.connect(_stop_recovery, weak=False)
 
 
-def _job_id(value: object) -> uuid.UUID | None:
+def _run(part: Callable[[stages.WorkerContext, uuid.UUID], str], job_id: object) -> str:
+    """Run a task's part of a job with the job's id bound to the log; a malformed id is
+    logged and answered ``bad_argument``."""
     try:
-        return uuid.UUID(str(value))
+        job = uuid.UUID(str(job_id))
     except ValueError:
         log.error("task.bad_argument", expected="a job id")
-        return None
+        return "bad_argument"
+    structlog.contextvars.bind_contextvars(job_id=str(job))
+    return part(worker_context(), job)
 
 
 def run_sequences(job_id: str) -> str:
     """Stages 1-6: private read, DP mechanisms, keyphrase sequences saved."""
-    job = _job_id(job_id)
-    if job is None:
-        return "bad_argument"
-    structlog.contextvars.bind_contextvars(job_id=str(job))
-    return stages.run_sequences(worker_context(), job)
+    return _run(stages.run_sequences, job_id)
 
 
 def run_prompts(job_id: str) -> str:
     """Step 7: one LLM call per saved sequence without a text."""
-    job = _job_id(job_id)
-    if job is None:
-        return "bad_argument"
-    structlog.contextvars.bind_contextvars(job_id=str(job))
-    return stages.run_prompts(worker_context(), job)
+    return _run(stages.run_prompts, job_id)
 
 
 # The Celery tasks (the functions above stay plain functions, callable in-process).

@@ -11,14 +11,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
 from app.identity.policy import Actor
 from app.ledger import repository
 from app.logging import current_request_id
-from app.models import AuditEvent
+from app.models import AuditEvent, Organisation
 
 EVENT_KINDS = (
     "organisation.created",
@@ -66,6 +66,39 @@ def record(
             details=details,
             request_id=current_request_id(),
         ),
+    )
+
+
+class Owned(Protocol):
+    """A row that belongs to one organisation: a key, user, dataset, vocabulary, job or
+    release."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+    @property
+    def organisation_id(self) -> uuid.UUID: ...
+
+
+# The target type of an event whose kind's noun is not the type's name.
+_TARGET_TYPES = {"key": "api_key"}
+
+
+def record_about(
+    session: Session, kind: str, actor: Actor, row: Owned | Organisation, /, **details: Any
+) -> AuditEvent:
+    """An event about one row: the row is its target, typed by the kind's noun
+    (``job.submitted``: the job; ``key.revoked``: the api_key), and the row's organisation
+    (an organisation's own id) is the organisation the event concerns."""
+    noun = kind.partition(".")[0]
+    owner = row.id if isinstance(row, Organisation) else row.organisation_id
+    return record(
+        session,
+        kind,
+        actor,
+        organisation_id=owner,
+        target=(_TARGET_TYPES.get(noun, noun), row.id),
+        **details,
     )
 
 

@@ -10,13 +10,12 @@ from decimal import Decimal
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from app.db import add_row, first_row
 from app.models import AuditEvent, Dataset, LedgerEntry, LedgerReport, Organisation
 
 
 def add_entry(session: Session, entry: LedgerEntry) -> LedgerEntry:
-    session.add(entry)
-    session.flush()
-    return entry
+    return add_row(session, entry)
 
 
 def entries_of_dataset(session: Session, dataset_id: uuid.UUID) -> Sequence[LedgerEntry]:
@@ -30,9 +29,7 @@ def entries_of_job(session: Session, job_id: uuid.UUID) -> dict[str, LedgerEntry
 
 
 def add_report(session: Session, report: LedgerReport) -> LedgerReport:
-    session.add(report)
-    session.flush()
-    return report
+    return add_row(session, report)
 
 
 def report_of_job(session: Session, job_id: uuid.UUID) -> LedgerReport | None:
@@ -50,9 +47,7 @@ def organisation(
     """The organisation; with ``for_update`` its row is locked (every change to what its
     datasets carve out of its budget takes this lock first)."""
     query = select(Organisation).where(Organisation.id == organisation_id)
-    if for_update:
-        query = query.with_for_update().execution_options(populate_existing=True)
-    return session.scalar(query)
+    return first_row(session, query, for_update=for_update)
 
 
 def datasets_of_organisation(session: Session, organisation_id: uuid.UUID) -> Sequence[Dataset]:
@@ -76,9 +71,7 @@ def committed_epsilons(session: Session) -> Sequence[Decimal]:
 
 
 def add_event(session: Session, event: AuditEvent) -> AuditEvent:
-    session.add(event)
-    session.flush()
-    return event
+    return add_row(session, event)
 
 
 def find_events(

@@ -10,6 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.datasets.schemas import not_a_boolean
 from app.identity.schemas import TEXT_PATTERN
+from app.schemas import with_examples
 
 
 class AuditEventOut(BaseModel):
@@ -44,33 +45,29 @@ class AuditEventOut(BaseModel):
 
 
 class AuditPage(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = with_examples(
+        {
+            "events": [
                 {
-                    "events": [
-                        {
-                            "id": 12,
-                            "kind": "job.submitted",
-                            "actor": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
-                            "actor_organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                            "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                            "target_type": "job",
-                            "target_id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
-                            "details": {
-                                "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
-                                "epsilon": 0.999999289,
-                                "epsilon_by_mechanism": {"kde": 0.999999289},
-                                "method": "dpkps",
-                                "llm": "local",
-                            },
-                            "request_id": "bce4f090d5a548b6b38d970649c2137c",
-                            "created_at": "2026-12-07T05:31:37.680719Z",
-                        }
-                    ],
-                    "next_cursor": 12,
+                    "id": 12,
+                    "kind": "job.submitted",
+                    "actor": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
+                    "actor_organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+                    "target_type": "job",
+                    "target_id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
+                    "details": {
+                        "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+                        "epsilon": 0.999999289,
+                        "epsilon_by_mechanism": {"kde": 0.999999289},
+                        "method": "dpkps",
+                        "llm": "local",
+                    },
+                    "request_id": "bce4f090d5a548b6b38d970649c2137c",
+                    "created_at": "2026-12-07T05:31:37.680719Z",
                 }
-            ]
+            ],
+            "next_cursor": 12,
         }
     )
 
@@ -86,20 +83,16 @@ class AmountOut(BaseModel):
 
 
 class OrganisationBudgetOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "budget": {"epsilon": 20.0, "delta": 1e-05},
-                    "allocated": {"epsilon": 5.0, "delta": 1e-05},
-                    "remaining": {"epsilon": 15.0, "delta": 0.0},
-                    "datasets": 1,
-                    "spent": 0.0,
-                    "reserved": 0.872469478,
-                    "accountant": "pld(dp-accounting 0.6.0)",
-                }
-            ]
+    model_config = with_examples(
+        {
+            "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+            "budget": {"epsilon": 20.0, "delta": 1e-05},
+            "allocated": {"epsilon": 5.0, "delta": 1e-05},
+            "remaining": {"epsilon": 15.0, "delta": 0.0},
+            "datasets": 1,
+            "spent": 0.0,
+            "reserved": 0.872469478,
+            "accountant": "pld(dp-accounting 0.6.0)",
         }
     )
 
@@ -125,18 +118,14 @@ class OrganisationBudgetOut(BaseModel):
 
 
 class BudgetChange(BaseModel):
-    model_config = ConfigDict(
+    model_config = with_examples(
+        {
+            "epsilon": 30.0,
+            "delta": 1e-05,
+            "reason": "budget for 2027 agreed with the privacy office",
+        },
         extra="forbid",
         allow_inf_nan=False,
-        json_schema_extra={
-            "examples": [
-                {
-                    "epsilon": 30.0,
-                    "delta": 1e-05,
-                    "reason": "budget for 2027 agreed with the privacy office",
-                }
-            ]
-        },
     )
 
     epsilon: Annotated[float, Field(gt=0, le=1e6), BeforeValidator(not_a_boolean)] = Field(

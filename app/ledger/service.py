@@ -656,12 +656,11 @@ def set_organisation_budget(
     previous = budget_of(organisation)
     organisation.epsilon_budget, organisation.delta_budget = budget.epsilon, budget.delta
     session.flush()
-    audit.record(
+    audit.record_about(
         session,
         "organisation.budget_changed",
         actor,
-        organisation_id=organisation.id,
-        target=("organisation", organisation.id),
+        organisation,
         previous=previous.shown(),
         budget=budget.shown(),
         reason=reason,

@@ -53,6 +53,7 @@ from app.db import Database
 from app.errors import RangeNotSatisfiable
 from app.logging import exception_fields
 from app.releases import export
+from app.storage import sync_directory
 
 Compression = Literal["none", "gzip", "zstd"]
 SUFFIXES: dict[str, str] = {"none": "", "gzip": ".gz", "zstd": ".zst"}
@@ -236,18 +237,10 @@ def _render(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    _fsync_directory(directory)
+    sync_directory(directory)
     found = _find(directory, ending)
     assert found is not None and found.path == target
     return found
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def remove(data_dir: Path, release_ids: list[uuid.UUID]) -> None:

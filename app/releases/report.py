@@ -33,7 +33,7 @@ from decimal import Decimal
 from math import exp
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -49,6 +49,7 @@ from app.ledger.schemas import OrganisationBudgetOut
 from app.models import Dataset, Job, KeyphraseSequence, Release
 from app.releases import prompts as release_prompts
 from app.releases import service as releases
+from app.schemas import with_examples
 
 View = Literal["owner", "grantee", "platform"]
 NOT_RECORDED = "not recorded"
@@ -501,7 +502,7 @@ class Utility(BaseModel):
 
 
 class ReleaseReport(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE]})
+    model_config = with_examples(_EXAMPLE)
 
     report: Literal["keyseed release report"] = Field(
         default="keyseed release report", description="What this document is"

@@ -6,22 +6,19 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.identity.schemas import NAME_PATTERN
+from app.schemas import with_examples
 
 
 class ReleaseIn(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "client_organisations": ["fcb94377-2577-44f9-a5b4-260219ff432f"],
-                    "name": "cardiology synthetic v1",
-                }
-            ]
+    model_config = with_examples(
+        {
+            "client_organisations": ["fcb94377-2577-44f9-a5b4-260219ff432f"],
+            "name": "cardiology synthetic v1",
         },
+        extra="forbid",
     )
 
     client_organisations: list[uuid.UUID] = Field(
@@ -39,29 +36,25 @@ class ReleaseIn(BaseModel):
 
 
 class ReleaseOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "7c1e2b9a-3f4d-4e8a-9b6c-2d1f0e9a8b7c",
-                    "job_id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
-                    "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
-                    "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
-                    "name": "cardiology synthetic v1",
-                    "documents": 100,
-                    "grantees": ["fcb94377-2577-44f9-a5b4-260219ff432f"],
-                    "manifest": {
-                        "method": "dpkps",
-                        "epsilon": 0.872469478,
-                        "delta": 1e-05,
-                        "accountant": "pld(dp-accounting 0.6.0)",
-                        "labels": ["cardio", "ortho"],
-                        "documents": 100,
-                    },
-                    "created_by": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
-                    "created_at": "2026-12-07T05:31:37.680719Z",
-                }
-            ]
+    model_config = with_examples(
+        {
+            "id": "7c1e2b9a-3f4d-4e8a-9b6c-2d1f0e9a8b7c",
+            "job_id": "523c53a8-ebfe-44c5-9e83-f3e18842f878",
+            "dataset_id": "f46d80ee-c926-4bd9-bb6f-41353fbd3eb2",
+            "organisation_id": "d10493bc-a2dd-4889-9869-62e66a6cae0d",
+            "name": "cardiology synthetic v1",
+            "documents": 100,
+            "grantees": ["fcb94377-2577-44f9-a5b4-260219ff432f"],
+            "manifest": {
+                "method": "dpkps",
+                "epsilon": 0.872469478,
+                "delta": 1e-05,
+                "accountant": "pld(dp-accounting 0.6.0)",
+                "labels": ["cardio", "ortho"],
+                "documents": 100,
+            },
+            "created_by": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
+            "created_at": "2026-12-07T05:31:37.680719Z",
         }
     )
 

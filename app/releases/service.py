@@ -179,12 +179,11 @@ def create_release(
         ),
         wanted,
     )
-    audit.record(
+    audit.record_about(
         session,
         "release.created",
         principal.actor,
-        organisation_id=release.organisation_id,
-        target=("release", release.id),
+        release,
         job_id=str(job.id),
         grantees=[str(g) for g in wanted],
         documents=documents,
@@ -244,12 +243,11 @@ def record_download(
             format=fmt,
         ),
     )
-    audit.record(
+    audit.record_about(
         session,
         "release.downloaded",
         principal.actor,
-        organisation_id=release.organisation_id,
-        target=("release", release.id),
+        release,
         format=fmt,
         compression=compression,
     )

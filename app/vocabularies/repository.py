@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.db import add_row
 from app.models import Vocabulary
 
 
 def add(session: Session, vocabulary: Vocabulary) -> Vocabulary:
-    session.add(vocabulary)
-    session.flush()
-    return vocabulary
+    return add_row(session, vocabulary)
 
 
 def get(session: Session, vocabulary_id: uuid.UUID) -> Vocabulary | None:

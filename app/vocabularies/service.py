@@ -111,12 +111,11 @@ def upload(
             created_by=principal.actor.ref,
         ),
     )
-    audit.record(
+    audit.record_about(
         session,
         "vocabulary.uploaded",
         principal.actor,
-        organisation_id=principal.organisation_id,
-        target=("vocabulary", vocabulary.id),
+        vocabulary,
         size=vocabulary.size,
         fingerprint=vocabulary.fingerprint,
     )
