@@ -83,8 +83,8 @@ RESEARCH_FIELDS: Final = frozenset(
 # may name them, each with the values at which it changed nothing: there the name is read
 # and dropped. At another value the job runs as the engine now does and its manifest lists
 # the setting under ``settings_not_applied`` (:func:`retired_settings`). None of them
-# changed what a run releases or charges: the names' lead and the extension were
-# post-processing, and a windowed document was still one vector of norm ≤ 1 per unit.
+# changed what a run charges: the names' lead and the extension were post-processing, and
+# a document read in windows was still one vector of norm ≤ 1 per unit (same noise).
 RETIRED_LEVERS: Final[dict[str, tuple[Any, ...]]] = {
     "document_window": (0,),  # documents read whole, in windows of this many words
     "label_prior_lead": (0,),  # the label names' lead, L
