@@ -452,13 +452,14 @@ async def complete(
     """One chat completion per position ``0 … count-1``; outcomes in position order.
 
     ``messages_for(position)`` builds the messages of a request when a worker reaches it.
-    ``options`` (:class:`RunOptions`): at most ``concurrency`` calls are in flight (a fixed pool of that many workers pulls
-    positions from one iterator, so a million requests do not become a million pending
-    tasks). ``max_calls`` caps every HTTP call of the run, retries included; requests not
-    finished when it is reached end with ``"call_cap_reached"``. ``indices`` restricts the
-    run to those positions (resume after a crash); the result then holds one outcome per
-    listed position, in ascending order. ``on_result`` (sync or async) sees every outcome
-    as soon as it is final; if it raises, the run stops and the exception propagates.
+    ``options`` (:class:`RunOptions`): at most ``concurrency`` calls are in flight (a fixed
+    pool of that many workers pulls positions from one iterator, so a million requests do
+    not become a million pending tasks). ``max_calls`` caps every HTTP call of the run,
+    retries included; requests not finished when it is reached end with
+    ``"call_cap_reached"``. ``indices`` restricts the run to those positions (resume after
+    a crash); the result then holds one outcome per listed position, in ascending order.
+    ``on_result`` (sync or async) sees every outcome as soon as it is final; if it raises,
+    the run stops and the exception propagates.
     ``costs``, when given, is increased by what the run spent. Bad arguments raise
     ``ConfigError`` before any call is made; endpoint failures never raise, they become
     outcomes.
