@@ -844,8 +844,8 @@ def parse_settings(items: Iterable[str]) -> dict[str, Any]:
 
     >>> parse_settings(["subspace=0", "consistency_filter=false"])
     {'subspace': 0, 'consistency_filter': False}
-    >>> parse_settings(["names-lead-32"])
-    {'label_prior_lead': 32.0}
+    >>> parse_settings(["no-label-prior"])
+    {'label_prior': 0.0}
     """
     settings: dict[str, Any] = {}
     for item in items:

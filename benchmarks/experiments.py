@@ -13,8 +13,8 @@ where they take ``key=value`` settings.
 >>> base = GenerationConfig(epsilon_vocab=1.0, epsilon_kde=5.0)
 >>> configure(base, "noise-floor-1").noise_floor
 1.0
->>> sorted(overrides("names-lead-32"))
-['label_prior_lead']
+>>> sorted(overrides("cells-share-0.15"))
+['cell_share']
 """
 
 from __future__ import annotations
@@ -116,22 +116,6 @@ EXPERIMENTS: Final[dict[str, Experiment]] = {
             ),
         ),
         (
-            "names-lead-32",
-            Experiment(
-                "label names lead the direction, L = 32",
-                {"label_prior_lead": 32.0},
-                "2026-12-01-names-lead-many-small-classes.md",
-            ),
-        ),
-        (
-            "public-extension-100k",
-            Experiment(
-                "Ṽ⁺ of 100,000 phrases for classes whose count is ≥ 15σ",
-                {"public_extension": 100_000},
-                "2026-12-01-public-extension.md",
-            ),
-        ),
-        (
             "cells-kappa-2",
             Experiment("cells with κ = 2", {"cell_kappa": 2.0}, "2026-11-28-cells.md"),
         ),
@@ -139,22 +123,6 @@ EXPERIMENTS: Final[dict[str, Experiment]] = {
             "cells-share-0.15",
             Experiment(
                 "cells, class sum's share 0.15", {"cell_share": 0.15}, "2026-11-28-cells.md"
-            ),
-        ),
-        (
-            "document-window-128",
-            Experiment(
-                "documents read whole, windows of 128 words",
-                {"document_window": 128},
-                "2026-11-30-long-documents-newsgroups.md",
-            ),
-        ),
-        (
-            "document-window-64",
-            Experiment(
-                "documents read whole, windows of 64 words",
-                {"document_window": 64},
-                "2026-11-30-long-documents-newsgroups.md",
             ),
         ),
     )

@@ -509,7 +509,6 @@ def test_a_vocabulary_file_may_have_a_long_path(
         ),
         (["--centroid-cells", "3"], {"kde_method": "centroid", "centroid_cells": 3}),
         ([], {"label_prior": 0.5}),
-        ([], {"label_prior_lead": 0.0}),
         (["--sequence-selection", "3"], {"kde_method": "centroid", "sequence_selection": 3}),
         (["--subspace", "24"], {"kde_method": "centroid", "subspace": 24}),
         ([], {"kde_method": "centroid", "consistency_filter": True}),

@@ -177,7 +177,7 @@ def test_embed_units_equals_the_whole_matrix_at_any_batch() -> None:
     whole = unit_vectors(units, embedder.encode(texts))
     embedder.texts = 0
     for batch in (1, 2, 5, 4096):
-        got = embed_units(embedder, texts, units, window=0, batch=batch)
+        got = embed_units(embedder, texts, units, batch=batch)
         np.testing.assert_allclose(got, whole, atol=1e-6)
     assert embedder.texts == 4 * 11  # only the units' documents, never the 10 others
 

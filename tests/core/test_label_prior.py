@@ -20,10 +20,8 @@ from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import DEFAULT_LABEL_PRIOR, GenerationConfig
 from workers.methods.dpkps.density.cells import CellMixture
-from workers.methods.dpkps.density.centroid import CentroidKDE
 from workers.methods.dpkps.density.label_prior import (
     agreement_power,
-    apply_label_prior,
     cells_with_label_prior,
     name_agreement,
     name_directions,
@@ -146,60 +144,15 @@ def test_a_run_gates_the_names_by_its_released_counts(monkeypatch: pytest.Monkey
     assert by_total.report.as_planned
 
 
-def test_the_lead_is_off_by_default() -> None:
-    cfg = GenerationConfig(epsilon=1.0, delta=1e-6, noise="gaussian", per_class=10).validate()
-    assert cfg.label_prior_lead == 0.0 and cfg.label_prior == DEFAULT_LABEL_PRIOR
-    assert cfg.to_dict()["label_prior_lead"] == 0.0
-
-
-def test_the_lead_follows_the_agreement_alone() -> None:
-    # below z = 1 the lead adds nothing, whatever the power; from z = 2 it is whole
-    for power in (None, 0.0, 1.5, 8.0):
-        base = [prior_strength(DEFAULT_LABEL_PRIOR, z, power) for z in (-2.0, 0.0, 1.0)]
-        led = [prior_strength(DEFAULT_LABEL_PRIOR, z, power, lead=32.0) for z in (-2.0, 0.0, 1.0)]
-        assert led == base
-        assert prior_strength(DEFAULT_LABEL_PRIOR, 2.0, power, lead=32.0) == 32.0
-        assert prior_strength(DEFAULT_LABEL_PRIOR, 1.25, power, lead=32.0) == 8.0
-    # names unrelated to the classes (z ~ N(0, 1)): the lead is whole in about 2.3 % of runs
-    z = np.random.default_rng(0).normal(size=20_000)
-    whole = np.mean([prior_strength(0.5, float(v), 1.5, lead=32.0) == 32.0 for v in z])
-    assert 0.018 < whole < 0.028
-
-
-def test_the_lead_turns_agreeing_sums_to_their_names_and_leaves_the_rest() -> None:
-    rng = np.random.default_rng(4)
-    sigma, size = 4.4, 40
-    event = planned("gaussian", 1.0, multiplier=sigma, dimension=D)
-    names, unrelated = unit_rows(rng, 20), unit_rows(rng, 20)
-    sums = size * names + rng.normal(0.0, sigma, size=names.shape)
-    released = [CentroidKDE(f"c{n}", row, event) for n, row in enumerate(sums)]
-
-    def cosines(declared: np.ndarray, lead: float) -> np.ndarray:
-        out, _ = apply_label_prior(
-            released, [], declared, kappa=DEFAULT_LABEL_PRIOR, counts=[size] * 20, lead=lead
-        )
-        rows = np.stack([c.noisy_sum for c in out])
-        return (rows * names).sum(axis=1) / np.linalg.norm(rows, axis=1)
-
-    assert name_agreement(sums, names, sigma) > 2.0  # the sums agree with their names
-    gated, led = cosines(names, 0.0), cosines(names, 32.0)
-    assert gated.min() > 0.6 and led.min() > 0.99 and np.all(led > gated)
-    # names the sums do not agree with (z ≤ 1 here): the lead changes nothing
-    assert name_agreement(sums, unrelated, sigma) <= 1.0
-    assert np.array_equal(cosines(unrelated, 32.0), cosines(unrelated, 0.0))
-
-
-def test_a_run_passes_the_lead_and_leads_with_the_names_off(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_run_reads_the_names_only_with_a_prior(monkeypatch: pytest.MonkeyPatch) -> None:
     import workers.methods.dpkps.stages as stages
     from tests.core.test_pipeline import run_on_topics
 
-    leads: list[float] = []
+    kappas: list[float] = []
     real = stages.apply_label_prior
 
     def recording(*args: Any, **kwargs: Any) -> Any:
-        leads.append(kwargs["lead"])
+        kappas.append(kwargs["kappa"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(stages, "apply_label_prior", recording)
@@ -208,12 +161,8 @@ def test_a_run_passes_the_lead_and_leads_with_the_names_off(
         total=60, public_vocabulary_size=16, seed=5,
     )  # fmt: skip
     run_on_topics(cfg, per_class=12)
-    led, _ = run_on_topics(dataclasses.replace(cfg, label_prior_lead=32.0), per_class=12)
-    # κ = 0 with a lead: the names still read (the lead alone); κ = 0 without: not at all
-    run_on_topics(dataclasses.replace(cfg, label_prior=0.0, label_prior_lead=8.0), per_class=12)
-    run_on_topics(dataclasses.replace(cfg, label_prior=0.0), per_class=12)
-    assert leads == [0.0, 32.0, 8.0]
-    assert led.report.as_planned and float(led.report.epsilon) <= 1.0
+    run_on_topics(dataclasses.replace(cfg, label_prior=0.0), per_class=12)  # κ = 0: off
+    assert kappas == [DEFAULT_LABEL_PRIOR]
 
 
 def test_the_prior_weighs_as_the_noise_does_against_the_signal() -> None:
@@ -254,13 +203,12 @@ def test_cells_take_the_prior_by_their_own_noise() -> None:
     assert np.array_equal(single.directions[0], single.total)
 
 
-@pytest.mark.parametrize("field", ["label_prior", "label_prior_lead"])
 @pytest.mark.parametrize("value", [-0.1, 101.0, float("nan"), "a"])
-def test_a_bad_label_prior_names_its_field(field: str, value: Any) -> None:
-    cfg = GenerationConfig(epsilon=1.0, delta=1e-6, noise="gaussian", **{field: value})
+def test_a_bad_label_prior_names_its_field(value: Any) -> None:
+    cfg = GenerationConfig(epsilon=1.0, delta=1e-6, noise="gaussian", label_prior=value)
     with pytest.raises(ConfigError) as caught:
         cfg.validate()
-    assert caught.value.field == field
+    assert caught.value.field == "label_prior"
 
 
 def test_the_prior_spends_nothing_and_pulls_a_small_noisy_class_to_its_own_phrases() -> None:

@@ -1,7 +1,8 @@
 """The methods registry (workers.methods.registry): DP-KPS is an entry like the LLM
 methods, its parameter model is the engine's configuration field for field, less the research levers
 (docs/parameters.md), and a DP-KPS job stored before it had one, or while the levers were
-public, reads and plans as it did."""
+public, reads and plans as it did; one that names a lever since removed from the engine
+reads and plans as the engine now runs, and says which settings it no longer applies."""
 
 from __future__ import annotations
 
@@ -94,8 +95,6 @@ def test_a_job_stored_with_research_levers_reads_and_runs_with_them() -> None:
         "kde_method": "moments",
         "noise_floor": 1.0,
         "class_contrast": 2.0,
-        "document_window": 300,
-        "label_prior_lead": 32.0,
         "distinct": True,
         "vocabulary_ref": {"kind": "builtin", "id": "medical", "name": "medical"},
     }
@@ -105,12 +104,52 @@ def test_a_job_stored_with_research_levers_reads_and_runs_with_them() -> None:
     config = GenerationConfig(**fields).validate()
     params = spec.params()
     assert params.generation_config() == config  # the run's configuration, levers included
-    assert (config.kde_method, config.noise_floor, config.document_window) == ("moments", 1.0, 300)
+    assert (config.kde_method, config.noise_floor, config.class_contrast) == ("moments", 1.0, 2.0)
     assert METHODS[DPKPS].plan(params, LABELS, 30_000) == list(plan(config, LABELS, 30_000).events)
     assert METHODS[DPKPS].described(params, 3) == method_description(config.for_classes(3))
     resolved = METHODS[DPKPS].resolved(params, 3)
     assert resolved is not None and resolved["noise_floor"] == 1.0  # the dry run shows them
     assert "cell_share" not in resolved  # and no lever the spec did not record
+
+
+# Removed from the engine (issue 64): each at the value a model_dump of a spec stored while
+# they were job options recorded, and at values a submitter could have asked for.
+REMOVED_AT_DEFAULTS = {
+    "document_window": 0,
+    "label_prior_lead": 0.0,
+    "public_extension": 0,
+    "extension_ratio": 15.0,
+}
+REMOVED_ASKED = {
+    "document_window": 128,
+    "label_prior_lead": 32.0,
+    "public_extension": 100_000,
+    "extension_ratio": 10.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("removed", "not_applied"),
+    [
+        (REMOVED_AT_DEFAULTS, {}),
+        ({**REMOVED_AT_DEFAULTS, "extension_ratio": 10.0}, {}),  # read with an extension only
+        (REMOVED_ASKED, REMOVED_ASKED),
+        ({"document_window": 128}, {"document_window": 128}),
+    ],
+)
+def test_a_job_stored_with_a_removed_lever_reads_and_plans_as_the_engine_now_runs(
+    removed: dict[str, object], not_applied: dict[str, object]
+) -> None:
+    stored = {**SPEC, "llm": "none", "noise": "gaussian", "per_class": None, "total": 600}
+    ref = {"vocabulary_ref": {"kind": "builtin", "id": "medical", "name": "medical"}}
+    fresh = job_spec({**stored, **ref}).params()
+    params = job_spec({**stored, **removed, **ref}).params()
+    assert params.generation_config() == fresh.generation_config()
+    assert params.settings_not_applied == not_applied
+    entry = METHODS[DPKPS]
+    assert entry.plan(params, LABELS, 30_000) == entry.plan(fresh, LABELS, 30_000)
+    assert entry.described(params, 3) == entry.described(fresh, 3)
+    assert entry.resolved(params, 3) == entry.resolved(fresh, 3)  # the dry run names none
 
 
 def test_a_stored_spec_with_a_research_value_plans_its_releases_as_submitted() -> None:
@@ -127,11 +166,16 @@ def test_a_stored_spec_with_a_research_value_plans_its_releases_as_submitted() -
 
 
 def test_a_new_spec_naming_a_research_lever_is_refused_naming_it() -> None:
-    for extra in ({"noise_floor": 0.0}, {"kde_method": "moments"}, {"bandwidth": 0.3}):
+    for extra, kind in (
+        ({"noise_floor": 0.0}, "research_option"),
+        ({"kde_method": "moments"}, "research_option"),
+        ({"bandwidth": 0.3}, "research_option"),
+        ({"document_window": 0}, "retired_option"),  # removed from the engine, even at 0
+    ):
         with pytest.raises(ValidationError) as caught:
             JobSpec.model_validate({**SPEC, **extra})
         (error,) = caught.value.errors()
-        assert error["loc"] == (next(iter(extra)),) and error["type"] == "research_option"
+        assert error["loc"] == (next(iter(extra)),) and error["type"] == kind
     new = DPKPSParams.model_validate({k: v for k, v in SPEC.items() if k != "document_type"})
     assert METHODS[DPKPS].resolved(new, 3).keys() == set(PUBLIC_FIELDS)  # type: ignore[union-attr]
 

@@ -109,7 +109,6 @@ def test_unit_phrases_are_distinct_in_document_order_and_capped() -> None:
     found = stages.unit_phrases(DOCUMENTS, units, PHRASES, keep=3)
     assert found == [[0, 1, 2], [3, 4, 5]]  # "chest pain" twice in unit a: once
     assert stages.unit_phrases(DOCUMENTS, units, PHRASES, keep=1) == [[0], [3]]
-    assert stages.core_size(gaussian(), 7) == 7  # no extension: Ṽ is every class's
     grouped = stages.by_class(["neurology", "cardiology"], [[3], [0, 1]], LABELS)
     assert grouped == {"cardiology": [[0, 1]], "neurology": [[3]]}
 
@@ -144,8 +143,7 @@ def test_the_exact_kernel_releases_one_density_per_class_and_sampling_draws_from
     assert scores is not None and scores.shape == (2, len(PHRASES)) and bool((scores >= 0).all())
     counts = stages.ClassCounts({"cardiology": 3, "neurology": 1}, None, None, None)
     drawn = stages.sample(
-        releases, scores, label_set=LABELS, counts=counts, core=len(PHRASES), config=config,
-        progress=progress,
+        releases, scores, label_set=LABELS, counts=counts, config=config, progress=progress,
     )  # fmt: skip
     assert [label for label, _ in drawn] == ["cardiology"] * 3 + ["neurology"]
     assert all(len(set(row)) == 2 and max(row) < len(PHRASES) for _, row in drawn)
@@ -167,7 +165,7 @@ def test_random_features_release_a_bag_or_an_ensemble_per_class(mode: str) -> No
     assert (scores is None) == (mode == "iterative")
     counts = stages.ClassCounts({"cardiology": 2, "neurology": 2}, None, None, None)
     drawn = stages.sample(
-        releases, scores, label_set=LABELS, counts=counts, core=len(PHRASES), config=config,
+        releases, scores, label_set=LABELS, counts=counts, config=config,
         progress=lambda *_: None,
     )  # fmt: skip
     assert len(drawn) == 4 and all(len(row) == 2 for _, row in drawn)
@@ -179,9 +177,9 @@ def test_centroids_from_embedded_units_then_prior_scores_sampling_and_filter(
     config = gaussian(subspace=16, label_prior=0.5)
     units = pool(DOC_LABELS, None, label_set=LABELS)
     phrase_vectors = torch.as_tensor(embedder.encode(PHRASES), dtype=torch.float32)
-    basis = stages.release_space(phrase_vectors, core=len(PHRASES), config=config)
+    basis = stages.release_space(phrase_vectors, config=config)
     assert basis is not None and basis.shape == (EMBEDDING_DIMENSION, 16)
-    assert stages.release_space(phrase_vectors, core=7, config=gaussian(subspace=None)) is None
+    assert stages.release_space(phrase_vectors, config=gaussian(subspace=None)) is None
     rows, row_labels = stages.embedded_units(
         DOCUMENTS, units, None, rates=None, basis=basis, embedder=embedder, config=config,
         progress=lambda *_: None,
@@ -208,7 +206,7 @@ def test_centroids_from_embedded_units_then_prior_scores_sampling_and_filter(
     assert scores is not None and scores.shape == (2, len(PHRASES))
     counts = stages.ClassCounts({"cardiology": 4, "neurology": 4}, None, None, None)
     drawn = stages.sample(
-        pulled, scores, label_set=LABELS, counts=counts, core=len(PHRASES), config=config,
+        pulled, scores, label_set=LABELS, counts=counts, config=config,
         progress=lambda *_: None,
     )  # fmt: skip
     assert len(drawn) == 8
@@ -227,7 +225,7 @@ def test_release_densities_builds_only_the_configured_estimator(embedder: Senten
     counts = stages.ClassCounts({"cardiology": 1, "neurology": 1}, None, None, None)
     releases = stages.release_densities(
         DOCUMENTS, units, None, grouped, unit_rows(len(PHRASES), 8), counts=counts,
-        core=len(PHRASES), embedder=embedder, label_set=LABELS, config=config,
-        the_plan=planned(config), progress=lambda *_: None,
+        embedder=embedder, label_set=LABELS, config=config, the_plan=planned(config),
+        progress=lambda *_: None,
     )  # fmt: skip
     assert len(releases.exact) == 2 and not releases.centroids and not releases.ensembles

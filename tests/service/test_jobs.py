@@ -120,7 +120,8 @@ def test_decimal_budget_arithmetic_fits_ten_tenths_in_one(
         ({"document_type": ""}, "document_type"),
         ({"max_llm_calls": 10**8}, "max_llm_calls"),
         ({"seed": -1}, "seed"),
-        # research levers and values (docs/parameters.md): the benchmarks', not a spec's
+        # research levers and values (docs/parameters.md): the benchmarks', not a spec's;
+        # and a lever removed from the engine (issue 64)
         ({"noise_floor": 1.0}, "noise_floor"),
         ({"label_prior_lead": 32.0}, "label_prior_lead"),
         ({"kde_method": "moments"}, "kde_method"),
@@ -138,24 +139,28 @@ def test_bad_specs_are_422_naming_the_field(
     assert "sk-secret" not in response.text
 
 
-def test_a_research_lever_in_a_new_spec_is_a_422_that_says_so(
-    client: TestClient, world: factories.World
+@pytest.mark.parametrize(
+    ("lever", "message"),
+    [
+        ("noise_floor", "is a research setting, not a parameter of the product"),
+        ("document_window", "was removed from the engine: it measured no gain"),  # issue 64
+    ],
+)
+def test_a_research_or_removed_lever_in_a_new_spec_is_a_422_that_says_so(
+    client: TestClient, world: factories.World, lever: str, message: str
 ) -> None:
     dataset_id = factories.dataset(client, world.owner)
     for dry_run in ("false", "true"):
         response = client.post(
             f"/v1/datasets/{dataset_id}/jobs?dry_run={dry_run}",
             headers=world.owner.headers,
-            json=factories.spec(document_window=300),
+            json=factories.spec(**{lever: 300}),
         )
         assert response.status_code == 422, response.text
         assert response.headers["content-type"] == "application/problem+json"
         problem = response.json()
-        assert problem["field"] == "document_window"
-        assert problem["errors"][0]["msg"] == (
-            "document_window is a research setting, not a parameter of the product "
-            "(docs/parameters.md)"
-        )
+        assert problem["field"] == lever
+        assert problem["errors"][0]["msg"] == f"{lever} {message} (docs/parameters.md)"
 
 
 def test_non_finite_numbers_and_broken_json_are_422(

@@ -118,6 +118,34 @@ def test_a_dpkps_release_manifest(settings: Settings) -> None:
     }
 
 
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_dpkps_release_says_what_became_of_a_removed_lever(
+    settings: Settings, applied: bool
+) -> None:
+    # a job stored asking for a lever since removed from the engine (issue 64): run before
+    # the removal, it ran with it (its manifest's parameters say so); run after, it ran
+    # without it (its manifest's settings_not_applied say so)
+    spec = {
+        "vocabulary": "medical",
+        "llm": "none",
+        "document_type": "note",
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "noise": "gaussian",
+        "label_prior_lead": 32.0,
+        "document_window": 0,
+        "vocabulary_ref": REF,
+    }
+    parameters = {"label_prior_lead": 32.0, "document_window": 0} if applied else {}
+    ran: dict[str, Any] = {"parameters": parameters, "privacy": PRIVACY, "sequences": 9}
+    if not applied:
+        ran["settings_not_applied"] = {"label_prior_lead": 32.0}
+    found = _manifest(settings, spec, ran, 9)
+    assert found["parameters"].get("label_prior_lead") == (32.0 if applied else None)
+    assert "document_window" not in found["parameters"]
+    assert found.get("settings_not_applied") == (None if applied else {"label_prior_lead": 32.0})
+
+
 def test_a_dpkps_job_without_an_engine_manifest_counts_its_saved_sequences_as_drawn(
     settings: Settings,
 ) -> None:

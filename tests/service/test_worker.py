@@ -231,19 +231,24 @@ def test_a_job_stored_with_research_levers_runs_with_them(
     client: TestClient, world: factories.World, worker: WorkerContext, db: Database
 ) -> None:
     # submitted while the research levers were public (docs/parameters.md): its stored
-    # spec recorded each of them, some at values no default reaches; a retry reads it
+    # spec recorded each of them, some at values no default reaches, and levers since
+    # removed from the engine (issue 64), one at its default and one asked for; a retry
+    # reads it and runs as the engine now does, its manifest naming what it did not apply
     _, job_id = submit(client, world)
     levers = {"noise_floor": 0.5, "class_contrast": 2.0, "bandwidth": 0.4, "distinct": True}
+    removed = {"label_prior_lead": 0.0, "document_window": 128}
     with db.transaction() as session:
         job = session.get(Job, uuid.UUID(job_id))
         assert job is not None and not set(levers) & set(job.spec)
-        job.spec = {**job.spec, **levers, "kde_weighting": "l1", "label_prior_lead": 0.0}
+        job.spec = {**job.spec, **levers, "kde_weighting": "l1", **removed}
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
     with db.session() as session:
         stored = session.get(Job, uuid.UUID(job_id))
         assert stored is not None and stored.manifest is not None
-        ran = stored.manifest["parameters"]
-    assert {name: ran[name] for name in levers} == levers
+        manifest = stored.manifest
+    assert {name: manifest["parameters"][name] for name in levers} == levers
+    assert not set(removed) & set(manifest["parameters"])
+    assert manifest["settings_not_applied"] == {"document_window": 128}
     assert len(saved_sequences(db, job_id)) == 4
 
 

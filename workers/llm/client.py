@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import inspect
 import logging
 import math
@@ -42,7 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
 from tenacity import (
     AsyncRetrying,
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+P = ParamSpec("P")
 RETRYABLE_STATUS = frozenset({408, 429})  # plus every 5xx
 Messages = list[dict[str, str]]
 OnResult = Callable[["LLMOutcome"], Awaitable[None] | None]
@@ -387,29 +389,45 @@ async def _request_one(
 # ----------------------------------------------------------------------- a run
 
 
-def check_run(
-    *,
-    concurrency: int,
-    max_calls: int | None,
-    max_retries: int,
-    backoff_base: float,
-    backoff_max: float,
-    indices: Sequence[int] | None,
-    count: int,
-) -> list[int]:
-    """The positions a run will request, ascending; ConfigError for a bad argument."""
-    check_number(concurrency, name="concurrency", low=1, high=1024, integer=True)
-    if max_calls is not None:
-        check_number(max_calls, name="max_calls", low=1, high=10**9, integer=True)
-    check_number(max_retries, name="max_retries", low=0, high=100, integer=True)
-    check_number(backoff_base, name="backoff_base", low=0.0, high=3600.0)
-    check_number(backoff_max, name="backoff_max", low=0.0, high=3600.0)
-    if backoff_max < backoff_base:
+class RunOptions(TypedDict, total=False):
+    """How a run (:func:`complete`) calls the endpoint; each has a default (:class:`_Run`)."""
+
+    concurrency: int  # calls in flight at most
+    max_calls: int | None  # HTTP calls of the whole run, retries included; None: no cap
+    max_retries: int  # retries of one request
+    backoff_base: float  # seconds, the back-off's first wait
+    backoff_max: float  # seconds, its longest
+    indices: Sequence[int] | None  # the positions to request (resume); None: every one
+
+
+@dataclass(frozen=True)
+class _Run:
+    """:class:`RunOptions` with their defaults."""
+
+    concurrency: int = 8
+    max_calls: int | None = None
+    max_retries: int = 5
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    indices: Sequence[int] | None = None
+
+
+def check_run(*, count: int, **options: Unpack[RunOptions]) -> list[int]:
+    """The positions a run of ``count`` requests with ``options`` will request,
+    ascending; ConfigError for a bad option."""
+    run = _Run(**options)
+    check_number(run.concurrency, name="concurrency", low=1, high=1024, integer=True)
+    if run.max_calls is not None:
+        check_number(run.max_calls, name="max_calls", low=1, high=10**9, integer=True)
+    check_number(run.max_retries, name="max_retries", low=0, high=100, integer=True)
+    check_number(run.backoff_base, name="backoff_base", low=0.0, high=3600.0)
+    check_number(run.backoff_max, name="backoff_max", low=0.0, high=3600.0)
+    if run.backoff_max < run.backoff_base:
         raise ConfigError("must be >= backoff_base", field="backoff_max")
-    if indices is None:
+    if run.indices is None:
         return list(range(count))
     positions = []
-    for position in indices:
+    for position in run.indices:
         if isinstance(position, bool) or not isinstance(position, int):
             raise ConfigError("must be integers", field="indices")
         if not 0 <= position < count:
@@ -425,27 +443,23 @@ async def complete(
     count: int,
     *,
     endpoint: LLMEndpoint,
-    concurrency: int = 8,
-    max_calls: int | None = None,
-    max_retries: int = 5,
-    backoff_base: float = 0.5,
-    backoff_max: float = 30.0,
-    indices: Sequence[int] | None = None,
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
     describe: Callable[[int, Messages], attestation.Prompt] | None = None,
+    **options: Unpack[RunOptions],
 ) -> list[LLMOutcome]:
     """One chat completion per position ``0 … count-1``; outcomes in position order.
 
     ``messages_for(position)`` builds the messages of a request when a worker reaches it.
-    At most ``concurrency`` calls are in flight (a fixed pool of that many workers pulls
-    positions from one iterator, so a million requests do not become a million pending
-    tasks). ``max_calls`` caps every HTTP call of the run, retries included; requests not
-    finished when it is reached end with ``"call_cap_reached"``. ``indices`` restricts the
-    run to those positions (resume after a crash); the result then holds one outcome per
-    listed position, in ascending order. ``on_result`` (sync or async) sees every outcome
-    as soon as it is final; if it raises, the run stops and the exception propagates.
+    ``options`` (:class:`RunOptions`): at most ``concurrency`` calls are in flight (a fixed
+    pool of that many workers pulls positions from one iterator, so a million requests do
+    not become a million pending tasks). ``max_calls`` caps every HTTP call of the run,
+    retries included; requests not finished when it is reached end with
+    ``"call_cap_reached"``. ``indices`` restricts the run to those positions (resume after
+    a crash); the result then holds one outcome per listed position, in ascending order.
+    ``on_result`` (sync or async) sees every outcome as soon as it is final; if it raises,
+    the run stops and the exception propagates.
     ``costs``, when given, is increased by what the run spent. Bad arguments raise
     ``ConfigError`` before any call is made; endpoint failures never raise, they become
     outcomes.
@@ -456,22 +470,15 @@ async def complete(
     recorded messages are sent.
     """
     endpoint.validate()
-    positions = check_run(
-        concurrency=concurrency,
-        max_calls=max_calls,
-        max_retries=max_retries,
-        backoff_base=backoff_base,
-        backoff_max=backoff_max,
-        indices=indices,
-        count=count,
-    )
+    positions = check_run(count=count, **options)
+    run = _Run(**options)
     recorded = attestation.record(positions, messages_for, describe)
     if recorded is not None:
         messages_for = recorded
-    retry = _Retry(max_retries, backoff_base, backoff_max)
+    retry = _Retry(run.max_retries, run.backoff_base, run.backoff_max)
     total = len(positions)
     results: dict[int, LLMOutcome] = {}
-    budget = _CallBudget(max_calls)
+    budget = _CallBudget(run.max_calls)
     pending: Iterator[int] = iter(positions)
     done = 0
     if progress is not None:
@@ -501,7 +508,7 @@ async def complete(
     try:
         if total:
             async with endpoint.client() as client, asyncio.TaskGroup() as group:
-                for _ in range(min(concurrency, total)):
+                for _ in range(min(run.concurrency, total)):
                     group.create_task(worker(client))
     except BaseExceptionGroup as failed:  # on_result raised: surface its own exception
         raise failed.exceptions[0] from None
@@ -540,3 +547,13 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
         coroutine.close()  # never awaited: no "was never awaited" warning
         raise RuntimeError("called inside an event loop; await the coroutine instead")
     return asyncio.run(coroutine)
+
+
+def synchronous(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """``function`` for synchronous callers: the same arguments, run by :func:`run_sync`."""
+
+    @functools.wraps(function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return run_sync(function(*args, **kwargs))
+
+    return run

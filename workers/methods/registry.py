@@ -200,13 +200,39 @@ def _llm_release(description: str) -> Release:
     return release
 
 
-def _field(name: str) -> Callable[[Any], str]:
-    return lambda params: name
+def _llm_method(
+    method_id: str,
+    title: str,
+    description: str,
+    *,
+    plan: Callable[[Any, Sequence[str]], list[PrivacyEvent]],
+    run: Callable[..., Any],
+    released_field: str,
+    calls_field: str,
+    planned_calls: Callable[[Any, int], int] = lambda p, classes: p.planned_calls(),
+    max_released: Callable[[Any, int], int] = lambda p, classes: p.num_released,
+) -> Method:
+    """An LLM method's entry: its parameter model and vocabulary from the catalogue, its
+    plan (from its parameters and label set: the vocabulary's size does not enter it), and
+    the outcome and release every LLM method's run gives; ``released_field`` and
+    ``calls_field`` name the parameters that bound its documents and drive its calls."""
+    planned = _without_vocabulary(plan)
+    return Method(
+        id=method_id,
+        title=title,
+        description=description,
+        params=METHOD_PARAMS[method_id],
+        plan=planned,
+        planned_calls=planned_calls,
+        max_released=max_released,
+        released_field=lambda params: released_field,
+        calls_field=lambda params: calls_field,
+        run=run,
+        outcome=_llm_outcome(planned),
+        release=_llm_release(description),
+        vocabulary=METHOD_VOCABULARY.get(method_id, lambda params: None),
+    )
 
-
-_AUG_PE_PLAN = _without_vocabulary(aug_pe.plan_aug_pe)
-_PATE_TUTOR_PLAN = _without_vocabulary(pate_tutor.plan_pate_tutor)
-_DP_EDA_PLAN = _without_vocabulary(dp_eda.plan_dp_eda)
 
 METHODS: Final[dict[str, Method]] = {
     m.id: m
@@ -236,48 +262,34 @@ METHODS: Final[dict[str, Method]] = {
             canary_phrases=_dpkps_canary_phrases,
             owner_diagnostics=lambda result: result.owner_diagnostics,
         ),
-        Method(
-            id=AUG_PE,
-            title="Aug-PE",
-            description=AUG_PE_DESCRIPTION,
-            params=METHOD_PARAMS[AUG_PE],
-            plan=_AUG_PE_PLAN,
-            planned_calls=lambda p, classes: p.planned_calls(),
-            max_released=lambda p, classes: p.num_released,
-            released_field=_field("num_released"),
-            calls_field=_field("population"),
+        _llm_method(
+            AUG_PE,
+            "Aug-PE",
+            AUG_PE_DESCRIPTION,
+            plan=aug_pe.plan_aug_pe,
             run=aug_pe.run_aug_pe,
-            outcome=_llm_outcome(_AUG_PE_PLAN),
-            release=_llm_release(AUG_PE_DESCRIPTION),
+            released_field="num_released",
+            calls_field="population",
         ),
-        Method(
-            id=PATE_TUTOR,
-            title="PATE-tutor",
-            description=PATE_TUTOR_DESCRIPTION,
-            params=METHOD_PARAMS[PATE_TUTOR],
-            plan=_PATE_TUTOR_PLAN,
-            planned_calls=lambda p, classes: p.planned_calls(),
-            max_released=lambda p, classes: p.num_released,
-            released_field=_field("num_released"),
-            calls_field=_field("candidates"),
+        _llm_method(
+            PATE_TUTOR,
+            "PATE-tutor",
+            PATE_TUTOR_DESCRIPTION,
+            plan=pate_tutor.plan_pate_tutor,
             run=pate_tutor.run_pate_tutor,
-            outcome=_llm_outcome(_PATE_TUTOR_PLAN),
-            release=_llm_release(PATE_TUTOR_DESCRIPTION),
+            released_field="num_released",
+            calls_field="candidates",
         ),
-        Method(
-            id=DP_EDA,
-            title="DP-EDA",
-            description=DP_EDA_DESCRIPTION,
-            params=METHOD_PARAMS[DP_EDA],
-            plan=_DP_EDA_PLAN,
+        _llm_method(
+            DP_EDA,
+            "DP-EDA",
+            DP_EDA_DESCRIPTION,
+            plan=dp_eda.plan_dp_eda,
+            run=dp_eda.run_dp_eda,
+            released_field="parents",
+            calls_field="initial_population",
             planned_calls=lambda p, classes: p.planned_calls(classes),
             max_released=lambda p, classes: p.max_released(classes),
-            released_field=_field("parents"),
-            calls_field=_field("initial_population"),
-            run=dp_eda.run_dp_eda,
-            outcome=_llm_outcome(_DP_EDA_PLAN),
-            release=_llm_release(DP_EDA_DESCRIPTION),
-            vocabulary=METHOD_VOCABULARY[DP_EDA],
         ),
     )
 }

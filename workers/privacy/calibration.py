@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_FLOOR, Decimal, localcontext
 
 import dp_accounting
@@ -228,6 +228,22 @@ def calibrate_scales(
     z = calibrate_noise_multiplier(epsilon=epsilon, delta=delta, releases=releases)
     total_weight = sum(r.weight for r in releases)
     return [r.scale(z, total_weight) for r in releases]
+
+
+def calibrate_with_share(
+    main: GaussianRelease, share: GaussianRelease | None, *, epsilon: float, delta: float
+) -> tuple[float, float | None]:
+    """σ of ``main`` and of ``share``, calibrated together to (ε, δ): ``share`` takes its
+    weight of μ² and ``main``'s ``count`` releases the rest, equally; without ``share``
+    (None: there is nothing to release beside ``main``), ``main`` takes the whole."""
+    if share is None:
+        (sigma,) = calibrate_scales(
+            epsilon=epsilon, delta=delta, releases=[replace(main, weight=1.0)]
+        )
+        return sigma, None
+    rest = replace(main, weight=(1.0 - share.weight) / main.count)
+    sigma, shared = calibrate_scales(epsilon=epsilon, delta=delta, releases=[rest, share])
+    return sigma, shared
 
 
 def check_calibrated(events: Iterable[PrivacyEvent], *, epsilon: float, delta: float) -> None:

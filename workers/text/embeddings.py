@@ -127,17 +127,6 @@ class SentenceEmbedder:
         return np.ascontiguousarray(out, dtype=np.float32)
 
 
-def windows(text: str, size: int) -> list[tuple[str, int]]:
-    """``text`` cut into consecutive windows of at most ``size`` whitespace-separated words,
-    each with its word count (one window, the text itself, when it is no longer; ``size``
-    0 keeps the whole text as one window, for the model to truncate)."""
-    words = text.split()
-    if size <= 0 or len(words) <= size:
-        return [(text, max(len(words), 1))]
-    runs = (words[start : start + size] for start in range(0, len(words), size))
-    return [(" ".join(run), len(run)) for run in runs]
-
-
 def encode_in_chunks(
     embedder: Embedder,
     texts: Sequence[str],
@@ -159,41 +148,6 @@ def encode_in_chunks(
             np.asarray(embedder.encode(texts[start : start + chunk], batch_size=batch_size))
         )
     return np.concatenate(parts).astype(np.float32, copy=False)
-
-
-def encode_documents(
-    embedder: Embedder,
-    texts: Sequence[str],
-    *,
-    window: int,
-    batch_size: int = 256,
-    tick: Callable[[], None] | None = None,
-) -> NDArray[np.float32]:
-    """One unit-norm row per document, read whole: a document longer than ``window`` words is
-    cut into windows (:func:`windows`), each embedded, and their embeddings averaged by
-    word count, then renormalised. An embedding model reads only its first few hundred
-    tokens (all-MiniLM-L6-v2: 256 word pieces), so without windows a long clinical note
-    would be represented by its header alone. ``window`` 0 embeds each text as one piece,
-    exactly as ``embedder.encode`` does. ``tick`` (:func:`encode_in_chunks`) may stop
-    it between chunks."""
-    if window <= 0:
-        return encode_in_chunks(embedder, texts, tick=tick, batch_size=batch_size)
-    pieces: list[str] = []
-    weights: list[int] = []
-    owner: list[int] = []
-    for i, text in enumerate(texts):
-        for piece, words in windows(text, window):
-            pieces.append(piece)
-            weights.append(words)
-            owner.append(i)
-    encoded = np.asarray(
-        encode_in_chunks(embedder, pieces, tick=tick, batch_size=batch_size), dtype=np.float64
-    )
-    out = np.zeros((len(texts), embedder.dim))
-    np.add.at(out, np.asarray(owner, dtype=np.int64), encoded * np.asarray(weights)[:, None])
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    out = np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
-    return np.ascontiguousarray(out, dtype=np.float32)
 
 
 def _save(path: Path, array: NDArray[np.bool_]) -> None:

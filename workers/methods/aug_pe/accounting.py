@@ -41,7 +41,7 @@ from functools import lru_cache
 from workers.errors import ConfigError
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.common import check_label_set
-from workers.privacy.calibration import GaussianRelease, calibrate_scales, check_calibrated
+from workers.privacy.calibration import GaussianRelease, calibrate_with_share, check_calibrated
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import release_event
 
@@ -96,27 +96,21 @@ def _noise_plan(params: AugPEParams, labels: tuple[str, ...]) -> NoisePlan:
         for n in set(dimensions)
     )
     histogram = GaussianRelease(
-        mechanism=HISTOGRAM,
-        sensitivity=certified,
-        count=iterations,
-        partitions=labels,
-        weight=(1.0 - params.count_share) / iterations if len(labels) > 1 else 1.0,
+        mechanism=HISTOGRAM, sensitivity=certified, count=iterations, partitions=labels
     )
-    releases = [histogram]
-    if len(labels) > 1:
-        releases.append(
-            GaussianRelease(
-                mechanism=COUNTS,
-                sensitivity=1.0,
-                dimension=len(labels),
-                noise="gaussian",
-                weight=params.count_share,
-            )
-        )
-    sigma, *count_scale = calibrate_scales(
-        epsilon=params.epsilon, delta=params.delta, releases=releases
+    counts = GaussianRelease(
+        mechanism=COUNTS,
+        sensitivity=1.0,
+        dimension=len(labels),
+        noise="gaussian",
+        weight=params.count_share,
     )
-    count_sigma = count_scale[0] if count_scale else None
+    sigma, count_sigma = calibrate_with_share(
+        histogram,
+        counts if len(labels) > 1 else None,  # one class: nothing to count
+        epsilon=params.epsilon,
+        delta=params.delta,
+    )
     events: list[PrivacyEvent] = []
     if count_sigma is not None:
         events.append(count_release(count_sigma, len(labels)))

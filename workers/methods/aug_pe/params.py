@@ -24,7 +24,9 @@ This module imports no numerical library, so an API process can validate job spe
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -180,18 +182,10 @@ class AugPEParams(MethodParams):
     @field_validator("population")
     @classmethod
     def _calls_bounded(cls, value: int, info: ValidationInfo) -> int:
-        data = info.data
-        needed = ("iterations", "initial_variation_folds", "variation_folds", "keep_selected")
-        if any(name not in data for name in (*needed, "lookahead_degree")):
+        schedule = _Schedule.of({**info.data, "population": value})
+        if schedule is None or "lookahead_degree" not in info.data:
             return value  # an earlier field failed and is reported on its own
-        calls = _planned_calls(
-            population=value,
-            initial_folds=data["initial_variation_folds"],
-            folds=data["variation_folds"],
-            keep=data["keep_selected"],
-            iterations=data["iterations"],
-            lookahead=data["lookahead_degree"],
-        )
+        calls = schedule.planned_calls(info.data["lookahead_degree"])
         if calls > MAX_LLM_CALLS:
             raise ValueError(f"the run would make {calls} LLM calls (at most {MAX_LLM_CALLS})")
         return value
@@ -199,17 +193,10 @@ class AugPEParams(MethodParams):
     @field_validator("num_released")
     @classmethod
     def _within_last_population(cls, value: int, info: ValidationInfo) -> int:
-        data = info.data
-        needed = ("iterations", "initial_variation_folds", "variation_folds", "keep_selected")
-        if any(name not in data for name in (*needed, "population")):
+        schedule = _Schedule.of(info.data)
+        if schedule is None:
             return value  # an earlier field failed and is reported on its own
-        candidates = _candidates(
-            population=data["population"],
-            initial_folds=data["initial_variation_folds"],
-            folds=data["variation_folds"],
-            keep=data["keep_selected"],
-            iteration=data["iterations"],
-        )
+        candidates = schedule.candidates(schedule.iterations)
         if value > candidates:
             raise ValueError(
                 f"must be at most the {candidates} candidates of the last iteration "
@@ -219,43 +206,53 @@ class AugPEParams(MethodParams):
 
     def candidates(self, iteration: int) -> int:
         """Size of the population whose histogram iteration ``iteration`` (1 … T) releases."""
-        return _candidates(
-            population=self.population,
-            initial_folds=self.initial_variation_folds,
-            folds=self.variation_folds,
-            keep=self.keep_selected,
-            iteration=iteration,
-        )
+        return _Schedule.of_params(self).candidates(iteration)
 
     def planned_calls(self) -> int:
         """LLM requests the run makes, retries excluded (aug-pe.md §4, without the unused
         variations of the last selection): N(1 + f_0) + Σ_t d·|population_t| + (T−1)·N·f."""
-        return _planned_calls(
-            population=self.population,
-            initial_folds=self.initial_variation_folds,
-            folds=self.variation_folds,
-            keep=self.keep_selected,
-            iterations=self.iterations,
-            lookahead=self.lookahead_degree,
-        )
+        return _Schedule.of_params(self).planned_calls(self.lookahead_degree)
 
 
-def _candidates(
-    *, population: int, initial_folds: int, folds: int, keep: bool, iteration: int
-) -> int:
-    if iteration <= 1:
-        return population * (1 + initial_folds)
-    return population * (folds + int(keep))
+# The parameters that decide how large each iteration's population is, by field name.
+_SCHEDULE_FIELDS = (
+    "population",
+    "initial_variation_folds",
+    "variation_folds",
+    "keep_selected",
+    "iterations",
+)
 
 
-def _planned_calls(
-    *, population: int, initial_folds: int, folds: int, keep: bool, iterations: int, lookahead: int
-) -> int:
-    sizes = (
-        _candidates(
-            population=population, initial_folds=initial_folds, folds=folds, keep=keep, iteration=t
-        )
-        for t in range(1, iterations + 1)
-    )
-    initial = population * (1 + initial_folds)
-    return initial + lookahead * sum(sizes) + (iterations - 1) * population * folds
+@dataclass(frozen=True)
+class _Schedule:
+    """How large each iteration's population is (aug-pe.md §4): public sizes only."""
+
+    population: int
+    initial_variation_folds: int
+    variation_folds: int
+    keep_selected: bool
+    iterations: int
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> _Schedule | None:
+        """The schedule of the fields validated so far; None where one of those it reads
+        is missing (it failed)."""
+        if any(name not in fields for name in _SCHEDULE_FIELDS):
+            return None
+        return cls(**{name: fields[name] for name in _SCHEDULE_FIELDS})
+
+    @classmethod
+    def of_params(cls, params: AugPEParams) -> _Schedule:
+        return cls(**{name: getattr(params, name) for name in _SCHEDULE_FIELDS})
+
+    def candidates(self, iteration: int) -> int:
+        if iteration <= 1:
+            return self.population * (1 + self.initial_variation_folds)
+        return self.population * (self.variation_folds + int(self.keep_selected))
+
+    def planned_calls(self, lookahead: int) -> int:
+        sizes = (self.candidates(t) for t in range(1, self.iterations + 1))
+        initial = self.population * (1 + self.initial_variation_folds)
+        folds = (self.iterations - 1) * self.population * self.variation_folds
+        return initial + lookahead * sum(sizes) + folds

@@ -60,13 +60,6 @@ MAX_SELECTION = 16
 DEFAULT_SUBSPACE: int | None = None
 SUGGESTED_SUBSPACE = 128  # the k chosen on the tuning splits, for corpora of small classes
 SUBSPACE_FROM_CLASSES = 20
-# Documents read whole (class centroids and moments; text/embeddings.py, encode_documents):
-# the embedding model reads a text's first 256 word pieces only, so a longer document is
-# cut into windows of this many words, each embedded, the embeddings averaged by length and
-# renormalised (each unit's vector keeps norm ≤ 1: same sensitivity, same noise). 0: one
-# piece, as before.
-DEFAULT_DOCUMENT_WINDOW = 0
-MAX_DOCUMENT_WINDOW = 10_000
 # A Poisson sample of units embedded (class centroids and moments; issue 65;
 # workers/privacy/sampling.py): each class's units are kept independently with probability
 # q_c = min(1, m / ñ_c), ñ_c the class's released (DP) count, so about m units a class are
@@ -95,10 +88,6 @@ PUBLIC_VOCABULARY_SIZE = {
     "centroid": 30_000,
     "moments": 30_000,
 }
-# The public Ṽ's extension (an option, off by default; GenerationConfig's docstring): the
-# released count over σ from which a class samples from Ṽ⁺ (15: about 66 documents at ε = 1).
-DEFAULT_EXTENSION_RATIO = 15.0
-MAX_EXTENSION_RATIO = 1e6
 PUBLIC_VOCABULARY_DEFAULTS = ", ".join(  # in words, for the CLI's help and the job spec
     f"{size:,} with {method}" for method, size in PUBLIC_VOCABULARY_SIZE.items()
 )
@@ -163,8 +152,6 @@ def method_description(config: GenerationConfig) -> str:
         kde = "the first two moments of the document embeddings (polynomial kernel)"
     else:
         kde = f"random Fourier features ({config.mode} sequences)"
-    if config.embeds_documents and config.document_window:
-        kde += f"; each document embedded whole, in windows of {config.document_window} words"
     if config.samples_units:
         kde += (
             f"; a Poisson sample of about {config.embed_sample:,} units a class embedded, at "
@@ -174,11 +161,6 @@ def method_description(config: GenerationConfig) -> str:
         kde += (
             f"; of every {config.selection_factor} sequences drawn, the one whose phrases lie "
             "nearest the released direction kept"
-        )
-    if config.extension_size:
-        kde += (
-            f"; a class whose released count is at least {config.extension_ratio:g} times its "
-            f"sum's noise σ drawn from the first {config.extension_size:,} public phrases"
         )
     if config.filters_sequences and config.cells > 1:  # validated: only with class centroids
         kde += "; a sequence kept only where its nearest cell is one of its own class's"
@@ -257,9 +239,8 @@ class GenerationConfig:
     (:class:`~workers.methods.dpkps.params.DPKPSParams`); the research levers
     (:data:`~workers.methods.dpkps.params.RESEARCH_FIELDS`: ``bandwidth``,
     ``contribution_bound``, ``noise_floor``, ``class_contrast``,
-    ``max_phrases_per_document``, ``kde_weighting``, ``public_extension``,
-    ``extension_ratio``, ``cell_share``, ``cell_kappa``, ``label_prior``,
-    ``label_prior_lead``, ``document_window``, ``distinct``) keep the defaults below in
+    ``max_phrases_per_document``, ``kde_weighting``, ``cell_share``, ``cell_kappa``,
+    ``label_prior``, ``distinct``) keep the defaults below in
     every product run and are varied by the benchmarks only (``benchmarks/experiments.py``;
     docs/parameters.md has, per field, its default, its rule and its study).
 
@@ -302,15 +283,6 @@ class GenerationConfig:
     split, paired: 0.109 → 0.165 at ε = 0.25, 0.185 → 0.193 at ε = 1; names replaced by
     codes +0.002 / −0.002).
 
-    The names' lead (``label_prior_lead`` = L, default 0): the strength is at least
-    L·clip(z − 1, 0, 1), z the agreement alone (no prior), so where the releases agree with
-    the names by two noise standard deviations the names lead the direction. L = 32 gained on
-    the tuning splits of 20 or more classes (Yelp hospital tune 0.190 → 0.204, Newsgroups tune
-    0.594 → 0.613 at ε = 1, paired; names replaced by codes unchanged) but not on the reported
-    ones at ε = 1 (fresh runs: Yelp hospital 0.187 → 0.182, Yelp small 0.309 → 0.303, OHSUMED
-    0.433 → 0.425, Newsgroups 0.547 → 0.555; Yelp hospital at ε = 0.25 0.148 → 0.166), so it
-    is off by default (benchmarks/notes/2026-12-01-names-lead-many-small-classes.md).
-
     Sequence selection (``sequence_selection``,
     :func:`workers.methods.dpkps.sampling.sample_near_direction`): with cells, each cell
     draws 8× its sequences and keeps the eighth whose phrases' mean embedding lies nearest
@@ -348,20 +320,6 @@ class GenerationConfig:
     declared label set, a public input, has :data:`SUBSPACE_FROM_CLASSES` or more classes
     (issue 16's small-hospital regime), and the whole space elsewhere; the rule was set
     after the reported splits were seen.
-
-    The public Ṽ's extension (``public_extension`` = |Ṽ⁺|, ``extension_ratio`` = r; an
-    option, off by default): with class centroids, one cell and a total, a class whose
-    released (shrunk) count is at least r·σ (σ its class sum's noise; r = 15 is about 66
-    documents at ε = 1) samples from the vocabulary's first |Ṽ⁺| phrases, every other class
-    from the first |Ṽ|; the class contrast normalises each class over the first |Ṽ| only,
-    so a class that is not extended draws exactly what it drew without the option.
-    Post-processing. One Ṽ of 100,000 phrases for every class had gained where classes hold
-    many documents and cost the small hospital's twin 0.033. With |Ṽ⁺| = 100,000, paired on
-    the tuning splits: on the 50 Yelp labels' twin +0.019 at ε = 1 over seeds 0–4 but
-    −0.001 over seeds 5–14, and −0.018 / −0.010 at ε = 0.5 / 2; nothing at all where no
-    class reaches r (the small hospital's and OHSUMED's twins); +0.003 / +0.007 / −0.008 on
-    the Yelp categories', medical abstracts' and twenty newsgroups' twins at ε = 1. So it is
-    not a default (benchmarks/notes/2026-12-01-public-extension.md).
 
     The defaults were chosen by measurement on AG News (6,000 private documents, 4
     classes, ε = 1 + 5, keyphrase sequences only, classifier on sentence embeddings);
@@ -423,18 +381,10 @@ class GenerationConfig:
     # None: public for centroid or moments, else histogram
     kde_weighting: str | None = None  # exact kernel: "l1" | "l2" (Gaussian); None: "l1"
     public_vocabulary_size: int | None = None  # |Ṽ| of a public Ṽ; None: per kde_method
-    public_extension: int = 0  # |Ṽ⁺|: a class whose released count is at least
-    # extension_ratio·σ samples from the first |Ṽ⁺| public phrases (every class from the
-    # first |Ṽ|); with class centroids, one cell and a total; 0: off (the default)
-    extension_ratio: float = DEFAULT_EXTENSION_RATIO  # the released count over σ from which
-    # a class samples from Ṽ⁺
     centroid_cells: int | None = None  # K_max cells per class (centroid); None: by epsilon
     cell_share: float = DEFAULT_CELL_SHARE  # with cells: the class sum's share of the KDE's
     cell_kappa: float = DEFAULT_CELL_KAPPA  # with cells: a cell's sum ≥ κ·σ√d (K_c's rule)
     label_prior: float = DEFAULT_LABEL_PRIOR  # centroid: κ of the label names' prior; 0: off
-    label_prior_lead: float = 0.0  # centroid: L, the names' strength at least L·clip(z − 1,
-    # 0, 1) as the releases agree with them by z (density/label_prior.py, prior_strength); 0:
-    # no lead
     sequence_selection: int | None = None  # F: draw F× the sequences, keep the 1/F nearest
     # their class's (or cell's) released direction; 1: off; None: F = 8 with cells, else 1
     consistency_filter: bool | None = None  # keep a sequence only where its own class's
@@ -443,9 +393,6 @@ class GenerationConfig:
     subspace: int | None = DEFAULT_SUBSPACE  # centroid: release in the top-k principal
     # directions of Ṽ's public embeddings (each unit rescaled there to its own norm); 0: the
     # whole space; None: by the number of declared classes (for_classes)
-    document_window: int = DEFAULT_DOCUMENT_WINDOW  # centroid, moments: a document longer
-    # than this many words is embedded in windows of it, averaged (text/embeddings.py); 0:
-    # one piece, of which the model reads its first tokens only
     embed_sample: int = DEFAULT_EMBED_SAMPLE  # centroid, moments: m, about this many units
     # of each class embedded (a Poisson sample at q_c = min(1, m / ñ_c), ñ_c the released
     # class count); 0: every unit
@@ -483,7 +430,6 @@ class GenerationConfig:
                 low=1,
                 high=LIMITS["vocabulary_size"],
             )
-        self._check_extension()
         _check_choice(self.mode, MODES, "mode")
         _check_choice(self.ensemble, ENSEMBLES, "ensemble")
         if not (isinstance(self.bandwidth, (int, float)) and math.isfinite(self.bandwidth)):
@@ -531,35 +477,6 @@ class GenerationConfig:
             )
         return self
 
-    def _check_extension(self) -> None:
-        """``public_extension`` (an integer ≥ 0; more than 0 only with a public Ṽ, class
-        centroids with one cell and a total) and ``extension_ratio`` ≥ 0."""
-        _check_between(self.extension_ratio, field="extension_ratio", high=MAX_EXTENSION_RATIO)
-        _check_int(
-            self.public_extension,
-            name="public_extension",
-            low=0,
-            high=LIMITS["vocabulary_size"],
-        )
-        if self.public_extension and not self._extends:
-            raise ConfigError(
-                "the public Ṽ's extension is for class centroids with one cell, a public Ṽ "
-                "and a total split by released class counts: give those, or "
-                "public_extension 0",
-                field="public_extension",
-            )
-
-    @property
-    def _extends(self) -> bool:
-        """Whether a run of this configuration can extend Ṽ for a class: a public Ṽ, class
-        centroids with one cell, and released class counts to judge a class by."""
-        return (
-            self.vocabulary_selection == "public"
-            and self.density_method == "centroid"
-            and self.cells == 1
-            and self.uses_class_counts
-        )
-
     def _check_vocabulary_and_weighting(self) -> None:
         """``vocabulary_method`` and ``kde_weighting``: known values, and the Gaussian-only
         ones with a Gaussian budget, the L2 weights with the exact kernel."""
@@ -606,14 +523,6 @@ class GenerationConfig:
             raise ConfigError("must be below 1 (the cells need a share)", field="cell_share")
         _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
         _check_between(self.label_prior, field="label_prior", high=MAX_LABEL_PRIOR)
-        _check_between(self.label_prior_lead, field="label_prior_lead", high=MAX_LABEL_PRIOR)
-        _check_int(self.document_window, name="document_window", low=0, high=MAX_DOCUMENT_WINDOW)
-        if self.document_window and not self.embeds_documents:
-            raise ConfigError(
-                "documents are read in windows for class centroids or moments: give "
-                "kde_method centroid or moments, or document_window 0",
-                field="document_window",
-            )
         _check_int(self.embed_sample, name="embed_sample", low=0, high=MAX_EMBED_SAMPLE)
         if self.embed_sample and not self.embeds_documents:
             raise ConfigError(
@@ -716,19 +625,11 @@ class GenerationConfig:
 
     @property
     def candidate_count(self) -> int:
-        """The phrases a run embeds at most: for a public Ṽ, ``public_vocabulary_size`` or
-        its extension, whichever is larger; else ``vocabulary_size``."""
+        """The phrases a run embeds at most: for a public Ṽ, ``public_vocabulary_size``;
+        else ``vocabulary_size``."""
         if self.vocabulary_selection == "public":
-            return max(self.public_size, self.extension_size)
+            return self.public_size
         return self.vocabulary_size
-
-    @property
-    def extension_size(self) -> int:
-        """|Ṽ⁺|: ``public_extension`` where a run can extend Ṽ (a public Ṽ, class
-        centroids with one cell, a total) and it is larger than |Ṽ|; else 0."""
-        if not self._extends or self.public_extension <= self.public_size:
-            return 0
-        return self.public_extension
 
     @property
     def public_size(self) -> int:
@@ -848,7 +749,6 @@ class GenerationConfig:
         out["vocabulary_method"] = self.vocabulary_selection
         out["kde_weighting"] = self.density_weighting
         out["public_vocabulary_size"] = self.public_size
-        out["public_extension"] = self.extension_size
         out["centroid_cells"] = self.cells
         out["sequence_selection"] = self.selection_factor
         out["consistency_filter"] = self.filters_sequences

@@ -7,7 +7,9 @@ through ``benchmarks/experiments.py``) and the public vocabulary the run reads, 
 its bounds, its default (the engine's own, chosen by measurement) and a description for
 the API docs and the command line's help. ``docs/parameters.md`` says, per option and per
 lever, its default, the rule that sets it and the study that chose it. A stored spec that
-recorded the levers reads with them (:func:`stored_levers`, the stored specs' reader).
+recorded the levers reads with them (:func:`stored_levers`, the stored specs' reader), and
+one that names a lever since removed from the engine (:data:`RETIRED_LEVERS`) still reads
+and runs.
 :meth:`DPKPSParams.generation_config` maps them to the engine's configuration, whose own
 checks (the options that go together) run there, with errors that name the field.
 
@@ -70,16 +72,25 @@ RESEARCH_FIELDS: Final = frozenset(
         "class_contrast",
         "contribution_bound",
         "distinct",
-        "document_window",
-        "extension_ratio",
         "kde_weighting",
         "label_prior",
-        "label_prior_lead",
         "max_phrases_per_document",
         "noise_floor",
-        "public_extension",
     }
 )
+# Levers removed from the engine (issue 64): they measured no gain, no default reached them
+# and no benchmark used them (docs/parameters.md). A spec stored while they were job options
+# may name them, each with the values at which it changed nothing: there the name is read
+# and dropped. At another value the job runs as the engine now does and its manifest lists
+# the setting under ``settings_not_applied`` (:func:`retired_settings`). None of them
+# changed what a run charges: the names' lead and the extension were post-processing, and
+# a document read in windows was still one vector of norm ≤ 1 per unit (same noise).
+RETIRED_LEVERS: Final[dict[str, tuple[Any, ...]]] = {
+    "document_window": (0,),  # documents read whole, in windows of this many words
+    "label_prior_lead": (0,),  # the label names' lead, L
+    "public_extension": (0,),  # |Ṽ⁺|, a larger public Ṽ for large classes
+    "extension_ratio": (15,),  # r, the released count over σ from which a class used Ṽ⁺
+}
 # Values of public fields that left with them (no default chooses them, and they measured
 # no gain): the moments density and the thresholded vocabulary.
 RESEARCH_VALUES: Final = {"kde_method": ("moments",), "vocabulary_method": ("threshold",)}
@@ -104,10 +115,11 @@ MechanismEpsilon = Annotated[
 
 def stored_levers(stored: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A stored spec split into what the public model reads and the research levers it
-    names (:data:`RESEARCH_FIELDS`, or a field at one of :data:`RESEARCH_VALUES`).
+    names (:data:`RESEARCH_FIELDS`, :data:`RETIRED_LEVERS`, or a field at one of
+    :data:`RESEARCH_VALUES`).
 
     A job submitted while the levers were public recorded every one of them; it reads
-    and runs with the values it recorded.
+    and runs with the values it recorded, a retired lever's excepted.
 
     >>> stored_levers({"epsilon": 1.0, "noise_floor": 0.0, "kde_method": "moments"})
     ({'epsilon': 1.0}, {'noise_floor': 0.0, 'kde_method': 'moments'})
@@ -115,9 +127,30 @@ def stored_levers(stored: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     public: dict[str, Any] = {}
     levers: dict[str, Any] = {}
     for name, value in stored.items():
-        research = name in RESEARCH_FIELDS or value in RESEARCH_VALUES.get(name, ())
+        research = (
+            name in RESEARCH_FIELDS
+            or name in RETIRED_LEVERS
+            or value in RESEARCH_VALUES.get(name, ())
+        )
         (levers if research else public)[name] = value
     return public, levers
+
+
+def retired_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The retired levers (:data:`RETIRED_LEVERS`) that ``values`` sets to a value that
+    changed a run: the ratio only with an extension, which alone read it.
+
+    >>> retired_settings({"document_window": 0, "label_prior_lead": 32.0, "extension_ratio": 9})
+    {'label_prior_lead': 32.0}
+    """
+    asked = {
+        name: values[name]
+        for name, inert in RETIRED_LEVERS.items()
+        if name in values and values[name] not in inert
+    }
+    if "public_extension" not in asked:
+        asked.pop("extension_ratio", None)
+    return asked
 
 
 class DPKPSParams(BaseModel):
@@ -138,6 +171,12 @@ class DPKPSParams(BaseModel):
         errors = [
             InitErrorDetails(
                 type=PydanticCustomError(
+                    "retired_option",
+                    "{field} was removed from the engine: it measured no gain (docs/parameters.md)",
+                    {"field": name},
+                )
+                if name in RETIRED_LEVERS
+                else PydanticCustomError(
                     "research_option",
                     "{field}{value} is a research setting, not a parameter of the product "
                     "(docs/parameters.md)",
@@ -385,6 +424,12 @@ class DPKPSParams(BaseModel):
         """The engine parameters these parameters set: the public ones, and the research
         levers a stored spec recorded."""
         return tuple(n for n in ENGINE_FIELDS if n in PUBLIC_FIELDS or n in self._stored_levers)
+
+    @property
+    def settings_not_applied(self) -> dict[str, Any]:
+        """The retired levers a stored spec asked for that a run no longer applies
+        (:func:`retired_settings`): it runs with the engine's behaviour in their place."""
+        return retired_settings(self._stored_levers)
 
     def engine_parameters(self) -> dict[str, Any]:
         """Every engine parameter (:data:`ENGINE_FIELDS`): the public fields, and each

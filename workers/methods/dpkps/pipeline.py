@@ -168,16 +168,14 @@ def generate_sequences(
         progress=report,
     )  # fmt: skip
     report("dp_kde", 0.0)
-    core = stages.core_size(config, len(phrases))
     keep = max(config.sequence_length, config.max_phrases_per_document)
-    unit_phrases = stages.unit_phrases(documents, pooled, phrases[:core], keep=keep)
+    unit_phrases = stages.unit_phrases(documents, pooled, phrases, keep=keep)
     unit_labels = [u.label for u in pooled]
     counts = stages.class_counts(unit_labels, label_set=label_set, config=config, the_plan=the_plan)
     grouped = stages.by_class(unit_labels, unit_phrases, label_set)
     releases = stages.release_densities(
-        documents, pooled, units, grouped, embeddings, counts=counts, core=core,
-        embedder=embedder, label_set=label_set, config=config, the_plan=the_plan,
-        progress=report,
+        documents, pooled, units, grouped, embeddings, counts=counts, embedder=embedder,
+        label_set=label_set, config=config, the_plan=the_plan, progress=report,
     )  # fmt: skip
     # from here on: DP outputs and public inputs only (post-processing)
     releases = stages.label_prior(
@@ -185,8 +183,7 @@ def generate_sequences(
     )
     scores = stages.class_scores(releases, config=config)
     drawn = stages.sample(
-        releases, scores, label_set=label_set, counts=counts, core=core, config=config,
-        progress=report,
+        releases, scores, label_set=label_set, counts=counts, config=config, progress=report,
     )  # fmt: skip
     kept = stages.filter_sequences(
         drawn, phrases=phrases, releases=releases, embedder=embedder, label_set=label_set,

@@ -22,6 +22,7 @@ import inspect
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Unpack
 
 from workers.errors import ConfigError
 from workers.llm.attestation import DPKPS, Prompt
@@ -31,9 +32,10 @@ from workers.llm.client import (
     LLMOutcome,
     OnResult,
     Progress,
+    RunOptions,
     check_run,
     complete,
-    run_sync,
+    synchronous,
 )
 from workers.text.cleanup import clean_completion
 
@@ -197,17 +199,12 @@ async def prompt_sequences(
     *,
     endpoint: LLMEndpoint,
     spec: PromptSpec,
-    concurrency: int = 8,
-    max_calls: int | None = None,
-    max_retries: int = 5,
-    backoff_base: float = 0.5,
-    backoff_max: float = 30.0,
-    indices: Sequence[int] | None = None,
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     costs: LLMCosts | None = None,
     clean: bool = True,
     ids: Sequence[int] | None = None,
+    **options: Unpack[RunOptions],
 ) -> list[PromptOutcome]:
     """One completion per keyphrase sequence; outcomes in input order.
 
@@ -223,16 +220,7 @@ async def prompt_sequences(
     """
     endpoint.validate()
     spec.validate()
-    positions = check_run(
-        concurrency=concurrency,
-        max_calls=max_calls,
-        max_retries=max_retries,
-        backoff_base=backoff_base,
-        backoff_max=backoff_max,
-        indices=indices,
-        count=len(sequences),
-    )
-    for position in positions:
+    for position in check_run(count=len(sequences), **options):
         _check_keyphrases(sequences[position], name=f"sequences[{position}]")
     tidy = _cleaned if clean else _as_is
     report: OnResult | None = None
@@ -248,12 +236,6 @@ async def prompt_sequences(
         lambda position: build_messages(sequences[position], spec),
         len(sequences),
         endpoint=endpoint,
-        concurrency=concurrency,
-        max_calls=max_calls,
-        max_retries=max_retries,
-        backoff_base=backoff_base,
-        backoff_max=backoff_max,
-        indices=indices,
         on_result=report,
         progress=progress,
         costs=costs,
@@ -264,6 +246,7 @@ async def prompt_sequences(
             position=position if ids is None else ids[position],
             model=endpoint.model,
         ),
+        **options,
     )
     return [tidy(outcome) for outcome in outcomes]
 
@@ -303,39 +286,5 @@ def _as_is(outcome: LLMOutcome) -> LLMOutcome:
     return outcome
 
 
-def run_prompts(
-    sequences: Sequence[Sequence[str]],
-    *,
-    endpoint: LLMEndpoint,
-    spec: PromptSpec,
-    concurrency: int = 8,
-    max_calls: int | None = None,
-    max_retries: int = 5,
-    backoff_base: float = 0.5,
-    backoff_max: float = 30.0,
-    indices: Sequence[int] | None = None,
-    on_result: OnResult | None = None,
-    progress: Progress | None = None,
-    costs: LLMCosts | None = None,
-    clean: bool = True,
-    ids: Sequence[int] | None = None,
-) -> list[PromptOutcome]:
-    """:func:`prompt_sequences` for synchronous callers (a Celery task, the CLI)."""
-    return run_sync(
-        prompt_sequences(
-            sequences,
-            endpoint=endpoint,
-            spec=spec,
-            concurrency=concurrency,
-            max_calls=max_calls,
-            max_retries=max_retries,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            indices=indices,
-            on_result=on_result,
-            progress=progress,
-            costs=costs,
-            clean=clean,
-            ids=ids,
-        )
-    )
+# For synchronous callers (a Celery task, the CLI).
+run_prompts = synchronous(prompt_sequences)

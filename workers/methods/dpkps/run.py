@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import GenerationConfig, method_description
-from workers.methods.dpkps.params import ENGINE_FIELDS, DPKPSParams
+from workers.methods.dpkps.params import ENGINE_FIELDS, DPKPSParams, retired_settings
 from workers.methods.dpkps.plan import Plan, plan
 from workers.methods.outcome import RunOutcome
 from workers.privacy.events import PrivacyEvent
@@ -97,10 +97,13 @@ def dpkps_outcome(
     from workers.methods.dpkps.pipeline import shuffled
 
     ordered = shuffled(result.sequences, params.seed)
+    manifest = result.manifest()
+    if params.settings_not_applied:  # a stored spec's retired levers (RETIRED_LEVERS)
+        manifest["settings_not_applied"] = params.settings_not_applied
     return RunOutcome(
         sequences=[(s.label, s.keyphrases) for s in ordered],
         texts=None,
-        manifest=result.manifest(),
+        manifest=manifest,
         epsilon_by_mechanism=result.report.by_mechanism(),
         epsilon=float(result.report.epsilon),
         as_planned=result.report.as_planned,
@@ -123,7 +126,6 @@ def stored_config(
         values["consistency_filter"] = parameters["consistency_filter"]
     values.setdefault("subspace", 0)  # a job from before the option ran in the whole space
     values.setdefault("consistency_filter", False)  # and one from before this kept every draw
-    values.setdefault("document_window", 0)  # and read the first tokens of each document
     return GenerationConfig(**values)
 
 
@@ -160,13 +162,19 @@ def dpkps_release(
     """DP-KPS's part of the manifest of a release of a job with the stored ``spec``, whose
     run recorded the manifest ``ran`` and saved ``saved`` sequences, on ``classes``
     declared labels: the method and density that ran, every parameter (the defaults that
-    depend on the label set resolved), the vocabulary, the prompt, the holdout's figure
-    and the sequences drawn. Public: settings and DP outputs."""
+    depend on the label set resolved, and a retired lever a run from before its removal
+    ran with), the settings a stored spec asked for that its run no longer applied, the
+    vocabulary, the prompt, the holdout's figure and the sequences drawn. Public: settings
+    and DP outputs."""
     config = stored_config(spec, ran).for_classes(classes)  # default subspace: by labels
     resolved = config.to_dict()  # the defaults that depend on the mode, resolved
+    parameters = {name: resolved[name] for name in ENGINE_FIELDS}
+    parameters |= retired_settings(ran.get("parameters") or {})
+    not_applied = ran.get("settings_not_applied")  # dpkps_outcome's
     return {
         "method": method_description(config),
-        "parameters": {name: resolved[name] for name in ENGINE_FIELDS},
+        "parameters": parameters,
+        **({"settings_not_applied": not_applied} if not_applied else {}),
         "density": density(config),
         "vocabulary": vocabulary_block(spec),
         "prompt": {

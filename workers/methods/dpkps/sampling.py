@@ -243,28 +243,23 @@ def floored_density(kde: ExactKDE, *, noise_floor: float) -> torch.Tensor:
     return (torch.as_tensor(kde.noisy_density, dtype=torch.float64) - floor).clamp_min(0.0)
 
 
-def class_shares(scores: torch.Tensor, power: float, *, over: int | None = None) -> torch.Tensor:
+def class_shares(scores: torch.Tensor, power: float) -> torch.Tensor:
     """``π_c(v)^power`` of :func:`class_contrast`: the factor it puts on each score, for
-    scores that refine a class's (its cells' directions). Post-processing. ``over``: each
-    row's distribution ``r_c`` is normalised over its first ``over`` phrases only (Ṽ, when
-    the scores also cover Ṽ's extension), so that on those phrases the shares are what
-    they are without the extension.
+    scores that refine a class's (its cells' directions). Post-processing.
 
     >>> s = torch.tensor([[4.0, 4.0, 0.0], [4.0, 0.0, 4.0]])
     >>> class_shares(s, 1.0).tolist()
     [[0.5, 1.0, 0.0], [0.5, 0.0, 1.0]]
-    >>> class_shares(torch.tensor([[4.0, 4.0, 8.0], [4.0, 4.0, 0.0]]), 1.0, over=2).tolist()
-    [[0.5, 0.5, 1.0], [0.5, 0.5, 0.0]]
     """
     power = check_class_contrast(power)
     s = scores.clamp_min(0.0).to(torch.float64)
     tiny = torch.finfo(s.dtype).tiny
-    rel = s / s[:, :over].sum(dim=1, keepdim=True).clamp_min(tiny)
+    rel = s / s.sum(dim=1, keepdim=True).clamp_min(tiny)
     share = rel / rel.sum(dim=0, keepdim=True).clamp_min(tiny)
     return share.pow(power) if power else torch.ones_like(share)
 
 
-def class_contrast(scores: torch.Tensor, power: float, *, over: int | None = None) -> torch.Tensor:
+def class_contrast(scores: torch.Tensor, power: float) -> torch.Tensor:
     """Weight each class's clipped scores by how much of a phrase's mass is that class's.
 
     ``scores`` (C × V) are the clipped bag scores of the C classes. Each row is turned
@@ -273,7 +268,6 @@ def class_contrast(scores: torch.Tensor, power: float, *, over: int | None = Non
     ``s_c(v) · π_c(v)^power``. A phrase every class uses alike ("said", a weekday) keeps
     ``1/C`` of its weight per factor, a phrase one class owns keeps all of it. ``power``
     0 returns the scores unchanged. It reads only released scores: post-processing.
-    ``over``: as :func:`class_shares`.
 
     >>> s = torch.tensor([[4.0, 4.0, 0.0], [4.0, 0.0, 4.0]])
     >>> class_contrast(s, 1.0).tolist()
@@ -284,7 +278,7 @@ def class_contrast(scores: torch.Tensor, power: float, *, over: int | None = Non
     # Entries are ≥ 0, so a zero row or column sum has only zeros above it: dividing by
     # a tiny positive number instead (in class_shares) leaves them 0.
     s = scores.clamp_min(0.0).to(torch.float64)
-    return (s * class_shares(scores, power, over=over)).to(scores.dtype)
+    return (s * class_shares(scores, power)).to(scores.dtype)
 
 
 def sample_from_scores(

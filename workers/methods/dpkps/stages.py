@@ -249,12 +249,6 @@ def embed(
     return embeddings
 
 
-def core_size(config: GenerationConfig, phrases: int) -> int:
-    """Ṽ's first phrases that are every class's; the rest (the public Ṽ's extension, Ṽ⁺)
-    only those classes' whose released count is large (``extension_size``). Public."""
-    return min(config.public_size, phrases) if config.extension_size else phrases
-
-
 def unit_phrases(
     documents: Sequence[str],
     units: Sequence[Unit],
@@ -374,13 +368,13 @@ def release_exact(
 
 
 def release_space(
-    embeddings: torch.Tensor, *, core: int, config: GenerationConfig
+    embeddings: torch.Tensor, *, config: GenerationConfig
 ) -> NDArray[np.float64] | None:
     """USES ONLY DP OUTPUTS AND PUBLIC INPUTS: the public subspace class sums are
-    released in (Ṽ's first ``core`` phrases' embeddings), or None (the whole space)."""
+    released in (of Ṽ's phrases' embeddings), or None (the whole space)."""
     if not config.embeds_documents or config.release_dimension >= EMBEDDING_DIMENSION:
         return None
-    return public_basis(embeddings[:core].cpu().numpy(), config.release_dimension)
+    return public_basis(embeddings.cpu().numpy(), config.release_dimension)
 
 
 def embedded_units(
@@ -412,7 +406,6 @@ def embedded_units(
         embedder,
         documents,
         [units[i].documents for i in chosen],
-        window=config.document_window,
         tick=ticker(progress),
     )
     if basis is not None:
@@ -518,7 +511,6 @@ def release_densities(
     embeddings: torch.Tensor,
     *,
     counts: ClassCounts,
-    core: int,
     embedder: Embedder,
     label_set: Sequence[str],
     config: GenerationConfig,
@@ -538,7 +530,7 @@ def release_densities(
             grouped, embeddings, label_set=label_set, config=config, the_plan=the_plan,
             progress=progress,
         )  # fmt: skip
-    basis = release_space(embeddings, core=core, config=config)
+    basis = release_space(embeddings, config=config)
     rows, row_labels = embedded_units(
         documents, units, unit_ids, rates=counts.rates, basis=basis, embedder=embedder,
         config=config, progress=progress,
@@ -561,9 +553,7 @@ def label_prior(
     pulled towards the embeddings of the declared label names (public schema, public
     model), gated on the released sums and ``counts`` (the released, shrunk class counts).
     Unchanged unless the run uses class centroids with a label prior."""
-    if config.density_method != "centroid" or not (
-        config.label_prior > 0 or config.label_prior_lead > 0
-    ):
+    if config.density_method != "centroid" or config.label_prior <= 0:
         return releases
     named = np.asarray(embedder.encode(list(label_set)), dtype=np.float64)
     names = name_directions(named if releases.basis is None else named @ releases.basis)
@@ -573,7 +563,6 @@ def label_prior(
         names,
         kappa=config.label_prior,
         counts=counts,
-        lead=config.label_prior_lead,
     )
     return replace(releases, centroids=tuple(centroids), mixtures=tuple(mixtures))
 
@@ -620,12 +609,11 @@ def _near(
     config: GenerationConfig,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """``count`` sequences drawn from ``scores`` (over Ṽ's first phrases, or over Ṽ⁺
-    too), kept near the released ``direction`` by the configured selection (none
-    without a direction)."""
+    """``count`` sequences drawn from ``scores`` (over Ṽ), kept near the released
+    ``direction`` by the configured selection (none without a direction)."""
     return sample_near_direction(
         scores,
-        releases.embeddings[: len(scores)],
+        releases.embeddings,
         direction,
         count=count,
         factor=config.selection_factor,
@@ -668,26 +656,12 @@ def _from_cells(
     return drawn
 
 
-def _extended(
-    releases: Releases, counts: list[float] | None, *, core: int, ratio: float
-) -> list[bool]:
-    """Whether each class draws from Ṽ⁺ too: where Ṽ has an extension and the class's
-    released (shrunk) count is at least ``ratio`` noise standard deviations."""
-    return [
-        core < releases.embeddings.shape[0]
-        and counts is not None
-        and max(counts[n], 0.0) >= ratio * noise_std(c.event)
-        for n, c in enumerate(releases.centroids)
-    ]
-
-
 def sample(
     releases: Releases,
     scores: torch.Tensor | None,
     *,
     label_set: Sequence[str],
     counts: ClassCounts,
-    core: int,
     config: GenerationConfig,
     progress: ProgressFn,
 ) -> list[Drawn]:
@@ -716,8 +690,7 @@ def sample(
                 )
                 drawn.extend(_rows(label, rows))
         return drawn
-    weighted = class_contrast(scores, config.class_contrast, over=core)
-    extended = _extended(releases, counts.released, core=core, ratio=config.extension_ratio)
+    weighted = class_contrast(scores, config.class_contrast)
     shares = class_shares(scores, config.class_contrast) if releases.mixtures else None
     for n, label in enumerate(label_set):
         count = counts.wanted[label]
@@ -733,8 +706,9 @@ def sample(
                 if releases.centroids
                 else None
             )
-            over = weighted[n] if extended and extended[n] else weighted[n][:core]
-            near = _near(releases, over, direction, count=count, config=config, generator=generator)
+            near = _near(
+                releases, weighted[n], direction, count=count, config=config, generator=generator
+            )
             drawn.extend(_rows(label, near))
         progress("sequences", (n + 1) / len(label_set))
     return drawn

@@ -36,7 +36,7 @@ from functools import lru_cache
 
 from workers.methods.common import check_label_set
 from workers.methods.pate_tutor.params import PateTutorParams
-from workers.privacy.calibration import GaussianRelease, calibrate_scales, check_calibrated
+from workers.privacy.calibration import GaussianRelease, calibrate_with_share, check_calibrated
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import release_event
 
@@ -79,30 +79,23 @@ def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
     # The sensitivity OpenDP certifies for a vector includes its lattice rounding; the
     # scale does not matter for it.
     certified = vote_release(1.0, 1).sensitivity
-    tutor = len(labels) > 1
     votes = GaussianRelease(
-        mechanism=VOTES,
-        sensitivity=certified,
-        dimension=2,
-        count=params.queries,
-        # weights share μ² per release: the Q queries together get 1 − tutor_share
-        weight=(1.0 - params.tutor_share) / params.queries if tutor else 1.0,
+        mechanism=VOTES, sensitivity=certified, dimension=2, count=params.queries
     )
-    releases = [votes]
-    if tutor:
-        releases.append(
-            GaussianRelease(
-                mechanism=TUTOR,
-                sensitivity=tutor_release(1.0, len(labels)).sensitivity,
-                dimension=len(labels),
-                noise="gaussian",
-                weight=params.tutor_share,
-            )
-        )
-    vote_sigma, *tutor_scale = calibrate_scales(
-        epsilon=params.epsilon, delta=params.delta, releases=releases
+    tutor = GaussianRelease(
+        mechanism=TUTOR,
+        sensitivity=tutor_release(1.0, len(labels)).sensitivity,
+        dimension=len(labels),
+        noise="gaussian",
+        weight=params.tutor_share,
     )
-    tutor_sigma = tutor_scale[0] if tutor_scale else None
+    # the Q queries together get 1 − tutor_share of μ²
+    vote_sigma, tutor_sigma = calibrate_with_share(
+        votes,
+        tutor if len(labels) > 1 else None,  # one class: nothing to count
+        epsilon=params.epsilon,
+        delta=params.delta,
+    )
     events: list[PrivacyEvent] = []
     if tutor_sigma is not None:
         events.append(tutor_release(tutor_sigma, len(labels)))

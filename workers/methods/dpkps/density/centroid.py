@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from workers.errors import ConfigError
 from workers.methods.dpkps.density.common import class_release, within_unit_ball
 from workers.privacy.events import PrivacyEvent
-from workers.text.embeddings import Embedder, encode_documents
+from workers.text.embeddings import Embedder, encode_in_chunks
 
 CENTROID_SCALE = 0.05  # cosine units per e-fold of a phrase's centroid score (τ = 1)
 
@@ -65,14 +65,13 @@ def embed_units(
     documents: Sequence[str],
     units: Sequence[Sequence[int]],
     *,
-    window: int,
     batch: int = EMBED_BATCH,
     tick: Callable[[], None] | None = None,
 ) -> NDArray[np.float64]:
     """:func:`unit_vectors` of ``units`` (each a tuple of indices into ``documents``),
     embedding only their documents, about ``batch`` at a time: the documents' embeddings
     are never held whole, only one float64 row per unit given (a sample's, when sampled).
-    ``tick`` (a cancel check) is passed on to :func:`encode_documents`."""
+    ``tick`` (a cancel check) is passed on to :func:`encode_in_chunks`."""
     out = np.zeros((len(units), embedder.dim))
     start = 0
     while start < len(units):
@@ -82,7 +81,7 @@ def embed_units(
             stop += 1
         chunk = units[start:stop]
         texts = [documents[d] for docs in chunk for d in docs]
-        encoded = encode_documents(embedder, texts, window=window, tick=tick)
+        encoded = encode_in_chunks(embedder, texts, tick=tick)
         first, local = 0, []
         for docs in chunk:
             local.append(range(first, first + len(docs)))

@@ -42,10 +42,6 @@ PRIOR_FLOOR = 0.1  # ŝ is floored at this many noise norms (a class whose sum i
 # tune 0.084, Yelp small tune 0.18, Yelp tune 0.19): the smallest, so μ₁ errs low (towards π₀)
 PRIOR_ALIGNMENT = 0.08
 PRIOR_INFORMATIVE = 0.8  # π₀: declared label names are meant to say what a class is
-# The names' lead (``label_prior_lead`` = L, off by default): where the releases agree with
-# the names by z ≥ PRIOR_AGREEMENT_Z, the names take the lead, strength L; it grows from nothing
-# at z = PRIOR_LEAD_FROM_Z (names that say nothing pass 16 % of the time in part, 2.3 % wholly).
-PRIOR_LEAD_FROM_Z = 1.0
 
 
 def name_directions(embedded: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
@@ -104,13 +100,10 @@ def agreement_power(counts: Sequence[float], names: NDArray[np.float64], sigma: 
     return PRIOR_ALIGNMENT * float(sizes @ lengths) / (sigma * spread)
 
 
-def prior_strength(
-    kappa: float, agreement: float, power: float | None = None, lead: float = 0.0
-) -> float:
+def prior_strength(kappa: float, agreement: float, power: float | None = None) -> float:
     """κ·g: how much of the noise-matched weight the names get. g = clip(z / 2, 0, 1), or,
     given the power μ₁ (:func:`agreement_power`), at least the posterior probability that
-    the names are informative: logistic(μ₁·z − μ₁²/2 + logit π₀). Given a lead L, at least
-    L·clip(z − 1, 0, 1): the agreement alone, with no prior, decides how far the names lead.
+    the names are informative: logistic(μ₁·z − μ₁²/2 + logit π₀).
 
     >>> prior_strength(0.5, 4.0), prior_strength(0.5, 1.0), prior_strength(0.5, -3.0)
     (0.5, 0.25, 0.0)
@@ -118,8 +111,6 @@ def prior_strength(
     0.4
     >>> prior_strength(0.5, -3.0, power=8.0) < 1e-6 < prior_strength(0.5, 4.0, power=8.0)
     True
-    >>> [prior_strength(0.5, z, power=0.0, lead=32.0) for z in (0.5, 1.5, 2.0, 9.0)]
-    [0.4, 16.0, 32.0, 32.0]
     """
     gate = min(max(agreement / PRIOR_AGREEMENT_Z, 0.0), 1.0)
     if power is not None:
@@ -130,9 +121,7 @@ def prior_strength(
         )
         posterior = 0.5 * (1.0 + math.tanh(logit / 2))  # logistic(logit), no overflow
         gate = max(gate, posterior)
-    span = PRIOR_AGREEMENT_Z - PRIOR_LEAD_FROM_Z
-    led = lead * min(max((agreement - PRIOR_LEAD_FROM_Z) / span, 0.0), 1.0)
-    return max(kappa * gate, led)
+    return kappa * gate
 
 
 def with_label_prior(
@@ -174,21 +163,18 @@ def apply_label_prior(
     *,
     kappa: float,
     counts: Sequence[float] | None = None,
-    lead: float = 0.0,
 ) -> tuple[list[CentroidKDE], list[CellMixture]]:
     """Every class's released direction (its cells and combined sum when there are cells)
     pulled towards its name's unit embedding (``names``, one row per class, same order), by
     a strength gated on how far the first releases agree with the names and, given the
-    released class counts (shrunk, same order), how much that agreement could tell; with a
-    ``lead``, at least that far as the agreement grows past z = 1 (:func:`prior_strength`):
-    post-processing."""
+    released class counts (shrunk, same order), how much that agreement could tell
+    (:func:`prior_strength`): post-processing."""
     sigma_first = centroids[0].event.scale
     power = None if counts is None else agreement_power(counts, names, sigma_first)
     strength = prior_strength(
         kappa,
         name_agreement(np.stack([c.noisy_sum for c in centroids]), names, sigma_first),
         power,
-        lead,
     )
     if mixtures:
         return list(centroids), [
