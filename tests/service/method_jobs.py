@@ -82,7 +82,7 @@ def job(client: TestClient, world: factories.World, job_id: str) -> dict[str, An
 
 def ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
     response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
-    assert response.status_code == 200
+    assert response.status_code == 200, response.text
     return [entry["kind"] for entry in response.json()["entries"]]
 
 

@@ -34,6 +34,7 @@ from app.worker import (
 )
 from tests.fake_llm import FakeLLM
 from tests.service import factories
+from tests.service.method_jobs import ledger_kinds
 from tests.service.test_worker import (  # fixtures and helpers of the stages' tests
     cache_dir,
     job_of,
@@ -87,12 +88,6 @@ def row(db: Database, job_id: str) -> Job:
         job = session.get(Job, uuid.UUID(job_id))
         assert job is not None
         return job
-
-
-def ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
-    response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
-    assert response.status_code == 200, response.text
-    return [entry["kind"] for entry in response.json()["entries"]]
 
 
 def keyphrases(db: Database, job_id: str) -> list[tuple[int, str, list[str]]]:

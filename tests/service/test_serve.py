@@ -194,16 +194,13 @@ def _submit_job(http: httpx.Client, owner: dict[str, str], *, llm: str) -> tuple
 
 
 def _until_ended(http: httpx.Client, owner: dict[str, str], job: Any) -> Any:
-    def ended() -> Any:
-        nonlocal job
-        if job["state"] in ("queued", "running"):
-            job = _ok(http.get(f"/v1/jobs/{job['id']}", headers=owner), 200)
-        return job["state"] not in ("queued", "running")
+    """The job as it stands once it has ended."""
 
-    factories.wait_for(
-        ended, lambda: f"the job ends (it is {job['state']})", timeout=900, interval=0.5
-    )
-    return job
+    def ended() -> Any:
+        latest = _ok(http.get(f"/v1/jobs/{job['id']}", headers=owner), 200)
+        return None if latest["state"] in ("queued", "running") else latest
+
+    return factories.wait_for(ended, "the job ends", timeout=900, interval=0.5)
 
 
 @pytest.mark.slow
