@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
-import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from app.serve import worker_command
 from tests.service.conftest import DATA_KEY
-from tests.service.test_end_to_end import REDIS_URL, REPO, Worker
+from tests.service.test_end_to_end import REDIS_URL, Worker
 
 __all__ = [
     "REDIS_URL",
@@ -42,8 +38,6 @@ __all__ = [
     "purge",
     "worker_env",
 ]
-
-START_TIMEOUT = 180.0  # seconds; two shared, busy cores
 
 
 def base_env(cache_dir: Path, **extra: str) -> dict[str, str]:
@@ -76,50 +70,9 @@ def worker_env(database_url: str, prefix: str, cache_dir: Path, **extra: str) ->
     )
 
 
-class RealWorker(Worker):
-    """A started worker: its process group can be killed, its log read."""
-
-    @classmethod
-    def start(cls, env: dict[str, str], log: Path, name: str) -> RealWorker:
-        with open(log, "wb") as output:
-            process = subprocess.Popen(
-                worker_command(name),
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=output,
-                start_new_session=True,
-            )
-        worker = cls(process, log)
-        deadline = time.monotonic() + START_TIMEOUT
-        try:
-            while "ready." not in worker.text():
-                assert process.poll() is None, f"the worker exited:\n{worker.text()[-3000:]}"
-                assert time.monotonic() < deadline, "the worker did not start in time"
-                time.sleep(0.2)
-        except BaseException:
-            worker.kill()
-            raise
-        return worker
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the worker and its pool children (its whole process group)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        """A warm shutdown if it is still running, then nothing of it left."""
-        if self.alive:
-            self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=60)
-        self.kill()
+# a started worker (``RealWorker.start(env, log, name)``): its process group can be
+# killed, its log read
+RealWorker = Worker
 
 
 def expire_visibility(prefix: str) -> int:

@@ -1,5 +1,6 @@
 """Fixtures of the service tests: a fresh Postgres database per test session, made by
-the migrations, emptied after every test; the app; one caller per role and organisation.
+the migrations, emptied after every test; the app; one caller per role and organisation;
+a fake OpenAI-compatible LLM server (``tests/fake_llm.py``).
 
 The database is ``keyseed_t_<random>`` on the server of ``KEYSEED_TEST_POSTGRES``
 (default: the local server), created and dropped by
@@ -25,6 +26,7 @@ from app.db import Database
 from app.main import create_app
 from app.models import Base
 from benchmarks.scratch import scratch_database
+from tests.fake_llm import FakeLLM
 from tests.service import factories
 
 # Only CREATE DATABASE and DROP DATABASE run on this connection; its tables are never read.
@@ -95,3 +97,10 @@ def db(app: FastAPI) -> Iterator[Database]:
 @pytest.fixture
 def world(db: Database) -> factories.World:
     return factories.build_world(db)
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeLLM]:
+    """A fake OpenAI-compatible LLM server, running for the test."""
+    with FakeLLM() as fake:
+        yield fake

@@ -1,4 +1,5 @@
-"""Small factories: organisations and keys per role, uploads, job specs, finished jobs.
+"""Small factories: organisations and keys per role, uploads, job specs, finished jobs,
+releases; the ``keyseed`` command as a subprocess; a wait on a condition.
 
 A test gets a caller of a given role with ``world.owner.headers`` (and ``admin``,
 ``auditor``, ``other_owner``, ``client``, ``other_client``); each caller also knows its
@@ -10,13 +11,18 @@ from __future__ import annotations
 
 import csv
 import io
+import subprocess
+import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from httpx import Response
@@ -29,6 +35,7 @@ from app.identity.policy import Actor
 from app.jobs import runner
 from app.jobs.stages import WorkerContext
 
+REPO = Path(__file__).resolve().parents[2]
 SYSTEM = Actor.system("tests")
 # Owner organisations of the tests get room for many datasets (tests of the budget
 # itself set their own).
@@ -181,12 +188,62 @@ def spec(**overrides: Any) -> dict[str, Any]:
     return values
 
 
-def job(client: TestClient, caller: Caller, dataset_id: str, **overrides: Any) -> str:
-    response = client.post(
-        f"/v1/datasets/{dataset_id}/jobs", headers=caller.headers, json=spec(**overrides)
+def submit(
+    client: TestClient, caller: Caller, dataset_id: str, *, dry_run: bool = False, **overrides: Any
+) -> Response:
+    """The answer to a job of :func:`spec` with ``overrides`` submitted on the dataset (or,
+    with ``dry_run``, to its plan only)."""
+    query = "?dry_run=true" if dry_run else ""
+    return client.post(
+        f"/v1/datasets/{dataset_id}/jobs{query}", headers=caller.headers, json=spec(**overrides)
     )
+
+
+def job(client: TestClient, caller: Caller, dataset_id: str, **overrides: Any) -> str:
+    response = submit(client, caller, dataset_id, **overrides)
     assert response.status_code == 202, response.text
     return str(response.json()["id"])
+
+
+def dry_run(client: TestClient, caller: Caller, dataset_id: str, **overrides: Any) -> Any:
+    """The plan of a job of :func:`spec` with ``overrides``: what it would cost and show."""
+    response = submit(client, caller, dataset_id, dry_run=True, **overrides)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def concurrent_submissions(app: FastAPI, caller: Caller, dataset_id: str, count: int) -> list[int]:
+    """The statuses, sorted, of ``count`` jobs of :func:`spec` submitted at once on the
+    dataset, each by a client of its own on a thread of its own."""
+    statuses: list[int] = []
+    barrier = threading.Barrier(count)
+
+    def submit_one() -> None:
+        local = TestClient(app)
+        barrier.wait()
+        statuses.append(submit(local, caller, dataset_id).status_code)
+
+    threads = [threading.Thread(target=submit_one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return sorted(statuses)
+
+
+def release(
+    client: TestClient, world: World, job_id: str, *, to: Caller | None = None, **body: Any
+) -> dict[str, Any]:
+    """The owner releases a succeeded job to the client's organisation (or ``to``'s),
+    with ``body``'s other fields (a ``name``): the new release."""
+    recipient = world.client if to is None else to
+    response = client.post(
+        f"/v1/jobs/{job_id}/release",
+        headers=world.owner.headers,
+        json={"client_organisations": [str(recipient.organisation_id)], **body},
+    )
+    assert response.status_code == 201, response.text
+    return dict(response.json())
 
 
 SEQUENCES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -235,6 +292,27 @@ def run_job(
             runner.fail(session, job_uuid, "llm_failed", failure)
 
 
+def released(
+    client: TestClient,
+    world: World,
+    db: Database,
+    *,
+    upload: dict[str, Any] | None = None,
+    sequences: Sequence[tuple[str, Sequence[str]]] = SEQUENCES,
+    texts: Sequence[str | None] | None = None,
+    name: str | None = None,
+    **overrides: Any,
+) -> tuple[str, str]:
+    """A job of :func:`spec` with ``overrides`` on a dataset of the owner's (uploaded with
+    ``upload``), run to success with the given outputs (:func:`run_job`) and released to
+    the client's organisation, named ``name`` if given: (the job id, the release id)."""
+    dataset_id = dataset(client, world.owner, **(upload or {}))
+    job_id = job(client, world.owner, dataset_id, **overrides)
+    run_job(db, job_id, sequences=sequences, texts=texts)
+    named: dict[str, Any] = {} if name is None else {"name": name}
+    return job_id, str(release(client, world, job_id, **named)["id"])
+
+
 def queued_message(app: FastAPI, queue_name: str, job_id: str) -> Message:
     """The message queued for ``job_id`` on the app's (in-memory) broker."""
     for message in taken_messages(app, queue_name, timeout=2):
@@ -270,3 +348,49 @@ def worker_context(
         update={"cache_dir": cache_dir, "progress_interval": 0.0, **update}
     )
     return WorkerContext(worker_settings, app.state.database, app.state.cipher)
+
+
+def keyseed(
+    *args: str, env: Mapping[str, str], cwd: Path = REPO, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``keyseed ARGS…`` (``python -m app.cli``) run in ``cwd`` with exactly the
+    environment ``env``: its exit status and its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=cwd,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    what: str | Callable[[], str],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+) -> T:
+    """Poll ``condition`` until it returns something true, and return that; fail naming
+    ``what`` (or what ``what()`` says then, a log's tail) after ``timeout`` seconds. The
+    condition may itself assert what must hold meanwhile (a process still running)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() >= deadline:
+            said = what if isinstance(what, str) else what()
+            raise AssertionError(f"not within {timeout:g} s: {said}")
+        time.sleep(interval)
+    return value
+
+
+def http_ok(url: str, *, timeout: float = 5) -> bool:
+    """Whether ``url`` answers a GET with 200 (a refused or dropped connection: no)."""
+    try:
+        return httpx.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,6 +1,7 @@
 """What the service tests of the LLM methods' jobs share: a worker whose ``vllm`` endpoint
 is a fake OpenAI-compatible server (``tests/fake_llm.py``) and ``local`` the packaged
-model, and the HTTP calls that submit, read, release and download a job."""
+model, and the HTTP calls that submit, read and download a job (``factories.release``
+releases it)."""
 
 from __future__ import annotations
 
@@ -40,17 +41,23 @@ class Crash(BaseException):
     """The worker process dies here (nothing of the stage catches it)."""
 
 
-def llm_worker(app: FastAPI, settings: Settings, tmp_path: Path, fake: FakeLLM) -> WorkerContext:
-    """A worker on the test database whose ``vllm`` endpoint is ``fake``."""
+def llm_worker(
+    app: FastAPI, settings: Settings, cache_dir: Path, fake: FakeLLM, **update: Any
+) -> WorkerContext:
+    """A worker on the test database whose ``vllm`` endpoint is ``fake`` (one retry of a
+    failed call, short backoffs, ``update`` to its other settings)."""
     endpoints = {"vllm": LLMEndpointSettings(base_url=fake.base_url, model=fake.model)}
     return factories.worker_context(
         app,
         settings,
-        tmp_path,
-        llm_endpoints=endpoints,
-        llm_max_retries=1,
-        llm_backoff_base=0.01,
-        llm_backoff_max=0.05,
+        cache_dir,
+        **{
+            "llm_endpoints": endpoints,
+            "llm_max_retries": 1,
+            "llm_backoff_base": 0.01,
+            "llm_backoff_max": 0.05,
+            **update,
+        },
     )
 
 
@@ -75,7 +82,7 @@ def job(client: TestClient, world: factories.World, job_id: str) -> dict[str, An
 
 def ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
     response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
-    assert response.status_code == 200
+    assert response.status_code == 200, response.text
     return [entry["kind"] for entry in response.json()["entries"]]
 
 
@@ -85,16 +92,6 @@ def checkpoints(db: Database, job_id: str) -> dict[str, bytes]:
             select(JobCheckpoint).where(JobCheckpoint.job_id == uuid.UUID(job_id))
         ).all()
         return {row.key: bytes(row.data) for row in rows}
-
-
-def release(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert response.status_code == 201, response.text
-    return dict(response.json())
 
 
 def download(client: TestClient, world: factories.World, release_id: str) -> list[Any]:

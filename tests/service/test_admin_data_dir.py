@@ -10,24 +10,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.service import factories
+
+REPO = factories.REPO
 UNSET = ("DATABASE_URL", "KEYSEED_DATABASE_URL", "KEYSEED_DATA_DIR", "KEYSEED_DATA_KEY")
 
 
 def admin(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if k not in UNSET}
     environment.update(PYTHONPATH=str(REPO), **env)
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", "admin", *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return factories.keyseed("admin", *args, env=environment, cwd=cwd)
 
 
 def test_a_command_from_another_directory_refuses_to_create_an_empty_database(

@@ -19,11 +19,7 @@ def test_audit_events_cover_the_life_of_a_dataset_and_hold_no_text(
     dataset_id = factories.dataset(client, world.owner, content=content)
     job_id = factories.job(client, world.owner, dataset_id)
     factories.run_job(db, job_id)
-    release = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    ).json()
+    release = factories.release(client, world, job_id)
     client.get(f"/v1/releases/{release['id']}/download", headers=world.client.headers)
     client.delete(f"/v1/datasets/{dataset_id}", headers=world.owner.headers)
     response = client.get(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,6 @@ from workers.methods.aug_pe.runner import METHOD
 from workers.methods.skeleton import costs_key
 
 LABELS = list(factories.LABELS)
-
-
-@pytest.fixture
-def fake_llm() -> Iterator[FakeLLM]:
-    with FakeLLM() as fake:
-        yield fake
 
 
 @pytest.fixture
@@ -79,13 +72,7 @@ def test_an_aug_pe_job_runs_is_released_and_downloaded(
     # no private text ever reached the LLM
     assert not any(text in p for text, _ in factories.ROWS for p in fake_llm.prompts())
 
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert response.status_code == 201, response.text
-    release = response.json()
+    release = factories.release(client, world, job_id)
     manifest = release["manifest"]
     assert release["documents"] == 2 and manifest["method_id"] == "aug-pe"
     assert manifest["method"].startswith("Aug-PE")

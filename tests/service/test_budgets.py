@@ -267,11 +267,7 @@ def test_released_corpora_are_not_downloadable_with_platform_keys(
     dataset_id = factories.dataset(client, world.owner)
     job_id = factories.job(client, world.owner, dataset_id)
     factories.run_job(db, job_id)
-    release = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    ).json()
+    release = factories.release(client, world, job_id)
     caller = getattr(world, role)
     response = client.get(f"/v1/releases/{release['id']}/download", headers=caller.headers)
     assert response.status_code == 403

@@ -29,17 +29,6 @@ __all__ = ["cache_dir", "worker"]
 pytestmark = pytest.mark.slow
 
 
-def _release(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
 def _stored_audit(db: Database, job_id: str) -> dict[str, Any]:
     with db.session() as session:
         job = session.get(Job, uuid.UUID(job_id))
@@ -68,7 +57,7 @@ def test_a_real_job_s_release_report_carries_the_audit(
     dataset = client.get(f"/v1/datasets/{dataset_id}", headers=world.owner.headers).json()
     assert dataset["documents"] == len(factories.ROWS)
 
-    release = _release(client, world, job_id)
+    release = factories.release(client, world, job_id)
     audit = release["manifest"]["empirical_audit"]
     assert audit["canary_set"] == stored  # public from the release on: reproducible
     assert (audit["canaries"], audit["guesses"], audit["confidence"]) == (64, 32, 0.95)
@@ -112,7 +101,7 @@ def test_a_job_can_opt_out_of_the_audit(
     with db.session() as session:
         job = session.get(Job, uuid.UUID(job_id))
         assert job is not None and "audit" not in (job.manifest or {})
-    release = _release(client, world, job_id)
+    release = factories.release(client, world, job_id)
     assert "empirical_audit" not in release["manifest"]
     body = client.get(f"/v1/releases/{release['id']}/report", headers=world.owner.headers).json()
     assert body["empirical_audit"] is None
@@ -127,10 +116,6 @@ def test_a_job_can_opt_out_of_the_audit(
 def test_the_number_of_canaries_is_checked(client: TestClient, world: factories.World) -> None:
     dataset_id = factories.dataset(client, world.owner)
     for bad in (-1, 1001, True, 2.5):
-        response = client.post(
-            f"/v1/datasets/{dataset_id}/jobs",
-            headers=world.owner.headers,
-            json=factories.spec(audit_canaries=bad),
-        )
+        response = factories.submit(client, world.owner, dataset_id, audit_canaries=bad)
         assert response.status_code == 422, (bad, response.text)
         assert "audit_canaries" in response.text

@@ -9,15 +9,13 @@ from fastapi.testclient import TestClient
 
 from tests.service import factories
 
-
-def _dry_run(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any) -> Any:
-    response = client.post(
-        f"/v1/datasets/{dataset_id}/jobs?dry_run=true",
-        headers=caller.headers,
-        json=factories.spec(**spec),
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
+# a total budget (ε 1, δ 1e-6) in place of ε per mechanism: the Gaussian mechanism
+GAUSSIAN: dict[str, Any] = {
+    "epsilon_vocab": None,
+    "epsilon_kde": None,
+    "epsilon": 1.0,
+    "delta": 1e-6,
+}
 
 
 def test_the_noise_per_score_is_shown_beside_the_documents_it_must_stand_out_from(
@@ -25,14 +23,8 @@ def test_the_noise_per_score_is_shown_beside_the_documents_it_must_stand_out_fro
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
     plans = {
-        epsilon: _dry_run(
-            client,
-            world.owner,
-            dataset_id,
-            epsilon_vocab=None,
-            epsilon_kde=None,
-            epsilon=epsilon,
-            delta=1e-6,
+        epsilon: factories.dry_run(
+            client, world.owner, dataset_id, **{**GAUSSIAN, "epsilon": epsilon}
         )
         for epsilon in (1.0, 3.0)  # below ε = 4: the same releases (no cells)
     }
@@ -55,7 +47,7 @@ def test_a_laplace_plan_reports_its_standard_deviation(
     client: TestClient, world: factories.World
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=50)
-    plan = _dry_run(client, world.owner, dataset_id)  # ε per mechanism: pure Laplace
+    plan = factories.dry_run(client, world.owner, dataset_id)  # ε per mechanism: pure Laplace
     for row, event in zip(plan["noise"], plan["events"], strict=True):
         assert row["noise"] == event["noise"]
         if event["noise"] in ("laplace", "discrete_laplace"):
@@ -69,25 +61,15 @@ def test_a_dry_run_that_would_not_fit_is_refused_as_the_submission_would_be(
     client: TestClient, world: factories.World
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=2, delta_cap="1e-5")
-    spec = factories.spec(epsilon_vocab=None, epsilon_kde=None, epsilon=3.0, delta=1e-6)
-    dry = client.post(
-        f"/v1/datasets/{dataset_id}/jobs?dry_run=true", headers=world.owner.headers, json=spec
-    )
-    real = client.post(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=spec)
+    spec = {**GAUSSIAN, "epsilon": 3.0}
+    dry = factories.submit(client, world.owner, dataset_id, dry_run=True, **spec)
+    real = factories.submit(client, world.owner, dataset_id, **spec)
     assert dry.status_code == real.status_code == 409
     assert dry.headers["content-type"].startswith("application/problem+json")
     assert dry.json()["detail"] == real.json()["detail"]
     assert dry.json()["remaining"] == real.json()["remaining"] == {"epsilon": 2.0, "delta": 1e-5}
     # a job that fits shows the figures as they would stand with it reserved
-    fits = _dry_run(
-        client,
-        world.owner,
-        dataset_id,
-        epsilon_vocab=None,
-        epsilon_kde=None,
-        epsilon=1.0,
-        delta=1e-6,
-    )
+    fits = factories.dry_run(client, world.owner, dataset_id, **GAUSSIAN)
     after = fits["budget_after"]
     assert after["epsilon_cap"] == 2.0 and after["spent"] == 0.0
     # the job is ε = 1 at its δ = 1e-6; the ledger states it at the cap's δ = 1e-5: less
@@ -102,15 +84,7 @@ def test_the_owner_gets_a_verdict_in_words_and_others_none(
     client: TestClient, world: factories.World
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
-    plan = _dry_run(
-        client,
-        world.owner,
-        dataset_id,
-        epsilon_vocab=None,
-        epsilon_kde=None,
-        epsilon=1.0,
-        delta=1e-6,
-    )
+    plan = factories.dry_run(client, world.owner, dataset_id, **GAUSSIAN)
     verdict = plan["verdict"]
     # two documents a class against σ = 4.22: weak, and no ε up to 10 makes it strong
     assert verdict["level"] == "weak"
@@ -119,11 +93,7 @@ def test_the_owner_gets_a_verdict_in_words_and_others_none(
     assert verdict["epsilon_for_strong"] is None
     assert "weak class separation" in verdict["summary"]
     assert "too few documents a class" in verdict["summary"]
-    admin = client.post(
-        f"/v1/datasets/{dataset_id}/jobs?dry_run=true",
-        headers=world.admin.headers,
-        json=factories.spec(epsilon_vocab=None, epsilon_kde=None, epsilon=1.0, delta=1e-6),
-    )
+    admin = factories.submit(client, world.admin, dataset_id, dry_run=True, **GAUSSIAN)
     if admin.status_code == 200:  # platform roles may plan; they get no raw-count verdict
         assert admin.json()["verdict"] is None
     else:

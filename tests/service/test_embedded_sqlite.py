@@ -56,35 +56,15 @@ def test_budget_race_and_flow_on_sqlite(embedded: tuple[FastAPI, Database]) -> N
     world = factories.build_world(database)
     client = TestClient(app)
     dataset_id = factories.dataset(client, world.owner, cap=3)
-    statuses: list[int] = []
-    barrier = threading.Barrier(6)
-
-    def submit() -> None:
-        local = TestClient(app)
-        barrier.wait()
-        response = local.post(
-            f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers, json=factories.spec()
-        )
-        statuses.append(response.status_code)
-
-    threads = [threading.Thread(target=submit) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert sorted(statuses) == [202] * 3 + [409] * 3
+    statuses = factories.concurrent_submissions(app, world.owner, dataset_id, 6)
+    assert statuses == [202] * 3 + [409] * 3
     jobs = client.get(f"/v1/datasets/{dataset_id}/jobs", headers=world.owner.headers).json()
     factories.run_job(database, jobs[0]["id"])
     ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers).json()
     assert ledger["budget"] == {**ledger["budget"], "spent": 1.0, "reserved": 2.0, "remaining": 0.0}
-    release = client.post(
-        f"/v1/jobs/{jobs[0]['id']}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert release.status_code == 201
+    release = factories.release(client, world, jobs[0]["id"])
     download = client.get(
-        f"/v1/releases/{release.json()['id']}/download?format=csv", headers=world.client.headers
+        f"/v1/releases/{release['id']}/download?format=csv", headers=world.client.headers
     )
     assert download.status_code == 200 and len(download.text.splitlines()) == 4
 

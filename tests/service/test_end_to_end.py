@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import redis
@@ -55,11 +55,59 @@ SPEC: dict[str, Any] = {
 
 
 class Worker:
-    """A Celery worker subprocess and its log."""
+    """A Celery worker subprocess and its log. It runs in a session of its own, so
+    :meth:`kill` SIGKILLs the main process and its pool child at once, as a crash of the
+    machine or the container would."""
 
     def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
         self.process = process
         self.log = log
+
+    @classmethod
+    def start(cls, env: dict[str, str], log: Path, name: str, *, timeout: float = 180.0) -> Self:
+        """``worker_command(name)`` with the environment ``env`` and its output in ``log``,
+        once it is ready (killed if it is not within ``timeout`` seconds)."""
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                worker_command(name),
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
+                start_new_session=True,
+            )
+        worker = cls(process, log)
+
+        def ready() -> bool:
+            assert worker.alive, f"the worker exited:\n{worker.text()[-3000:]}"
+            return "ready." in worker.text()
+
+        try:
+            factories.wait_for(ready, "the worker starts", timeout=timeout, interval=0.2)
+        except BaseException:
+            worker.kill()
+            raise
+        return worker
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children (its whole process group)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self, *, grace: float = 60.0) -> None:
+        """A warm shutdown if it is still running (``grace`` seconds to finish), then
+        nothing of it left."""
+        if self.alive:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=grace)
+        self.kill()
 
     def text(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")
@@ -106,32 +154,11 @@ def worker(database_url: str, prefix: str, tmp_path: Path) -> Iterator[Worker]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            worker_command(prefix.rstrip(":")),
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=output,
-            start_new_session=True,
-        )
-    handle = Worker(process, log)
+    handle = Worker.start(env, log, prefix.rstrip(":"), timeout=300)
     try:
-        deadline = time.monotonic() + 300
-        while "ready." not in handle.text():
-            assert process.poll() is None, f"the worker exited:\n{handle.text()[-3000:]}"
-            assert time.monotonic() < deadline, "the worker did not start in 5 minutes"
-            time.sleep(0.5)
         yield handle
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)  # warm shutdown
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=90)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+        handle.stop(grace=90)
 
 
 def test_a_job_runs_end_to_end_on_a_real_worker(
@@ -175,15 +202,14 @@ def _run(client: TestClient, world: factories.World, worker: Worker, tmp_path: P
 
     # the real worker runs it; progress is visible while it runs
     seen_stages: set[str] = set()
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while True:
+
+    def ended() -> dict[str, Any] | None:
         job = client.get(f"/v1/jobs/{job_id}", headers=owner).json()
         if job["stage"]:
             seen_stages.add(job["stage"])
-        if job["state"] not in ("queued", "running"):
-            break
-        assert time.monotonic() < deadline, f"the job is still {job['state']}: {job}"
-        time.sleep(0.5)
+        return None if job["state"] in ("queued", "running") else dict(job)
+
+    job = factories.wait_for(ended, "the job ends", timeout=JOB_TIMEOUT, interval=0.5)
     assert job["state"] == "succeeded", (job, worker.text()[-4000:])
     assert "prompts" in seen_stages
     count = SPEC["per_class"] * len(labels)
@@ -192,13 +218,8 @@ def _run(client: TestClient, world: factories.World, worker: Worker, tmp_path: P
     assert job["counts"]["llm_calls"] >= count
 
     # released to the lab, downloaded by the lab
-    release = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=owner,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert release.status_code == 201, release.text
-    release_id = release.json()["id"]
+    release = factories.release(client, world, job_id)
+    release_id = release["id"]
     download = client.get(
         f"/v1/releases/{release_id}/download",
         params={"format": "jsonl"},
@@ -227,7 +248,7 @@ def _run(client: TestClient, world: factories.World, worker: Worker, tmp_path: P
     assert budget["remaining"] == CAP - epsilon == budget["epsilon_cap"] - budget["spent"]
 
     # the manifest: method, parameters, ε by mechanism, models, time
-    manifest = release.json()["manifest"]
+    manifest = release["manifest"]
     assert manifest["method"].startswith("DP-KPS")
     assert manifest["job_id"] == job_id and manifest["documents"] == count
     for name, value in SPEC.items():

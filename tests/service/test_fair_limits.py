@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -236,13 +236,6 @@ def test_a_waiting_job_is_no_orphan_and_is_sent_when_the_job_before_it_is_cancel
 # ------------------------------------------------------------------ delete stops the job
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def slow_llm() -> Iterator[FakeLLM]:
     with FakeLLM(latency=0.2) as fake:
@@ -269,7 +262,9 @@ def test_deleting_the_dataset_stops_its_running_job_within_seconds(
     )
     thread.start()
     try:
-        wait_for(lambda: len(slow_llm.chat_requests) >= 20, "the LLM calls are under way", 300)
+        factories.wait_for(
+            lambda: len(slow_llm.chat_requests) >= 20, "the LLM calls are under way", timeout=300
+        )
         assert thread.is_alive()
         started = time.monotonic()
         deleted = client.delete(f"/v1/datasets/{dataset_id}", headers=world.owner.headers)

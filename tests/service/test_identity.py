@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -153,14 +152,7 @@ def _key_id(client: TestClient, world: factories.World) -> str:
 def _cli(database_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "DATABASE_URL": database_url, "KEYSEED_DATA_KEY": DATA_KEY, **env}
     environment.pop("KEYSEED_DATABASE_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", "admin", *args],
-        cwd=REPO,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return factories.keyseed("admin", *args, env=environment)
 
 
 def test_admin_command_line(client: TestClient, database_url: str, db: Database) -> None:

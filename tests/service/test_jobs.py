@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from typing import Any
 
@@ -17,12 +16,6 @@ from app.worker import RUN_SEQUENCES
 from tests.service import factories
 from workers.methods.dpkps.config import GenerationConfig
 from workers.methods.dpkps.params import ENGINE_FIELDS, PUBLIC_FIELDS, RESEARCH_FIELDS
-
-
-def _submit(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any):  # type: ignore[no-untyped-def]
-    return client.post(
-        f"/v1/datasets/{dataset_id}/jobs", headers=caller.headers, json=factories.spec(**spec)
-    )
 
 
 def test_the_spec_carries_every_public_engine_parameter_with_the_engine_defaults() -> None:
@@ -64,7 +57,7 @@ def test_over_budget_is_409_naming_what_was_asked_and_what_remains(
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=1.5)
     factories.job(client, world.owner, dataset_id)
-    response = _submit(client, world.owner, dataset_id)
+    response = factories.submit(client, world.owner, dataset_id)
     assert response.status_code == 409
     assert response.headers["content-type"] == "application/problem+json"
     body = response.json()
@@ -83,7 +76,9 @@ def test_decimal_budget_arithmetic_fits_ten_tenths_in_one(
     for _ in range(10):
         factories.job(client, world.owner, dataset_id, epsilon_vocab=0.05, epsilon_kde=0.05)
     assert (
-        _submit(client, world.owner, dataset_id, epsilon_vocab=0.05, epsilon_kde=0.05).status_code
+        factories.submit(
+            client, world.owner, dataset_id, epsilon_vocab=0.05, epsilon_kde=0.05
+        ).status_code
         == 409
     )
 
@@ -132,7 +127,7 @@ def test_bad_specs_are_422_naming_the_field(
     client: TestClient, world: factories.World, overrides: dict[str, Any], field: str
 ) -> None:
     dataset_id = factories.dataset(client, world.owner)
-    response = _submit(client, world.owner, dataset_id, **overrides)
+    response = factories.submit(client, world.owner, dataset_id, **overrides)
     assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["field"] == field
@@ -184,7 +179,7 @@ def test_a_configured_llm_endpoint_is_chosen_by_name(
     client: TestClient, world: factories.World
 ) -> None:
     dataset_id = factories.dataset(client, world.owner)
-    response = _submit(
+    response = factories.submit(
         client,
         world.owner,
         dataset_id,
@@ -200,10 +195,10 @@ def test_a_configured_llm_endpoint_is_chosen_by_name(
 def test_who_may_submit_and_read_jobs(client: TestClient, world: factories.World) -> None:
     dataset_id = factories.dataset(client, world.owner)
     job_id = factories.job(client, world.owner, dataset_id)
-    assert _submit(client, world.other_owner, dataset_id).status_code == 404
-    assert _submit(client, world.owner, str(uuid.uuid4())).status_code == 404
+    assert factories.submit(client, world.other_owner, dataset_id).status_code == 404
+    assert factories.submit(client, world.owner, str(uuid.uuid4())).status_code == 404
     for name in ("admin", "auditor", "client"):
-        assert _submit(client, getattr(world, name), dataset_id).status_code == 403
+        assert factories.submit(client, getattr(world, name), dataset_id).status_code == 403
     for name in ("owner", "admin", "auditor"):
         caller = getattr(world, name)
         assert client.get(f"/v1/jobs/{job_id}", headers=caller.headers).status_code == 200
@@ -261,20 +256,8 @@ def test_concurrent_submissions_never_overspend_on_postgres(
     app: FastAPI, client: TestClient, world: factories.World
 ) -> None:
     dataset_id = factories.dataset(client, world.owner, cap=5)
-    statuses: list[int] = []
-    barrier = threading.Barrier(8)
-
-    def submit() -> None:
-        local = TestClient(app)
-        barrier.wait()
-        statuses.append(_submit(local, world.owner, dataset_id).status_code)
-
-    threads = [threading.Thread(target=submit) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert sorted(statuses) == [202] * 5 + [409] * 3
+    statuses = factories.concurrent_submissions(app, world.owner, dataset_id, 8)
+    assert statuses == [202] * 5 + [409] * 3
     ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers).json()
     assert ledger["budget"]["reserved"] == 5.0 and ledger["budget"]["remaining"] == 0.0
     assert len(ledger["entries"]) == 5
@@ -293,7 +276,7 @@ def test_submission_queues_one_message_with_the_job_id_and_request_id(
     found = factories.queued_message(app, "cpu", job_id)
     assert found.headers["task"] == RUN_SEQUENCES
     assert found.headers["request_id"] == "req-0123456789"
-    refused = _submit(client, world.owner, dataset_id, epsilon_kde=100)
+    refused = factories.submit(client, world.owner, dataset_id, epsilon_kde=100)
     assert refused.status_code == 409
 
 

@@ -38,6 +38,14 @@ def _budget(db: Database, dataset_id: str) -> ledger.Budget:
         return ledger.budget(session, dataset)
 
 
+@pytest.fixture
+def queued(client: TestClient, world: factories.World) -> tuple[str, uuid.UUID]:
+    """A job of the factory spec queued on a dataset of the owner's, its ε reserved:
+    (the dataset id, the job id)."""
+    dataset_id = factories.dataset(client, world.owner)
+    return dataset_id, uuid.UUID(factories.job(client, world.owner, dataset_id))
+
+
 def test_spent_reserved_and_remaining_follow_the_entries(
     client: TestClient, world: factories.World, db: Database
 ) -> None:
@@ -55,10 +63,9 @@ def test_spent_reserved_and_remaining_follow_the_entries(
 
 
 def test_commit_is_charged_exactly_once_and_never_released(
-    client: TestClient, world: factories.World, db: Database
+    db: Database, queued: tuple[str, uuid.UUID]
 ) -> None:
-    dataset_id = factories.dataset(client, world.owner)
-    job_id = uuid.UUID(factories.job(client, world.owner, dataset_id))
+    dataset_id, job_id = queued
     with db.transaction() as session:
         first = ledger.commit_spend(session, job_id, WORKER)
     with db.transaction() as session:
@@ -73,10 +80,9 @@ def test_commit_is_charged_exactly_once_and_never_released(
 
 
 def test_a_released_reservation_cannot_be_spent(
-    client: TestClient, world: factories.World, db: Database
+    db: Database, queued: tuple[str, uuid.UUID]
 ) -> None:
-    dataset_id = factories.dataset(client, world.owner)
-    job_id = uuid.UUID(factories.job(client, world.owner, dataset_id))
+    _, job_id = queued
     with db.transaction() as session:
         ledger.release_reservation(session, job_id, WORKER)
         assert ledger.release_reservation(session, job_id, WORKER).kind == "release"
@@ -98,10 +104,13 @@ def test_entries_cannot_be_edited_or_deleted(
 
 
 def test_the_worker_commits_before_it_can_read_private_documents(
-    client: TestClient, world: factories.World, db: Database, app: FastAPI
+    client: TestClient,
+    world: factories.World,
+    db: Database,
+    app: FastAPI,
+    queued: tuple[str, uuid.UUID],
 ) -> None:
-    dataset_id = factories.dataset(client, world.owner)
-    job_id = uuid.UUID(factories.job(client, world.owner, dataset_id))
+    dataset_id, job_id = queued
     cipher = app.state.cipher
     with db.transaction() as session, pytest.raises(Conflict):
         next(runner.private_documents(session, cipher, job_id))

@@ -38,7 +38,6 @@ from tests.service.method_jobs import (
     download,
     ledger_kinds,
     llm_worker,
-    release,
     submit,
 )
 from tests.service.method_jobs import job as job_of
@@ -153,7 +152,7 @@ def test_a_pate_tutor_job_runs_on_the_local_llm_is_released_and_downloaded(
     assert job["llm_costs"]["completion_tokens"] > 0 and job["llm_costs"]["wall_seconds"] > 0
     assert ledger_kinds(client, world, dataset_id) == ["reserve", "commit"]
 
-    released = release(client, world, job_id)
+    released = factories.release(client, world, job_id)
     manifest = released["manifest"]
     assert manifest["method_id"] == "pate-tutor" and manifest["method"].startswith("PATE")
     assert manifest["parameters"]["queries"] == 4 and manifest["parameters"]["teachers"] == 2
@@ -225,7 +224,7 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
     assert job["llm_costs"]["calls"] == len(fake_llm.chat_requests) > calls_before
     assert not any(text in p for text, _ in factories.ROWS for p in fake_llm.prompts())
 
-    released = release(client, world, job_id)
+    released = factories.release(client, world, job_id)
     manifest = released["manifest"]
     assert manifest["method_id"] == "dp-eda" and manifest["method"].startswith("DP-EDA")
     assert manifest["decoder"]["name"] == "llm_reconstruction"  # the manifest names it

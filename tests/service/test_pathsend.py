@@ -21,6 +21,7 @@ from starlette.responses import FileResponse
 
 from app.config import get_settings
 from app.server import PATHSEND, GuardedH11Protocol, server_options
+from tests.service import factories
 
 SIZE = 3 * 2**20 + 123
 
@@ -42,10 +43,12 @@ def _serve(app: Any, loop: str) -> Iterator[str]:
     port = listener.getsockname()[1]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.02)
+
+    def started() -> bool:
+        assert thread.is_alive(), "uvicorn stopped"
+        return server.started
+
+    factories.wait_for(started, "uvicorn starts", timeout=30, interval=0.02)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

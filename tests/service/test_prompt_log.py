@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from app.config import LLMEndpointSettings, Settings
+from app.config import Settings
 from app.db import Database
 from app.jobs import repository as jobs_repo
 from app.jobs import runner, stages
@@ -25,7 +23,7 @@ from app.jobs.stages import WorkerContext
 from app.models import utcnow
 from tests.fake_llm import FakeLLM
 from tests.service import factories
-from tests.service.method_jobs import check_prompt_log, prompt_log
+from tests.service.method_jobs import check_prompt_log, llm_worker, prompt_log
 from tests.service.test_worker import saved_sequences, submit
 from workers.llm.attestation import GENESIS, Prompt, read_jsonl
 
@@ -33,34 +31,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def fake_llm() -> Iterator[FakeLLM]:
-    with FakeLLM() as fake:
-        yield fake
-
-
-@pytest.fixture
 def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) -> WorkerContext:
-    endpoints = {"vllm": LLMEndpointSettings(base_url=fake_llm.base_url, model=fake_llm.model)}
-    return factories.worker_context(
-        app,
-        settings,
-        tmp_path / "cache",
-        llm_endpoints=endpoints,
-        llm_max_retries=2,
-        llm_backoff_base=0.01,
-        llm_backoff_max=0.05,
-    )
+    return llm_worker(app, settings, tmp_path / "cache", fake_llm, llm_max_retries=2)
 
 
 def verify_prompts(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", "verify-prompts", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        timeout=120,
-        check=False,
+    """``keyseed verify-prompts ARGS…`` with nothing of the service's environment."""
+    return factories.keyseed(
+        "verify-prompts", *args, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     )
 
 
@@ -93,13 +71,7 @@ def test_a_jobs_prompts_are_logged_once_served_and_verified_against_the_report(
     ]
     assert all(line["refs"]["model"] == fake_llm.model for line in logged)
 
-    released = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert released.status_code == 201, released.text
-    release_id = released.json()["id"]
+    release_id = factories.release(client, world, job_id)["id"]
     report = client.get(f"/v1/releases/{release_id}/report", headers=world.client.headers)
     attested = report.json()["prompt_log"]
     assert attested["recorded"] is True and attested["prompts"] == 4
@@ -153,12 +125,7 @@ def test_a_job_without_an_llm_attests_that_no_prompt_was_sent(
 ) -> None:
     _, job_id = submit(client, world, llm="none")
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
-    released = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    release_id = released.json()["id"]
+    release_id = factories.release(client, world, job_id)["id"]
     report = client.get(f"/v1/releases/{release_id}/report", headers=world.owner.headers).json()
     assert report["prompt_log"]["prompts"] == 0 and report["prompt_log"]["head"] == GENESIS
     assert "No LLM was used" in report["prompt_log"]["in_words"]

@@ -8,7 +8,6 @@ restarted, is in ``tests/proof/test_embedded_recovery.py``.
 from __future__ import annotations
 
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,9 +34,9 @@ from app.worker import (
 )
 from tests.fake_llm import FakeLLM
 from tests.service import factories
+from tests.service.method_jobs import ledger_kinds
 from tests.service.test_worker import (  # fixtures and helpers of the stages' tests
     cache_dir,
-    fake_llm,
     job_of,
     last_task_id,
     queued_task_ids,
@@ -46,7 +45,7 @@ from tests.service.test_worker import (  # fixtures and helpers of the stages' t
     worker,
 )
 
-__all__ = ["cache_dir", "fake_llm", "worker"]
+__all__ = ["cache_dir", "worker"]
 
 ELSEWHERE = "worker-7.example:4242:1"  # a process of another machine: its row says
 
@@ -91,12 +90,6 @@ def row(db: Database, job_id: str) -> Job:
         return job
 
 
-def ledger_kinds(client: TestClient, world: factories.World, dataset_id: str) -> list[str]:
-    response = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers)
-    assert response.status_code == 200, response.text
-    return [entry["kind"] for entry in response.json()["entries"]]
-
-
 def keyphrases(db: Database, job_id: str) -> list[tuple[int, str, list[str]]]:
     with db.session() as session:
         rows = session.query(KeyphraseSequence).filter_by(job_id=uuid.UUID(job_id)).all()
@@ -122,11 +115,11 @@ def test_the_heartbeat_keeps_this_process_alive(db: Database) -> None:
             return jobs_repo.worker_expiry(session, recovery.this_process())
 
     def beats(after: datetime | None) -> datetime:
-        deadline = time.monotonic() + 30
-        while (value := expiry()) is None or (after is not None and value <= after):
-            assert time.monotonic() < deadline, "the heartbeat did not renew the row"
-            time.sleep(0.05)
-        return value
+        def renewed() -> datetime | None:
+            value = expiry()
+            return value if value is not None and (after is None or value > after) else None
+
+        return factories.wait_for(renewed, "the heartbeat renews the row", timeout=30)
 
     heartbeat = recovery.Heartbeat(db, 2.0).start()  # a beat every half second
     try:

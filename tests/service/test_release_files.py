@@ -30,20 +30,6 @@ from app.releases import export, files
 from tests.service import factories
 
 
-def _release(client: TestClient, world: factories.World, db: Database, **job: Any) -> str:
-    dataset_id = factories.dataset(client, world.owner)
-    texts = job.pop("texts", None)
-    job_id = factories.job(client, world.owner, dataset_id, **job)
-    factories.run_job(db, job_id, texts=texts)
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
-
-
 def _downloads(db: Database) -> int:
     with db.session() as session:
         return int(session.scalar(select(func.count()).select_from(Download)) or 0)
@@ -70,10 +56,15 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield seen
 
 
+@pytest.fixture
+def release_id(client: TestClient, world: factories.World, db: Database) -> str:
+    """A job run to success and released to the client: the release id."""
+    return factories.released(client, world, db)[1]
+
+
 def test_a_download_carries_a_strong_etag_and_answers_304(
-    client: TestClient, world: factories.World, db: Database, settings: Settings
+    client: TestClient, world: factories.World, db: Database, release_id: str
 ) -> None:
-    release_id = _release(client, world, db)
     path = f"/v1/releases/{release_id}/download"
     first = client.get(path, headers=world.client.headers)
     assert first.status_code == 200
@@ -104,9 +95,8 @@ def test_a_download_carries_a_strong_etag_and_answers_304(
 
 
 def test_byte_ranges_206_if_range_and_416(
-    client: TestClient, world: factories.World, db: Database
+    client: TestClient, world: factories.World, db: Database, release_id: str
 ) -> None:
-    release_id = _release(client, world, db)
     path = f"/v1/releases/{release_id}/download?format=csv"
     whole = client.get(path, headers=world.client.headers)
     body, etag, size = whole.content, whole.headers["etag"], len(whole.content)
@@ -143,7 +133,7 @@ def test_each_format_is_rendered_once(
     settings: Settings,
     renders: list[str],
 ) -> None:
-    release_id = _release(client, world, db)
+    _, release_id = factories.released(client, world, db)
     # rendered once the release is made (after its answer), each format once
     assert sorted(renders) == ["csv", "jsonl", "parquet"]
     names = [p.name for p in _files(settings, release_id)]
@@ -169,7 +159,8 @@ def test_concurrent_first_requests_render_once(
     settings: Settings,
     renders: list[str],
 ) -> None:
-    release_id = uuid.UUID(_release(client, world, db))
+    _, released = factories.released(client, world, db)
+    release_id = uuid.UUID(released)
     renders.clear()  # those made with the release (uncompressed)
     with db.session() as session:
         from app.releases import service
@@ -200,9 +191,8 @@ def test_concurrent_first_requests_render_once(
 
 
 def test_gzip_and_zstd_files(
-    client: TestClient, world: factories.World, db: Database, settings: Settings
+    client: TestClient, world: factories.World, settings: Settings, release_id: str
 ) -> None:
-    release_id = _release(client, world, db)
     path = f"/v1/releases/{release_id}/download"
     plain = client.get(path, headers=world.client.headers).content
     packed = client.get(path + "?compression=gzip", headers=world.client.headers)
@@ -239,9 +229,8 @@ def test_gzip_and_zstd_files(
 
 
 def test_files_are_private_on_disk(
-    client: TestClient, world: factories.World, db: Database, settings: Settings
+    client: TestClient, world: factories.World, settings: Settings, release_id: str
 ) -> None:
-    release_id = _release(client, world, db)
     client.get(f"/v1/releases/{release_id}/download", headers=world.client.headers)
     folder = files.folder(settings.data_path, uuid.UUID(release_id))
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
@@ -259,10 +248,9 @@ def test_files_are_private_on_disk(
 
 
 def test_access_to_the_files_is_the_releases(
-    client: TestClient, world: factories.World, db: Database
+    client: TestClient, world: factories.World, release_id: str
 ) -> None:
     """Once the file exists, neither its ETag nor a range opens it to anyone else."""
-    release_id = _release(client, world, db)
     path = f"/v1/releases/{release_id}/download"
     etag = client.get(path, headers=world.client.headers).headers["etag"]
     probes = [{}, {"If-None-Match": etag}, {"Range": "bytes=0-0"}]
@@ -278,9 +266,8 @@ def test_access_to_the_files_is_the_releases(
 
 
 def test_deleting_the_dataset_removes_its_release_files(
-    client: TestClient, world: factories.World, db: Database, settings: Settings
+    client: TestClient, world: factories.World, settings: Settings, release_id: str
 ) -> None:
-    release_id = _release(client, world, db)
     path = f"/v1/releases/{release_id}/download"
     first = client.get(path, headers=world.client.headers)
     client.get(path + "?format=csv&compression=zstd", headers=world.client.headers)

@@ -22,26 +22,9 @@ ONLY_CARDIO = (
 )
 
 
-def _released(
-    client: TestClient,
-    world: factories.World,
-    db: Database,
-    *,
-    sequences: Any = factories.SEQUENCES,
-    texts: list[str | None] | None = None,
-    upload: dict[str, Any] | None = None,
-    **job: Any,
-) -> str:
-    dataset_id = factories.dataset(client, world.owner, **(upload or {}))
-    job_id = factories.job(client, world.owner, dataset_id, **job)
-    factories.run_job(db, job_id, sequences=sequences, texts=texts)
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)], "name": "cardio v1"},
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
+def _released(client: TestClient, world: factories.World, db: Database, **job: Any) -> str:
+    """A job run to success and released as "cardio v1": the release id."""
+    return factories.released(client, world, db, name="cardio v1", **job)[1]
 
 
 def _report(client: TestClient, caller: factories.Caller, release_id: str) -> dict[str, Any]:

@@ -21,24 +21,14 @@ from tests.service import factories
 
 def _release(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any]:
     """The owner releases a succeeded job to the client organisation: the new release."""
-    response = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)], "name": "cardio v1"},
-    )
-    assert response.status_code == 201, response.text
-    release: dict[str, Any] = response.json()
-    return release
+    return factories.release(client, world, job_id, name="cardio v1")
 
 
 def _released(
-    client: TestClient, world: factories.World, db: Database, **job: object
+    client: TestClient, world: factories.World, db: Database, **job: Any
 ) -> tuple[str, str]:
-    dataset_id = factories.dataset(client, world.owner)
-    texts = job.pop("texts", None)
-    job_id = factories.job(client, world.owner, dataset_id, **job)
-    factories.run_job(db, job_id, texts=texts)  # type: ignore[arg-type]
-    return job_id, str(_release(client, world, job_id)["id"])
+    """A job run to success and released: (its id, the release id)."""
+    return factories.released(client, world, db, name="cardio v1", **job)
 
 
 def test_only_a_succeeded_job_is_released_to_client_organisations(
@@ -229,11 +219,7 @@ def test_large_releases_stream_in_batches(
     dataset_id = factories.dataset(client, world.owner)
     job_id = factories.job(client, world.owner, dataset_id)
     factories.run_job(db, job_id, sequences=sequences)
-    release = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.other_client.organisation_id)]},
-    ).json()
+    release = factories.release(client, world, job_id, to=world.other_client)
     with client.stream(
         "GET",
         f"/v1/releases/{release['id']}/download?format=csv",

@@ -75,16 +75,13 @@ def api_server(tmp_path: Path, **settings: str) -> Iterator[Server]:
         )
     database = Database.from_url(url)
     base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert process.poll() is None, log.read_text()
+        return factories.http_ok(f"{base}/healthz", timeout=2)
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the API did not start"
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        factories.wait_for(up, "the API starts", timeout=60, interval=0.2)
         yield Server(base, database, log, data_dir / "keyseed.sqlite3")
     finally:
         process.terminate()

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,15 +43,7 @@ def test_serve_and_demo_are_keyseed_commands() -> None:
 def test_serve_refuses_a_server_database_without_a_document_key(tmp_path: Path) -> None:
     env = _env(tmp_path)
     env["KEYSEED_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:5432/none"
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--no-llm"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = factories.keyseed("serve", "--no-llm", env=env)
     assert done.returncode == 2 and "KEYSEED_DATA_KEY" in done.stderr
 
 
@@ -100,17 +92,15 @@ def serving(tmp_path: Path, *args: str, **env: str) -> Iterator[Server]:
             stderr=output,
         )
     handle = Server(process, log, f"http://127.0.0.1:{port}")
+
+    def ready() -> bool:
+        assert process.poll() is None, f"keyseed serve exited:\n{handle.text()[-3000:]}"
+        return factories.http_ok(f"{handle.base}/readyz")
+
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert process.poll() is None, f"keyseed serve exited:\n{handle.text()[-3000:]}"
-            assert time.monotonic() < deadline, f"not ready in 10 minutes:\n{handle.text()[-3000:]}"
-            try:
-                if httpx.get(f"{handle.base}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        factories.wait_for(
+            ready, lambda: f"ready:\n{handle.text()[-3000:]}", timeout=600, interval=0.5
+        )
         yield handle
     finally:
         if process.poll() is None:
@@ -129,15 +119,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def _bootstrap(tmp_path: Path) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "admin", "bootstrap"],
-        cwd=REPO,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = factories.keyseed("admin", "bootstrap", env=_env(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
 
@@ -212,12 +194,13 @@ def _submit_job(http: httpx.Client, owner: dict[str, str], *, llm: str) -> tuple
 
 
 def _until_ended(http: httpx.Client, owner: dict[str, str], job: Any) -> Any:
-    deadline = time.monotonic() + 900
-    while job["state"] in ("queued", "running"):
-        assert time.monotonic() < deadline, f"the job is still {job['state']}"
-        time.sleep(0.5)
-        job = _ok(http.get(f"/v1/jobs/{job['id']}", headers=owner), 200)
-    return job
+    """The job as it stands once it has ended."""
+
+    def ended() -> Any:
+        latest = _ok(http.get(f"/v1/jobs/{job['id']}", headers=owner), 200)
+        return None if latest["state"] in ("queued", "running") else latest
+
+    return factories.wait_for(ended, "the job ends", timeout=900, interval=0.5)
 
 
 @pytest.mark.slow
@@ -254,14 +237,8 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
     command = attested["verify"].replace("<server>", server.base).split()
     assert command[:2] == ["keyseed", "verify-prompts"]
     key = client["Authorization"].removeprefix("Bearer ")
-    verified = subprocess.run(
-        [sys.executable, "-m", "app.cli", *command[1:]],
-        env={**_env(tmp_path), "PYTHONPATH": str(REPO), "KEYSEED_API_KEY": key},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    verified = factories.keyseed(
+        *command[1:], env={**_env(tmp_path), "PYTHONPATH": str(REPO), "KEYSEED_API_KEY": key}
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "rendered again from their inputs and identical: 2" in verified.stdout
@@ -289,14 +266,6 @@ def test_the_embedded_service_runs_a_job_with_the_local_llm(server: Server, tmp_
 
 
 # ------------------------------------------------------------------ restarts
-
-
-def _until(condition: Callable[[], object], what: str, timeout: float) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
-        time.sleep(0.05)
 
 
 def _gone(pid: int) -> bool:
@@ -327,14 +296,18 @@ def test_a_child_whose_main_process_dies_is_started_again_after_a_back_off(
     child = supervisor.start("sleeper", [sys.executable, "-c", WITH_A_CHILD], grace=5.0)
     try:
         first = child.pid
-        _until(lambda: _pool(first), "the child starts its own child", 30)
+        factories.wait_for(lambda: _pool(first), "the child starts its own child", timeout=30)
         [grandchild] = _pool(first)
         os.kill(first, signal.SIGKILL)
         killed = time.monotonic()
-        _until(lambda: supervisor.check() is None and child.pid != first, "a restart", 30)
+        factories.wait_for(
+            lambda: supervisor.check() is None and child.pid != first, "a restart", timeout=30
+        )
         assert time.monotonic() - killed >= 0.5  # the back-off
         assert child.alive() and _gone(first)
-        _until(lambda: _gone(grandchild), "what was left of the dead child's group goes", 10)
+        factories.wait_for(
+            lambda: _gone(grandchild), "what was left of the dead child's group goes", timeout=10
+        )
         said = capsys.readouterr().err
         assert f"sleeper (pid {first}) exited with status -9; restarting it in 0.5 s" in said
         assert f"started sleeper (pid {child.pid})" in said
@@ -356,7 +329,7 @@ def test_a_crash_loop_is_given_up_after_the_restarts_allowed_a_minute(
         return dead is not None
 
     try:
-        _until(gave_up, "the supervisor gives the crash loop up", 60)
+        factories.wait_for(gave_up, "the supervisor gives the crash loop up", timeout=60)
     finally:
         supervisor.stop_all()
     assert given_up == [child] and len(child.restarted) == 3
@@ -375,17 +348,25 @@ def test_the_embedded_worker_is_restarted_when_its_main_process_dies(tmp_path: P
         endpoints = {"fake": {"base_url": llm.base_url, "model": llm.model}}
         with serving(tmp_path, "--no-llm", KEYSEED_LLM_ENDPOINTS=json.dumps(endpoints)) as server:
             first = server.children()["worker"]
-            _until(lambda: server.text().count(" ready.") == 1, "the worker is ready", 300)
+            factories.wait_for(
+                lambda: server.text().count(" ready.") == 1, "the worker is ready", timeout=300
+            )
             pool = _pool(first)
             assert pool, "the worker has no pool process"
             os.kill(first, signal.SIGKILL)  # its main process alone, as the OOM killer would
 
-            _until(lambda: server.children()["worker"] != first, "a new worker is started", 60)
+            factories.wait_for(
+                lambda: server.children()["worker"] != first, "a new worker is started", timeout=60
+            )
             assert f"worker (pid {first}) exited with status -9; restarting it in 1 s" in (
                 server.text()
             )
-            _until(lambda: all(map(_gone, [first, *pool])), "the old worker is gone", 30)
-            _until(lambda: server.text().count(" ready.") == 2, "the new worker is ready", 300)
+            factories.wait_for(
+                lambda: all(map(_gone, [first, *pool])), "the old worker is gone", timeout=30
+            )
+            factories.wait_for(
+                lambda: server.text().count(" ready.") == 2, "the new worker is ready", timeout=300
+            )
 
             http = httpx.Client(base_url=server.base, timeout=120)
             owner = _tenants(http, tmp_path).owner

@@ -46,16 +46,6 @@ def _dataset(client: TestClient, world: factories.World, rows: Any = ROWS) -> st
     return factories.dataset(client, world.owner, content=factories.csv_bytes(rows), cap=10)
 
 
-def _dry_run(client: TestClient, caller: factories.Caller, dataset_id: str, **spec: Any) -> Any:
-    response = client.post(
-        f"/v1/datasets/{dataset_id}/jobs?dry_run=true",
-        headers=caller.headers,
-        json=factories.spec(**spec),
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def test_a_job_with_a_holdout_publishes_its_accuracy_and_costs_its_generation(
     client: TestClient, world: factories.World, worker: WorkerContext, db: Database
 ) -> None:
@@ -96,13 +86,8 @@ def test_a_job_with_a_holdout_publishes_its_accuracy_and_costs_its_generation(
     assert privacy["epsilon"] == 1.0  # the realised events, composed by sides
     assert any(e.get("side") == "slice" for e in privacy["events"])
 
-    released = client.post(
-        f"/v1/jobs/{job_id}/release",
-        headers=world.owner.headers,
-        json={"client_organisations": [str(world.client.organisation_id)]},
-    )
-    assert released.status_code == 201, released.text
-    path = f"/v1/releases/{released.json()['id']}/report"
+    released = factories.release(client, world, job_id)
+    path = f"/v1/releases/{released['id']}/report"
     for caller in (world.owner, world.client):
         report = client.get(path, headers=caller.headers).json()
         shown = report["utility"]
@@ -149,13 +134,13 @@ def test_the_dry_run_shows_the_cost_and_says_why_the_holdout_is_off(
     client: TestClient, world: factories.World
 ) -> None:
     small = factories.dataset(client, world.owner, cap=10)  # four rows
-    plan = _dry_run(client, world.owner, small)
+    plan = factories.dry_run(client, world.owner, small)
     block = plan["utility"]
     assert block["holdout"] is False and block["extra_epsilon"] == 0.0
     assert block["useful"] is False and block["expected_half_width"] > 0.05
     assert "Holdout off" in block["summary"] and "too small" in block["summary"]
     # asked for anyway: its cost, nothing added to the job, and the same warning
-    asked = _dry_run(client, world.owner, small, holdout={"fraction": 0.5})
+    asked = factories.dry_run(client, world.owner, small, holdout={"fraction": 0.5})
     block = asked["utility"]
     assert block["holdout"] is True and block["extra_epsilon"] == 0.0
     assert asked["epsilon"] == 1.0 and asked["by_mechanism"]["holdout_accuracy"] == 1.0
@@ -165,14 +150,10 @@ def test_the_dry_run_shows_the_cost_and_says_why_the_holdout_is_off(
     assert events["holdout_accuracy"]["side"] == "slice"
     assert events["holdout_accuracy"]["dimension"] == 4  # correct and wrong, per class
     # a dearer evaluation is what the job costs (the worse side), never the sum
-    dear = _dry_run(client, world.owner, small, holdout={"fraction": 0.5, "epsilon": 3.0})
+    dear = factories.dry_run(client, world.owner, small, holdout={"fraction": 0.5, "epsilon": 3.0})
     assert dear["epsilon"] == 3.0 and dear["utility"]["extra_epsilon"] == 2.0
     # a non-owner gets the cost but no figure computed from the raw count
-    admin = client.post(
-        f"/v1/datasets/{small}/jobs?dry_run=true",
-        headers=world.admin.headers,
-        json=factories.spec(holdout={"fraction": 0.5}),
-    )
+    admin = factories.submit(client, world.admin, small, dry_run=True, holdout={"fraction": 0.5})
     if admin.status_code == 200:
         assert "expected_half_width" not in admin.json()["utility"]
         assert "summary" not in admin.json()["utility"]
@@ -186,7 +167,7 @@ def test_the_dry_run_recommends_a_holdout_where_the_corpus_is_large_enough(
     rows = [(f"c{i} {CARDIO[i % 4]}", "cardio") for i in range(750)]
     rows += [(f"o{i} {ORTHO[i % 5]}", "ortho") for i in range(750)]
     dataset_id = _dataset(client, world, rows)
-    block = _dry_run(client, world.owner, dataset_id)["utility"]
+    block = factories.dry_run(client, world.owner, dataset_id)["utility"]
     assert block["useful"] is True and block["expected_slice_units"] == 150
     assert "useful" in block["summary"] and '"holdout"' in block["summary"]
 
@@ -196,10 +177,6 @@ def test_a_bad_holdout_is_a_422_naming_the_field(
 ) -> None:
     small = factories.dataset(client, world.owner, cap=10)
     for bad in ({"fraction": 0.9}, {"fraction": 0}, {"fractions": 0.1}, {"key": "no spaces here"}):
-        response = client.post(
-            f"/v1/datasets/{small}/jobs?dry_run=true",
-            headers=world.owner.headers,
-            json=factories.spec(holdout=bad),
-        )
+        response = factories.submit(client, world.owner, small, dry_run=True, holdout=bad)
         assert response.status_code == 422, (bad, response.text)
         assert "holdout" in response.text

@@ -11,9 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +47,6 @@ def worker(app: FastAPI, settings: Settings, cache_dir: Path) -> WorkerContext:
     return factories.worker_context(
         app, settings, cache_dir, llm_max_retries=2, llm_backoff_base=0.01, llm_backoff_max=0.05
     )
-
-
-@pytest.fixture
-def fake_llm() -> Iterator[FakeLLM]:
-    with FakeLLM() as fake:
-        yield fake
 
 
 def with_llm(worker: WorkerContext, fake: FakeLLM) -> WorkerContext:
@@ -507,12 +499,13 @@ def test_a_crash_while_prompting_resumes_without_redrawing_or_spending_again(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+
+        def a_text_saved() -> bool:
+            assert worker_process.poll() is None, "the prompting process ended early"
+            return bool(job_of(client, world, job_id)["counts"]["texts_done"] >= 1)
+
         try:
-            deadline = time.monotonic() + 180
-            while job_of(client, world, job_id)["counts"]["texts_done"] < 1:
-                assert worker_process.poll() is None, "the prompting process ended early"
-                assert time.monotonic() < deadline, "no text was saved within 3 minutes"
-                time.sleep(0.1)
+            factories.wait_for(a_text_saved, "a text is saved", timeout=180, interval=0.1)
             worker_process.send_signal(signal.SIGKILL)  # the worker dies mid-stage
         finally:
             worker_process.kill()
