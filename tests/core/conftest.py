@@ -1,4 +1,4 @@
-"""Fixtures of the core tests: a tiny low-ε benchmark on AG News rows."""
+"""Fixtures of the core tests: the sentence embedder, a tiny low-ε benchmark on AG News rows."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ import pytest
 
 if TYPE_CHECKING:
     from benchmarks.bench_low_epsilon import Bench
+    from workers.text.embeddings import SentenceEmbedder
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceEmbedder:
+    """The default sentence embedder, loaded once per module (imported here, not when
+    every core test is collected)."""
+    from workers.text.embeddings import SentenceEmbedder
+
+    return SentenceEmbedder()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM, Topical
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError, InputDataError, LLMError
 from workers.llm.attestation import MemoryPromptLog, recording, verify
@@ -371,22 +371,7 @@ TINY = {
 }
 
 
-def topical(body: dict[str, object]) -> str:
-    """A short synthetic text on the label's topic, numbered so that texts differ."""
-    messages = body.get("messages")
-    user = str(messages[-1]["content"]) if isinstance(messages, list) else ""
-    topical.calls += 1  # type: ignore[attr-defined]
-    if '"Sports"' in user:
-        return f"The team won the match with a late goal, report {topical.calls}."  # type: ignore[attr-defined]
-    return f"Shares and bank profits moved the market, report {topical.calls}."  # type: ignore[attr-defined]
-
-
-topical.calls = 0  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
+topical = Topical()
 
 
 @pytest.fixture

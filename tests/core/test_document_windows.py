@@ -28,11 +28,6 @@ FRACTURE = (
 ) * 4
 
 
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
-
-
 def test_windows_cut_a_text_into_runs_of_words_with_their_counts() -> None:
     text = " ".join(f"w{i}" for i in range(10))
     assert windows(text, 4) == [("w0 w1 w2 w3", 4), ("w4 w5 w6 w7", 4), ("w8 w9", 2)]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM, Topical
 from workers.errors import ConfigError
 from workers.methods.checkpoints import MemoryCheckpoints
 from workers.methods.dp_eda import DPEDAParams, DPEDAResult, plan_dp_eda, run_dp_eda
@@ -228,21 +228,10 @@ VOCABULARY = Vocabulary.from_phrases(
 )  # fmt: skip
 
 
-def topical(body: dict[str, Any]) -> str:
-    user = str(body["messages"][-1]["content"])
-    topical.calls += 1  # type: ignore[attr-defined]
-    n = topical.calls  # type: ignore[attr-defined]
-    if '"Sports"' in user:
-        return f"The team won the match with a late goal in game {n}."
-    return f"Bank profits and shares moved the stock market on day {n}."
-
-
-topical.calls = 0  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
+topical = Topical(
+    "The team won the match with a late goal in game {n}.",
+    "Bank profits and shares moved the stock market on day {n}.",
+)
 
 
 @pytest.fixture
