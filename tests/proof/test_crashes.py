@@ -241,6 +241,13 @@ class Scene:
     corpus: Corpus
     workers: list[RealWorker] = field(default_factory=list)
 
+    def __enter__(self) -> Scene:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for worker in self.workers:
+            worker.stop()
+
     def start_worker(self, **env: str) -> RealWorker:
         number = len(self.workers) + 1
         worker = RealWorker.start(
@@ -476,12 +483,10 @@ def scene(
             KEYSEED_PROGRESS_INTERVAL="3600",  # a write per stage change, none between
             KEYSEED_KEYRING_DIR=str(settings.keyring_path),  # the API's: the dataset keys
         )
-        here = Scene(TestClient(app), world, db, llm, tap, prefix, env, tmp_path, corpus)
         try:
-            yield here
+            with Scene(TestClient(app), world, db, llm, tap, prefix, env, tmp_path, corpus) as here:
+                yield here  # its workers stopped on the way out
         finally:
-            for worker in here.workers:
-                worker.stop()
             app.state.database.dispose()
             purge(prefix)
 

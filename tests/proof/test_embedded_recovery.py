@@ -98,10 +98,9 @@ def scene(tap: Tap, corpus: Corpus, cache_dir: Path, tmp_path: Path) -> Iterator
         prefix = f"keyseed_recovery_{uuid.uuid4().hex[:8]}:"
         here = Scene(TestClient(app), world, database, llm, tap, prefix, env, tmp_path, corpus)
         try:
-            yield here
+            with here:  # its workers stopped on the way out
+                yield here
         finally:
-            for worker in here.workers:
-                worker.stop()
             database.dispose()
 
 
