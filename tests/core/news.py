@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tests.fake_llm import FakeLLM
     from workers.methods.checkpoints import Checkpoints
+    from workers.methods.skeleton import RunInputs
     from workers.text.embeddings import Embedder
 
 LABEL_SET = ["Sports", "Business"]
@@ -60,15 +61,13 @@ class NewsRun:
         progress: Callable[[str, float], None] | None = None,
         **overrides: Any,
     ) -> Any:
-        return self.runner(
-            self.documents,
-            self.labels,
-            params=self.params(**{**self.tiny, **overrides}),
-            label_set=LABEL_SET,
-            units=units,
-            llm=llm.endpoint(),
-            embedder=embedder,
-            checkpoints=store,
-            progress=progress,
-            **self.inputs,
-        )
+        inputs: RunInputs = {
+            "label_set": LABEL_SET,
+            "units": units,
+            "llm": llm.endpoint(),
+            "embedder": embedder,
+            "checkpoints": store,
+            "progress": progress,
+        }
+        params = self.params(**{**self.tiny, **overrides})
+        return self.runner(self.documents, self.labels, params=params, **inputs, **self.inputs)
