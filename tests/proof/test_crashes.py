@@ -378,11 +378,10 @@ class Scene:
 
     def check_resumed_prompting(
         self, job_id: str, before: list[dict[str, Any]], calls_before: int
-    ) -> list[dict[str, Any]]:
+    ) -> None:
         """After a kill while prompting: the persisted sequences were not redrawn, the
         texts saved before the kill stay, and the LLM calls made since ``calls_before``
-        prompted each sequence that had no text once, and no other. Returns the
-        sequences as they are now."""
+        prompted each sequence that had no text once, and no other."""
         done = {s["position"] for s in before if s["text"] is not None}
         after = self.sequences(job_id)
         assert drawn(after) == drawn(before)
@@ -393,7 +392,6 @@ class Scene:
         assert Counter(resumed) == Counter(
             prompt_of(s["text"]) for s in after if s["position"] not in done
         )
-        return after
 
     def check_clean_end(self, job: dict[str, Any], worker: RealWorker) -> None:
         assert job["state"] == "succeeded", (job, worker.text()[-3000:])
