@@ -147,6 +147,30 @@ def default_content(body: Any) -> str:
     return "[fake] " + (str(user[-1].get("content", "")) if user else "")
 
 
+class Topical:
+    """A ``content_fn`` for the news-article tests of the LLM methods: a short text on the
+    topic of the label the last message quotes (``"Sports"``, else business), numbered so
+    that no two answers are the same. ``{n}`` in a template is the call's number."""
+
+    def __init__(
+        self,
+        sports: str = "The team won the match with a late goal, report {n}.",
+        business: str = "Shares and bank profits moved the market, report {n}.",
+    ) -> None:
+        self.sports = sports
+        self.business = business
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, body: Any) -> str:
+        messages = body.get("messages")
+        user = str(messages[-1]["content"]) if isinstance(messages, list) else ""
+        with self._lock:
+            self.calls += 1
+            n = self.calls
+        return (self.sports if '"Sports"' in user else self.business).format(n=n)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -504,6 +528,7 @@ __all__ = [
     "Behaviour",
     "FakeLLM",
     "RecordedRequest",
+    "Topical",
     "behaviours",
     "default_content",
     "ok",

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pyarrow.parquet as pq
@@ -427,14 +427,7 @@ def test_an_upload_cap_beyond_the_organisation_budget_is_budget_exceeded(
     notes = tmp_path / "notes.csv"
     notes.write_bytes(factories.csv_bytes(factories.ROWS))
     with pytest.raises(BudgetExceeded) as refused:
-        flow.owner.upload_dataset(
-            notes,
-            name="too big",
-            text_columns=["text"],
-            label_column="label",
-            labels=factories.LABELS,
-            epsilon_cap=1000,
-        )
+        _upload_notes(flow.owner, notes, name="too big", epsilon_cap=1000)
     assert refused.value.detail and "organisation has" in refused.value.detail
     assert refused.value.remaining is not None
 
@@ -455,27 +448,15 @@ def test_other_refusals_carry_their_class_and_the_problem_members(flow: Flow) ->
     with pytest.raises(Forbidden):
         flow.lab.submit_job(flow.dataset, _spec(vocabulary))
 
+    zipped = io.BytesIO(gzip.compress(factories.csv_bytes(factories.ROWS)))
     with pytest.raises(UnsupportedMediaType):
-        flow.owner.upload_dataset(
-            io.BytesIO(gzip.compress(factories.csv_bytes(factories.ROWS))),
-            name="zipped",
-            text_columns=["text"],
-            label_column="label",
-            labels=factories.LABELS,
-            epsilon_cap=0.1,
-            filename="notes.csv",
-        )
+        _upload_notes(flow.owner, zipped, name="zipped", epsilon_cap=0.1, filename="notes.csv")
 
     # rows whose label was not declared: the rows named, never their text
+    undeclared = io.BytesIO(factories.csv_bytes([("secret note text", "neuro")]))
     with pytest.raises(ValidationFailed) as rows:
-        flow.owner.upload_dataset(
-            io.BytesIO(factories.csv_bytes([("secret note text", "neuro")])),
-            name="bad labels",
-            text_columns=["text"],
-            label_column="label",
-            labels=factories.LABELS,
-            epsilon_cap=0.1,
-            filename="notes.csv",
+        _upload_notes(
+            flow.owner, undeclared, name="bad labels", epsilon_cap=0.1, filename="notes.csv"
         )
     assert "secret note text" not in json.dumps(rows.value.problem, ensure_ascii=False)
     assert "secret note text" not in str(rows.value)
@@ -483,6 +464,14 @@ def test_other_refusals_carry_their_class_and_the_problem_members(flow: Flow) ->
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _upload_notes(owner: Client, file: Path | IO[bytes], **options: Any) -> Dataset:
+    """Upload a CSV of the factories' notes: a ``text`` and a ``label`` column, the
+    factories' labels declared."""
+    return owner.upload_dataset(
+        file, text_columns=["text"], label_column="label", labels=factories.LABELS, **options
+    )
 
 
 class _Unsized(io.RawIOBase):

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.fake_llm import FakeLLM
+from tests.core import news
+from tests.fake_llm import FakeLLM, Topical
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError, InputDataError, LLMError
 from workers.llm.attestation import MemoryPromptLog, recording, verify
-from workers.methods.aug_pe import AugPEResult, run_aug_pe, runner
+from workers.methods.aug_pe import run_aug_pe, runner
 from workers.methods.aug_pe.accounting import (
     COUNTS,
     HISTOGRAM,
@@ -40,7 +41,7 @@ from workers.methods.aug_pe.mechanism import (
 )
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.aug_pe.prompts import blank, tokens, variation_messages
-from workers.methods.checkpoints import Checkpoints, DirectoryCheckpoints, MemoryCheckpoints
+from workers.methods.checkpoints import DirectoryCheckpoints, MemoryCheckpoints
 from workers.methods.proportions import allocate, split_by_counts
 from workers.privacy.accountant import compose
 from workers.privacy.units import group_units
@@ -342,22 +343,8 @@ def test_checkpoints_round_trip_and_refuse_keys_that_are_paths(tmp_path: Path) -
 
 
 CANARY = "canary-7f3a"
-SPORTS = [
-    "The home side scored twice in injury time to win the cup final.",
-    "A late penalty gave the champions a narrow victory in the derby.",
-    "The striker signed a new contract after a record-breaking season.",
-    "Fans celebrated as the team clinched the league title on Sunday.",
-    f"The coach praised the defence after a clean sheet ({CANARY}).",
-]
-BUSINESS = [
-    "Shares fell sharply after the bank reported quarterly losses.",
-    "The central bank raised interest rates to curb inflation.",
-    "Oil prices climbed as investors weighed supply cuts.",
-    "The retailer's profits beat analysts' expectations this quarter.",
-]
-DOCUMENTS = SPORTS + BUSINESS
-LABELS = ["Sports"] * len(SPORTS) + ["Business"] * len(BUSINESS)
-LABEL_SET = ["Sports", "Business"]
+DOCUMENTS, LABELS = news.corpus(CANARY, sports=5, business=4)
+LABEL_SET = news.LABEL_SET
 TINY = {
     "document_type": "news article",
     "epsilon": 4.0,
@@ -371,50 +358,7 @@ TINY = {
 }
 
 
-def topical(body: dict[str, object]) -> str:
-    """A short synthetic text on the label's topic, numbered so that texts differ."""
-    messages = body.get("messages")
-    user = str(messages[-1]["content"]) if isinstance(messages, list) else ""
-    topical.calls += 1  # type: ignore[attr-defined]
-    if '"Sports"' in user:
-        return f"The team won the match with a late goal, report {topical.calls}."  # type: ignore[attr-defined]
-    return f"Shares and bank profits moved the market, report {topical.calls}."  # type: ignore[attr-defined]
-
-
-topical.calls = 0  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
-
-
-@pytest.fixture
-def llm() -> Iterator[FakeLLM]:
-    with FakeLLM(content_fn=topical) as server:
-        yield server
-
-
-def run(
-    llm: FakeLLM,
-    embedder: SentenceEmbedder,
-    store: Checkpoints,
-    *,
-    units: list[str] | None = None,
-    progress: Callable[[str, float], None] | None = None,
-    **overrides: object,
-) -> AugPEResult:
-    return run_aug_pe(
-        DOCUMENTS,
-        LABELS,
-        label_set=LABEL_SET,
-        units=units,
-        params=params(**{**TINY, **overrides}),
-        llm=llm.endpoint(),
-        embedder=embedder,
-        checkpoints=store,
-        progress=progress,
-    )
+run = news.NewsRun(run_aug_pe, params, TINY, DOCUMENTS, LABELS)
 
 
 def test_end_to_end_releases_planned_events_and_keeps_private_text_out_of_prompts(
@@ -753,7 +697,7 @@ run_aug_pe(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_mid_iteration_resumes_with_each_release_drawn_once(
-    embedder: SentenceEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    embedder: SentenceEmbedder, topical: Topical, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
     import signal

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.core import dpkps
+from tests.core.dpkps import LABELS
 from tests.core.test_neighbouring import SIGMA_1, check_gaussian
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
@@ -30,13 +32,10 @@ from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 
-LABELS = ["a", "b", "c"]
-
 
 def config(**overrides: Any) -> GenerationConfig:
-    base: dict[str, Any] = dict(epsilon=6.0, delta=1e-6, noise="gaussian", per_class=10)
-    base.update(overrides)
-    return GenerationConfig(**base).validate()
+    """ε = 6 unless told: above the ε from which cells are planned."""
+    return dpkps.config(**{"epsilon": 6.0, **overrides})
 
 
 def test_cells_are_planned_from_epsilon_4_and_compose_to_the_budget() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
@@ -17,10 +16,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.fake_llm import FakeLLM
+from tests.core import news
+from tests.fake_llm import FakeLLM, Topical
 from workers.errors import ConfigError
 from workers.methods.checkpoints import MemoryCheckpoints
-from workers.methods.dp_eda import DPEDAParams, DPEDAResult, plan_dp_eda, run_dp_eda
+from workers.methods.dp_eda import DPEDAParams, plan_dp_eda, run_dp_eda
 from workers.methods.dp_eda import limited_domain as ld
 from workers.methods.dp_eda.accounting import noise_plan, selection_event
 from workers.methods.dp_eda.decoding import CharBigramPerplexity
@@ -200,7 +200,7 @@ def test_perplexity_filter_keeps_prose_and_drops_symbol_noise() -> None:
 
 # ---------------------------------------------------------------- end to end
 
-LABEL_SET = ["Sports", "Business"]
+LABEL_SET = news.LABEL_SET
 CANARY = "zx-canary-7781"
 DOCUMENTS = [f"The striker scored twice in the cup final {CANARY} {i}" for i in range(12)] + [
     f"Bank profits rose and shares climbed on the stock market {i}" for i in range(12)
@@ -228,41 +228,15 @@ VOCABULARY = Vocabulary.from_phrases(
 )  # fmt: skip
 
 
-def topical(body: dict[str, Any]) -> str:
-    user = str(body["messages"][-1]["content"])
-    topical.calls += 1  # type: ignore[attr-defined]
-    n = topical.calls  # type: ignore[attr-defined]
-    if '"Sports"' in user:
-        return f"The team won the match with a late goal in game {n}."
-    return f"Bank profits and shares moved the stock market on day {n}."
-
-
-topical.calls = 0  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
-
-
-@pytest.fixture
-def llm() -> Iterator[FakeLLM]:
-    with FakeLLM(content_fn=topical) as server:
-        yield server
-
-
-def run(llm: FakeLLM, embedder: SentenceEmbedder, store: Any, **overrides: Any) -> DPEDAResult:
-    return run_dp_eda(
-        DOCUMENTS,
-        LABELS,
-        label_set=LABEL_SET,
-        units=None,
-        params=params(**{**TINY, **overrides}),
-        llm=llm.endpoint(),
-        embedder=embedder,
-        checkpoints=store,
-        vocabulary=VOCABULARY,
+def topical() -> Topical:
+    return Topical(
+        "The team won the match with a late goal in game {n}.",
+        "Bank profits and shares moved the stock market on day {n}.",
     )
+
+
+run = news.NewsRun(run_dp_eda, params, TINY, DOCUMENTS, LABELS, inputs={"vocabulary": VOCABULARY})
 
 
 def test_end_to_end_records_the_planned_events_and_keeps_private_text_out(

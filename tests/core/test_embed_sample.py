@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from tests.core.dpkps import LABELS, config
 from tests.core.test_neighbouring import DELTA, EPSILON, SIGMA_1, projected
 from tests.privacy_audit import estimate_epsilon_at_delta, planned
 from workers.errors import ConfigError
-from workers.methods.dpkps.config import SAMPLE_COUNT_SHARE, GenerationConfig, method_description
+from workers.methods.dpkps.config import SAMPLE_COUNT_SHARE, method_description
 from workers.methods.dpkps.density.centroid import (
     build_centroid_structures,
     embed_units,
@@ -31,15 +32,6 @@ from workers.methods.dpkps.plan import CLASS_COUNTS, KDE, plan
 from workers.privacy.accountant import compose
 from workers.privacy.noise import gaussian_noise
 from workers.privacy.sampling import KEY_BYTES, PoissonSample, sampling_rate
-
-LABELS = ["a", "b", "c"]
-
-
-def config(**overrides: Any) -> GenerationConfig:
-    base: dict[str, Any] = dict(epsilon=1.0, delta=1e-6, noise="gaussian", per_class=10)
-    base.update(overrides)
-    return GenerationConfig(**base).validate()
-
 
 # ------------------------------------------------------------------ the sampler
 

@@ -13,11 +13,6 @@ PHRASES = ["chest pain", "heart failure", "fracture", "shortness of breath"]
 FINGERPRINT = "f" * 64
 
 
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
-
-
 def lookup(cache: EmbeddingCache, embedder: SentenceEmbedder) -> np.ndarray:
     indices = np.arange(len(PHRASES), dtype=np.int64)
     return cache.lookup(

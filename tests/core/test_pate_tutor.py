@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from tests.core import news
 from tests.fake_llm import FakeLLM
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError
@@ -290,18 +290,8 @@ def test_tutor_counts_on_neighbouring_corpora_within_epsilon_delta() -> None:
 # ---------------------------------------------------------------- end to end
 
 CANARY = "zq-canary-4471"
-SPORTS = [
-    "The home side scored twice in injury time to win the cup final.",
-    "A late penalty gave the champions a narrow victory in the derby.",
-    f"The coach praised the defence after a clean sheet ({CANARY}).",
-]
-BUSINESS = [
-    "Shares fell sharply after the bank reported quarterly losses.",
-    "The central bank raised interest rates to curb inflation.",
-]
-DOCUMENTS = SPORTS + BUSINESS
-LABELS = ["Sports"] * len(SPORTS) + ["Business"] * len(BUSINESS)
-LABEL_SET = ["Sports", "Business"]
+DOCUMENTS, LABELS = news.corpus(CANARY, sports=3, business=2)
+LABEL_SET = news.LABEL_SET
 TINY = {
     "epsilon": 4.0,
     "delta": 1e-5,
@@ -312,29 +302,6 @@ TINY = {
     "num_released": 4,
     "concurrency": 4,
 }
-
-
-def topical(body: dict[str, object]) -> str:
-    messages = body.get("messages")
-    user = str(messages[-1]["content"]) if isinstance(messages, list) else ""
-    topical.calls += 1  # type: ignore[attr-defined]
-    if '"Sports"' in user:
-        return f"The team won the match with a late goal, report {topical.calls}."  # type: ignore[attr-defined]
-    return f"Shares and bank profits moved the market, report {topical.calls}."  # type: ignore[attr-defined]
-
-
-topical.calls = 0  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
-
-
-@pytest.fixture
-def llm() -> Iterator[FakeLLM]:
-    with FakeLLM(content_fn=topical) as server:
-        yield server
 
 
 @pytest.mark.slow

@@ -92,11 +92,6 @@ def vocabulary() -> Vocabulary:
     return Vocabulary.from_phrases("test-clinical", phrases)
 
 
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
-
-
 def config(**overrides: Any) -> GenerationConfig:
     base: dict[str, Any] = dict(
         epsilon_vocab=4.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import ensemble_block_counts
-from workers.methods.dpkps.density.random_features import build_class_ensemble
+from workers.methods.dpkps.density.random_features import DPKDE, build_class_ensemble
 from workers.methods.dpkps.features import RandomFourierFeatures
 from workers.methods.dpkps.sampling import (
     bag_scores,
@@ -59,6 +60,31 @@ def ensemble(ensemble: str, length: int, *, dtype: torch.dtype = torch.float64, 
     return emb, rff, structures
 
 
+def iterative(
+    structures: Sequence[DPKDE],
+    emb: torch.Tensor,
+    rff: RandomFourierFeatures,
+    *,
+    count: int,
+    length: int,
+    temperature: float = 1.0,
+    seed: int | None = None,
+    **options: int,
+) -> torch.Tensor:
+    """``sample_iterative`` with a generator seeded by ``seed`` (unseeded if None)."""
+    generator = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return sample_iterative(
+        structures,
+        emb,
+        rff,
+        count=count,
+        length=length,
+        temperature=temperature,
+        generator=generator,
+        **options,
+    )
+
+
 @pytest.mark.parametrize("kind", ["log", "linear"])
 def test_gemm_scores_equal_direct_formula(kind: str) -> None:
     length = 6
@@ -86,15 +112,7 @@ def test_iterative_scorer_tracks_prefix_phases_exactly() -> None:
     """The incremental A += G update gives the same scores as recomputing from the prefix."""
     length = 5
     emb, rff, structures = ensemble("linear", length)
-    seqs = sample_iterative(
-        structures,
-        emb,
-        rff,
-        count=3,
-        length=length,
-        temperature=1.0,
-        generator=torch.Generator().manual_seed(0),
-    )
+    seqs = iterative(structures, emb, rff, count=3, length=length, seed=0)
     assert seqs.shape == (3, length)
     for row in seqs.tolist():
         assert len(set(row)) == length  # distinct by default
@@ -229,54 +247,21 @@ def test_independent_sequences_concentrate_on_the_class_phrases() -> None:
 
 def test_sampling_is_reproducible_for_a_seed() -> None:
     emb, rff, structures = ensemble("log", 4)
-    a = sample_iterative(
-        structures,
-        emb,
-        rff,
-        count=20,
-        length=4,
-        temperature=0.7,
-        generator=torch.Generator().manual_seed(5),
-    )
-    b = sample_iterative(
-        structures,
-        emb,
-        rff,
-        count=20,
-        length=4,
-        temperature=0.7,
-        generator=torch.Generator().manual_seed(5),
-    )
+    a = iterative(structures, emb, rff, count=20, length=4, temperature=0.7, seed=5)
+    b = iterative(structures, emb, rff, count=20, length=4, temperature=0.7, seed=5)
     assert torch.equal(a, b)
 
 
 def test_batches_give_the_requested_number_of_sequences() -> None:
     emb, rff, structures = ensemble("log", 3)
-    seqs = sample_iterative(
-        structures,
-        emb,
-        rff,
-        count=25,
-        length=3,
-        temperature=1.0,
-        generator=torch.Generator().manual_seed(6),
-        batch_size=10,
-    )
+    seqs = iterative(structures, emb, rff, count=25, length=3, seed=6, batch_size=10)
     assert seqs.shape == (25, 3)
 
 
 def test_distinct_sequences_longer_than_vocabulary_are_refused() -> None:
     emb, rff, structures = ensemble("log", 3)
     with pytest.raises(ConfigError) as err:
-        sample_iterative(
-            structures,
-            emb[:2],
-            rff,
-            count=1,
-            length=3,
-            temperature=1.0,
-            generator=torch.Generator(),
-        )
+        iterative(structures, emb[:2], rff, count=1, length=3)
     assert err.value.field == "sequence_length"
 
 
@@ -284,9 +269,7 @@ def test_distinct_sequences_longer_than_vocabulary_are_refused() -> None:
 def test_temperature_must_be_positive_and_finite(bad: float) -> None:
     emb, rff, structures = ensemble("log", 2)
     with pytest.raises(ConfigError) as err:
-        sample_iterative(
-            structures, emb, rff, count=1, length=2, temperature=bad, generator=torch.Generator()
-        )
+        iterative(structures, emb, rff, count=1, length=2, temperature=bad)
     assert err.value.field == "temperature"
 
 

@@ -32,11 +32,6 @@ DOCUMENTS = [
 DOC_LABELS = ["cardiology", "cardiology", "neurology", "neurology"]
 
 
-@pytest.fixture(scope="module")
-def embedder() -> SentenceEmbedder:
-    return SentenceEmbedder()
-
-
 def laplace(**overrides: Any) -> GenerationConfig:
     base: dict[str, Any] = dict(
         epsilon_vocab=2.0, epsilon_kde=4.0, per_class=3, vocabulary_size=5,

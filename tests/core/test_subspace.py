@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from app.jobs.schemas import JobSpec
+from tests.core.dpkps import LABELS, config
 from tests.core.test_neighbouring import SIGMA_1, check_gaussian
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
@@ -34,14 +35,6 @@ from workers.methods.dpkps.subspace import project_units, public_basis
 from workers.privacy.accountant import compose
 from workers.text.embeddings import SentenceEmbedder
 from workers.text.vocabulary import Vocabulary
-
-LABELS = ["a", "b", "c"]
-
-
-def config(**overrides: Any) -> GenerationConfig:
-    base: dict[str, Any] = dict(epsilon=1.0, delta=1e-6, noise="gaussian", per_class=10)
-    base.update(overrides)
-    return GenerationConfig(**base).validate()
 
 
 def anisotropic(rng: np.random.Generator, n: int, spread: list[float]) -> np.ndarray:

@@ -112,13 +112,17 @@ def test_the_meter_leaves_out_this_process_and_niced_work(tmp_path: Path) -> Non
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
 def test_the_meter_reads_a_busy_process() -> None:
     meter = CpuMeter()
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    spin = "print('spinning', flush=True)\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
     try:
-        time.sleep(0.3)
+        assert spinner.stdout is not None
+        assert spinner.stdout.readline() == b"spinning\n"  # it loops from now on
         meter.others()
-        time.sleep(0.6)
+        time.sleep(0.6)  # the interval the meter reads over
         reading = meter.others()
         assert reading is not None and reading > 0.6
     finally:
         spinner.kill()
         spinner.wait()
+        if spinner.stdout is not None:
+            spinner.stdout.close()

@@ -11,6 +11,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from httpx import Response
 
@@ -53,6 +54,14 @@ def sign_in(
         },
         follow_redirects=False,
     )
+
+
+def signed_in(app: FastAPI, db: Database, username: str, role: str) -> TestClient:
+    """A new browser (its own cookie jar) signed in as a new person of ``role``."""
+    person(db, username, role)
+    browser = TestClient(app)
+    assert sign_in(browser, username).status_code == 303
+    return browser
 
 
 @dataclass(frozen=True)

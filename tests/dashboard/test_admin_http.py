@@ -47,10 +47,17 @@ def admin(db: Database, browser: TestClient) -> TestClient:
 
 @pytest.fixture
 def auditor(db: Database, app: FastAPI) -> TestClient:
-    dash.person(db, "audrey", "auditor")
-    browser = TestClient(app)
-    assert dash.sign_in(browser, "audrey").status_code == 303
-    return browser
+    return dash.signed_in(app, db, "audrey", "auditor")
+
+
+@pytest.fixture
+def seeded(client: TestClient, db: Database, world: factories.World) -> dash.Seeded:
+    return dash.seed(client, db, world)
+
+
+def main_pages(seeded: dash.Seeded) -> tuple[str, ...]:
+    """The overview, a dataset's page, the audit log and the keys."""
+    return ("/admin", f"/admin/datasets/{seeded.cardiology}", "/admin/audit", "/admin/keys")
 
 
 def _events(db: Database, kind: str) -> list[AuditEvent]:
@@ -292,10 +299,9 @@ def test_the_sign_in_form_needs_its_token_too(db: Database, browser: TestClient)
 
 
 def test_the_auditor_reads_everything_and_changes_nothing(
-    auditor: TestClient, client: TestClient, world: factories.World, db: Database
+    auditor: TestClient, client: TestClient, world: factories.World, seeded: dash.Seeded
 ) -> None:
-    seeded = dash.seed(client, db, world)
-    for path in ("/admin", f"/admin/datasets/{seeded.cardiology}", "/admin/audit", "/admin/keys"):
+    for path in main_pages(seeded):
         page = auditor.get(path)
         assert page.status_code == 200, path
         assert '/cap"' not in page.text and "Revoke" not in page.text, path
@@ -320,9 +326,8 @@ def test_the_auditor_reads_everything_and_changes_nothing(
 
 
 def test_the_admin_changes_a_cap_with_a_reason_and_revokes_a_key(
-    admin: TestClient, client: TestClient, world: factories.World, db: Database
+    admin: TestClient, client: TestClient, world: factories.World, db: Database, seeded: dash.Seeded
 ) -> None:
-    seeded = dash.seed(client, db, world)
     form = admin.get(f"/admin/datasets/{seeded.cardiology}/cap")
     assert form.status_code == 200
     token = dash.csrf_token(form.text)
@@ -440,9 +445,8 @@ def test_a_successful_sign_in_clears_the_failures_of_its_name(
 
 
 def test_every_figure_is_the_apis(
-    admin: TestClient, client: TestClient, world: factories.World, db: Database
+    admin: TestClient, client: TestClient, world: factories.World, seeded: dash.Seeded
 ) -> None:
-    seeded = dash.seed(client, db, world)
     overview = admin.get("/admin")
     rows = _fields(overview.text, "data-dataset-id")
     listed = client.get("/v1/datasets", headers=world.admin.headers).json()
@@ -514,9 +518,8 @@ def test_every_figure_is_the_apis(
 
 
 def test_the_audit_log_filters_pages_and_exports_csv(
-    admin: TestClient, client: TestClient, world: factories.World, db: Database
+    admin: TestClient, client: TestClient, world: factories.World, seeded: dash.Seeded
 ) -> None:
-    seeded = dash.seed(client, db, world)
     for i in range(60):
         client.post(
             "/v1/organisations",
@@ -585,10 +588,9 @@ def test_csv_cells_that_look_like_formulas_are_escaped(
 
 
 def test_pages_carry_security_headers_and_load_nothing_from_elsewhere(
-    admin: TestClient, client: TestClient, world: factories.World, db: Database
+    admin: TestClient, seeded: dash.Seeded
 ) -> None:
-    seeded = dash.seed(client, db, world)
-    for path in ("/admin", f"/admin/datasets/{seeded.cardiology}", "/admin/audit", "/admin/keys"):
+    for path in main_pages(seeded):
         page = admin.get(path)
         assert "script-src 'self'" in page.headers["content-security-policy"]
         assert page.headers["x-frame-options"] == "DENY"

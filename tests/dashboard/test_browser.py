@@ -173,6 +173,13 @@ def sign_in(page: Any, live_server: str, username: str, password: str = dash.PAS
 KINDS = {"reserve": "reserve", "commit": "commit (spent)", "release": "reservation freed"}
 
 
+def signed_in(browser: Callable, live_server: str, username: str) -> Any:
+    """A new browser's page, signed in as ``username``."""
+    page = browser()
+    sign_in(page, live_server, username)
+    return page
+
+
 def exact(element: Any) -> str:
     """The exact value of the figure in ``element`` (its ``data-exact``, also its hover
     ``title``), else the element's text."""
@@ -276,8 +283,7 @@ def test_sign_in_read_the_overview_and_a_dataset_as_the_api_has_them(
 def test_filter_and_export_the_audit_log(
     browser: Callable, live_server: str, seeded: dash.Seeded, world: factories.World
 ) -> None:
-    page = browser()
-    sign_in(page, live_server, "ada")
+    page = signed_in(browser, live_server, "ada")
     page.get_by_role("link", name="Audit log").click()
     expect(page.get_by_role("heading", name="Audit log")).to_be_visible()
     page.get_by_label("Organisation").select_option(label="St Mary's Hospital")
@@ -322,8 +328,7 @@ def test_filter_and_export_the_audit_log(
 def test_the_admin_changes_a_cap_and_revokes_a_key(
     browser: Callable, live_server: str, seeded: dash.Seeded, world: factories.World
 ) -> None:
-    page = browser()
-    sign_in(page, live_server, "ada")
+    page = signed_in(browser, live_server, "ada")
     page.get_by_role("link", name="Orthopaedics 2024").click()
     expect(page.locator(".flag-box")).to_contain_text("Near its cap")
     page.get_by_role("link", name="Change the cap…").click()
@@ -369,8 +374,7 @@ def test_the_admin_changes_a_cap_and_revokes_a_key(
 def test_the_auditor_sees_everything_and_is_refused_a_change(
     browser: Callable, live_server: str, seeded: dash.Seeded, world: factories.World
 ) -> None:
-    page = browser()
-    sign_in(page, live_server, "audrey")
+    page = signed_in(browser, live_server, "audrey")
     expect(page.locator(".role")).to_have_text("auditor")
     page.get_by_role("link", name="Cardiology notes").click()
     expect(page.get_by_text("Only admins change a cap")).to_be_visible()
@@ -417,8 +421,7 @@ def test_the_auditor_sees_everything_and_is_refused_a_change(
 def test_sign_out_and_the_old_cookie_no_longer_works(
     browser: Callable, live_server: str, seeded: dash.Seeded
 ) -> None:
-    page = browser()
-    sign_in(page, live_server, "ada")
+    page = signed_in(browser, live_server, "ada")
     [cookie] = [c for c in page.context.cookies() if c["name"] == "keyseed_admin"]
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/admin"
     assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
@@ -454,8 +457,7 @@ def test_the_organisation_page_draws_its_spend_and_shows_exact_values_on_hover(
         client, world.owner, cap=3.0, delta_cap="1e-6", name="Radiology reports"
     )
     factories.run_job(db, factories.job(client, world.owner, radiology, **gaussian))
-    page = browser()
-    sign_in(page, live_server, "audrey")  # an auditor reads it
+    page = signed_in(browser, live_server, "audrey")  # an auditor reads it
     row = page.locator(f'#datasets tr[data-dataset-id="{radiology}"]')
     row.get_by_role("link", name="St Mary's Hospital").click()
     expect(page.get_by_role("heading", name="St Mary's Hospital", exact=True)).to_be_visible()

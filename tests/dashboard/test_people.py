@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import re
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from fastapi import FastAPI
@@ -24,19 +23,13 @@ GAUSSIAN = {"epsilon_vocab": None, "epsilon_kde": None, "epsilon": 1.0, "delta":
 
 
 @pytest.fixture
-def admin(db: Database, app: FastAPI) -> Iterator[TestClient]:
-    dash.person(db, "ada", "admin")
-    browser = TestClient(app)
-    assert dash.sign_in(browser, "ada").status_code == 303
-    yield browser
+def admin(db: Database, app: FastAPI) -> TestClient:
+    return dash.signed_in(app, db, "ada", "admin")
 
 
 @pytest.fixture
-def auditor(db: Database, app: FastAPI) -> Iterator[TestClient]:
-    dash.person(db, "audrey", "auditor")
-    browser = TestClient(app)
-    assert dash.sign_in(browser, "audrey").status_code == 303
-    yield browser
+def auditor(db: Database, app: FastAPI) -> TestClient:
+    return dash.signed_in(app, db, "audrey", "auditor")
 
 
 def _figure(html: str, field: str) -> tuple[str, str]:

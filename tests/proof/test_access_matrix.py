@@ -108,6 +108,74 @@ def _vocabulary_form(scene: Scene, scope: str) -> Call:
     return Call(form={"data": {"name": "public terms"}, "files": {"file": ("v.txt", phrases)}})
 
 
+def _upload_session(scene: Scene, scope: str) -> Call:
+    return Call(form={"data": _upload_form(scene, scope).form["data"] | _CSV})  # type: ignore[index]
+
+
+def _docs_asset(scene: Scene, scope: str) -> Call:
+    return Call({"path": "swagger-ui-bundle.js"})
+
+
+def _problem_page(scene: Scene, scope: str) -> Call:
+    return Call({"slug": "budget-exceeded"})
+
+
+def _dashboard_asset(scene: Scene, scope: str) -> Call:
+    return Call({"path": "admin.css"})
+
+
+def _org(scene: Scene, scope: str) -> Call:
+    return Call({"organisation_id": str(scene.owner(scope).organisation_id)})
+
+
+def _new_organisation(scene: Scene, scope: str) -> Call:
+    return Call(json={"name": f"Clinic {uuid.uuid4().hex}", "kind": "owner"})
+
+
+def _budget(scene: Scene, scope: str) -> Call:
+    change = {"epsilon": float(factories.OWNER_BUDGET), "delta": 0, "reason": "matrix"}
+    return Call(_org(scene, scope).ids, json=change)
+
+
+def _new_key(scene: Scene, scope: str) -> Call:
+    organisation = _org(scene, scope).ids["organisation_id"]
+    return Call(json={"role": "owner", "organisation_id": organisation})
+
+
+def _spare_key(scene: Scene, scope: str) -> Call:
+    return Call({"key_id": scene.spare_key(scope)})
+
+
+def _fresh_dataset(scene: Scene, scope: str) -> Call:
+    return Call({"dataset_id": scene.dataset(scope, fresh=True)})
+
+
+def _cap_change(scene: Scene, scope: str) -> Call:
+    return Call(_dataset(scene, scope).ids, json={"epsilon_cap": 999, "reason": "matrix"})
+
+
+def _job_spec(scene: Scene, scope: str) -> Call:
+    return Call(_dataset(scene, scope).ids, json=factories.spec())
+
+
+def _fresh_job(scene: Scene, scope: str) -> Call:
+    return Call({"job_id": scene.job(scope, fresh=True)})
+
+
+def _failed_job(scene: Scene, scope: str) -> Call:
+    return Call({"job_id": scene.failed_job(scope)})
+
+
+def _grant(scene: Scene, scope: str) -> Call:
+    job_id = scene.succeeded_job(scope, fresh=True)
+    grantee = str(scene.grantee(scope).organisation_id)
+    return Call({"job_id": job_id}, json={"client_organisations": [grantee]})
+
+
+def _csv_download(scene: Scene, scope: str) -> Call:
+    return Call(_release(scene, scope).ids, params={"format": "csv"})
+
+
 # Statuses for admin, auditor, owner, client, anonymous, revoked key. "a/b": for the
 # own organisation's object / another organisation's; one figure: either way.
 Row = tuple[str, str, str, Callable[[Scene, str], Call]]
@@ -120,134 +188,44 @@ MATRIX: tuple[Row, ...] = (
     ("GET", "/docs/oauth2-redirect", "200 200 200 200 200 200", _none),
     ("GET", "/redoc", "200 200 200 200 200 200", _none),
     # The docs' own assets and the problem types' pages: public, the same for everyone.
-    (
-        "*",
-        "/docs/static/{path}",
-        "200 200 200 200 200 200",
-        lambda s, scope: Call({"path": "swagger-ui-bundle.js"}),
-    ),
+    ("*", "/docs/static/{path}", "200 200 200 200 200 200", _docs_asset),
     ("GET", "/problems", "200 200 200 200 200 200", _none),
-    (
-        "GET",
-        "/problems/{slug}",
-        "200 200 200 200 200 200",
-        lambda s, scope: Call({"slug": "budget-exceeded"}),
-    ),
-    (
-        "POST",
-        "/v1/organisations",
-        "201 403 403 403 401 401",
-        lambda s, scope: Call(json={"name": f"Clinic {uuid.uuid4().hex}", "kind": "owner"}),
-    ),
+    ("GET", "/problems/{slug}", "200 200 200 200 200 200", _problem_page),
+    ("POST", "/v1/organisations", "201 403 403 403 401 401", _new_organisation),
     ("GET", "/v1/organisations", "200 200 403 403 401 401", _none),
-    (
-        "GET",
-        "/v1/organisations/{organisation_id}/budget",
-        "200 200 200/404 403 401 401",
-        lambda s, scope: Call({"organisation_id": str(s.owner(scope).organisation_id)}),
-    ),
-    (
-        "PATCH",
-        "/v1/organisations/{organisation_id}/budget",
-        "200 403 403 403 401 401",
-        lambda s, scope: Call(
-            {"organisation_id": str(s.owner(scope).organisation_id)},
-            json={"epsilon": float(factories.OWNER_BUDGET), "delta": 0, "reason": "matrix"},
-        ),
-    ),
-    (
-        "POST",
-        "/v1/keys",
-        "201 403 403 403 401 401",
-        lambda s, scope: Call(
-            json={"role": "owner", "organisation_id": str(s.owner(scope).organisation_id)}
-        ),
-    ),
+    ("GET", "/v1/organisations/{organisation_id}/budget", "200 200 200/404 403 401 401", _org),
+    ("PATCH", "/v1/organisations/{organisation_id}/budget", "200 403 403 403 401 401", _budget),
+    ("POST", "/v1/keys", "201 403 403 403 401 401", _new_key),
     ("GET", "/v1/keys", "200 200 200 200 401 401", _none),
-    (
-        "POST",
-        "/v1/keys/{key_id}/revoke",
-        "200 403 403 403 401 401",
-        lambda s, scope: Call({"key_id": s.spare_key(scope)}),
-    ),
+    ("POST", "/v1/keys/{key_id}/revoke", "200 403 403 403 401 401", _spare_key),
     ("GET", "/v1/datasets", "200 200 200 403 401 401", _none),
     ("POST", "/v1/datasets", "403 403 201 403 401 401", _upload_form),
-    (
-        "POST",
-        "/v1/datasets/uploads",
-        "403 403 201 403 401 401",
-        lambda s, scope: Call(form={"data": _upload_form(s, scope).form["data"] | _CSV}),  # type: ignore[index]
-    ),
+    ("POST", "/v1/datasets/uploads", "403 403 201 403 401 401", _upload_session),
     ("GET", "/v1/datasets/{dataset_id}/upload", "403 403 200/404 403 401 401", _dataset),
     ("PUT", "/v1/datasets/{dataset_id}/upload", "403 403 200/404 403 401 401", _chunk),
     ("POST", "/v1/datasets/{dataset_id}/seal", "403 403 200/404 403 401 401", _to_seal),
     ("GET", "/v1/datasets/{dataset_id}", "200 200 200/404 403 401 401", _dataset),
-    (
-        "DELETE",
-        "/v1/datasets/{dataset_id}",
-        "200 403 200/404 403 401 401",
-        lambda s, scope: Call({"dataset_id": s.dataset(scope, fresh=True)}),
-    ),
-    (
-        "PATCH",
-        "/v1/datasets/{dataset_id}",
-        "200 403 403 403 401 401",
-        lambda s, scope: Call(
-            {"dataset_id": s.dataset(scope)}, json={"epsilon_cap": 999, "reason": "matrix"}
-        ),
-    ),
+    ("DELETE", "/v1/datasets/{dataset_id}", "200 403 200/404 403 401 401", _fresh_dataset),
+    ("PATCH", "/v1/datasets/{dataset_id}", "200 403 403 403 401 401", _cap_change),
     ("GET", "/v1/datasets/{dataset_id}/ledger", "200 200 200/404 403 401 401", _dataset),
     ("GET", "/v1/vocabularies", "200 200 200 403 401 401", _none),
     ("POST", "/v1/vocabularies", "201 403 201 403 401 401", _vocabulary_form),
-    (
-        "POST",
-        "/v1/datasets/{dataset_id}/jobs",
-        "403 403 202/404 403 401 401",
-        lambda s, scope: Call({"dataset_id": s.dataset(scope)}, json=factories.spec()),
-    ),
+    ("POST", "/v1/datasets/{dataset_id}/jobs", "403 403 202/404 403 401 401", _job_spec),
     ("GET", "/v1/datasets/{dataset_id}/jobs", "200 200 200/404 403 401 401", _dataset),
     ("GET", "/v1/jobs/{job_id}", "200 200 200/404 403 401 401", _job),
-    (
-        "POST",
-        "/v1/jobs/{job_id}/cancel",
-        "200 403 200/404 403 401 401",
-        lambda s, scope: Call({"job_id": s.job(scope, fresh=True)}),
-    ),
-    (
-        "POST",
-        "/v1/jobs/{job_id}/release",
-        "403 403 201/404 403 401 401",
-        lambda s, scope: Call(
-            {"job_id": s.succeeded_job(scope, fresh=True)},
-            json={"client_organisations": [str(s.grantee(scope).organisation_id)]},
-        ),
-    ),
+    ("POST", "/v1/jobs/{job_id}/cancel", "200 403 200/404 403 401 401", _fresh_job),
+    ("POST", "/v1/jobs/{job_id}/release", "403 403 201/404 403 401 401", _grant),
     ("GET", "/v1/releases", "200 200 200 200 401 401", _none),
     ("GET", "/v1/releases/{release_id}", "200 200 200/404 200/404 401 401", _release),
     ("GET", "/v1/releases/{release_id}/report", "200 200 200/404 200/404 401 401", _release),
     ("GET", "/v1/releases/{release_id}/prompts", "200 200 200/404 200/404 401 401", _release),
-    (
-        "GET",
-        "/v1/releases/{release_id}/download",
-        "403 403 200/404 200/404 401 401",
-        lambda s, scope: Call({"release_id": s.release(scope)}, params={"format": "csv"}),
-    ),
-    (
-        "POST",
-        "/v1/jobs/{job_id}/retry",
-        "202 403 202/404 403 401 401",
-        lambda s, scope: Call({"job_id": s.failed_job(scope)}),
-    ),
+    ("GET", "/v1/releases/{release_id}/download", "403 403 200/404 200/404 401 401", _csv_download),
+    ("POST", "/v1/jobs/{job_id}/retry", "202 403 202/404 403 401 401", _failed_job),
     ("GET", "/v1/audit/events", "200 200 403 403 401 401", _none),
     # The dashboard is for people with a session cookie: any API key is refused (403,
     # 401 for a revoked one); without credentials a page redirects to the sign-in page,
     # a form posted without a session is 401 (the sign-in form itself: 415 without a form).
-    (
-        "*",
-        "/admin/static/{path}",
-        "200 200 200 200 200 200",
-        lambda s, scope: Call({"path": "admin.css"}),
-    ),
+    ("*", "/admin/static/{path}", "200 200 200 200 200 200", _dashboard_asset),
     ("GET", "/admin", "403 403 403 403 303 401", _none),
     ("GET", "/admin/sign-in", "403 403 403 403 200 401", _none),
     ("POST", "/admin/sign-in", "403 403 403 403 415 401", _none),
@@ -256,18 +234,8 @@ MATRIX: tuple[Row, ...] = (
     ("GET", "/admin/audit.csv", "403 403 403 403 303 401", _none),
     ("GET", "/admin/keys", "403 403 403 403 303 401", _none),
     ("GET", "/admin/organisations", "403 403 403 403 303 401", _none),
-    (
-        "GET",
-        "/admin/organisations/{organisation_id}",
-        "403 403 403 403 303 401",
-        lambda s, scope: Call({"organisation_id": str(s.owner(scope).organisation_id)}),
-    ),
-    (
-        "POST",
-        "/admin/keys/{key_id}/revoke",
-        "403 403 403 403 401 401",
-        lambda s, scope: Call({"key_id": s.spare_key(scope)}),
-    ),
+    ("GET", "/admin/organisations/{organisation_id}", "403 403 403 403 303 401", _org),
+    ("POST", "/admin/keys/{key_id}/revoke", "403 403 403 403 401 401", _spare_key),
     ("GET", "/admin/datasets/{dataset_id}", "403 403 403 403 303 401", _dataset),
     ("GET", "/admin/releases/{release_id}/report", "403 403 403 403 303 401", _release),
     ("GET", "/admin/datasets/{dataset_id}/cap", "403 403 403 403 303 401", _dataset),

@@ -149,14 +149,18 @@ class Sampler:
     snapshot). The jobs are alike, so what they compose to follows from their number."""
 
     read: Callable[[], int]
-    samples: list[tuple[float, int]] = field(default_factory=list)
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (read begun, jobs)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _sampled: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> Sampler:
         def loop() -> None:
             while not self._stop.is_set():
-                self.samples.append((time.monotonic(), self.read()))
+                sample = (time.monotonic(), self.read())
+                with self._sampled:
+                    self.samples.append(sample)
+                    self._sampled.notify_all()
                 time.sleep(0.002)
 
         self._thread = threading.Thread(target=loop, daemon=True)
@@ -167,6 +171,14 @@ class Sampler:
         self._stop.set()
         assert self._thread is not None
         self._thread.join(timeout=30)
+
+    def wait_for_a_read_after(self, moment: float) -> None:
+        """Until a read begun after ``moment`` (``time.monotonic()``) is sampled."""
+        with self._sampled:
+            read = self._sampled.wait_for(
+                lambda: bool(self.samples) and self.samples[-1][0] > moment, timeout=30
+            )
+        assert read, "the sampler did not read the ledger after the race"
 
     def peak(self) -> int:
         return max(value for _, value in self.samples)
@@ -278,6 +290,22 @@ def check_outcome(
     return [str(body["id"]) for body in accepted]
 
 
+def race_and_check(
+    urls: list[str], key: str, dataset_id: str, case: Case, read: Callable[[], int], *, api: str
+) -> tuple[Outcome, Sampler, list[str]]:
+    """The race, the jobs held sampled with ``read`` while it runs and once after it;
+    then its outcome and the final figures checked through the server at ``api``.
+    Returns the race, its samples and the accepted job ids."""
+    with Sampler(read) as sampler:
+        outcome = race(urls, key, dataset_id, case.spec)
+        sampler.wait_for_a_read_after(outcome.ended)
+    with httpx.Client(base_url=api, timeout=60) as http:
+        events = job_events(http, key, dataset_id)
+        accepted = check_outcome(outcome, sampler, case, events)
+        check_final_figures(http, key, dataset_id, accepted, case)
+    return outcome, sampler, accepted
+
+
 def job_events(http: httpx.Client, key: str, dataset_id: str) -> list[PrivacyEvent]:
     """The releases of one job of the race, as its reservation lists them (all alike)."""
     ledger = http.get(f"/v1/datasets/{dataset_id}/ledger", headers=factories.auth(key)).json()
@@ -369,13 +397,9 @@ def test_fifty_concurrent_submissions_on_postgres(
 
     try:
         with serving(env, tmp_path) as urls:
-            with Sampler(read) as sampler:
-                outcome = race(urls, world.owner.key, dataset_id, case.spec)
-                time.sleep(0.05)
-            with httpx.Client(base_url=urls[0], timeout=60) as http:
-                events = job_events(http, world.owner.key, dataset_id)
-                accepted = check_outcome(outcome, sampler, case, events)
-                check_final_figures(http, world.owner.key, dataset_id, accepted, case)
+            outcome, sampler, accepted = race_and_check(
+                urls, world.owner.key, dataset_id, case, read, api=urls[0]
+            )
         if "KEYSEED_BROKER_KEY_PREFIX" in broker:
             payloads = store.lrange(f"{prefix}cpu", 0, -1)
             assert sorted(_job_ids_of_messages(payloads)) == sorted(accepted)
@@ -439,13 +463,9 @@ def test_fifty_concurrent_submissions_on_embedded_sqlite(
             )
             assert uploaded.status_code == 201, uploaded.text
             dataset_id = str(uploaded.json()["id"])
-        with Sampler(read) as sampler:
-            outcome = race(urls, world.owner.key, dataset_id, case.spec)
-            time.sleep(0.05)
-        with httpx.Client(base_url=urls[1], timeout=60) as http:
-            events = job_events(http, world.owner.key, dataset_id)
-            accepted = check_outcome(outcome, sampler, case, events)
-            check_final_figures(http, world.owner.key, dataset_id, accepted, case)
+        outcome, sampler, accepted = race_and_check(
+            urls, world.owner.key, dataset_id, case, read, api=urls[1]
+        )
     broker = sqlite3.connect(str(data_dir / "broker.sqlite3"))
     try:
         payloads = broker.execute(

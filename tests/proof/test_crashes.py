@@ -241,6 +241,13 @@ class Scene:
     corpus: Corpus
     workers: list[RealWorker] = field(default_factory=list)
 
+    def __enter__(self) -> Scene:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for worker in self.workers:
+            worker.stop()
+
     def start_worker(self, **env: str) -> RealWorker:
         number = len(self.workers) + 1
         worker = RealWorker.start(
@@ -299,24 +306,32 @@ class Scene:
             ]
 
     def unacked(self) -> int:
-        store = redis.Redis.from_url(REDIS_URL)
-        try:
+        with redis.Redis.from_url(REDIS_URL) as store:
             return int(store.hlen(f"{self.prefix}unacked"))
-        finally:
-            store.close()
 
     def queued(self, queue: str) -> int:
-        store = redis.Redis.from_url(REDIS_URL)
-        try:
+        with redis.Redis.from_url(REDIS_URL) as store:
             return int(store.llen(f"{self.prefix}{queue}"))
-        finally:
-            store.close()
 
     def crash(self, worker: RealWorker) -> None:
         """SIGKILL the worker; its task stays unacked, then its visibility times out."""
         worker.kill()
         assert self.unacked() == 1, "the killed worker's task is not held for redelivery"
         assert expire_visibility(self.prefix) == 1
+
+    def wait_for_texts(
+        self, job_id: str, worker: RealWorker, *, hanging: int | None = None
+    ) -> None:
+        """Until the fake LLM has answered its ``FREE_CALLS`` and the job saved their
+        texts (and, with ``hanging``, that many calls hang), ``worker`` alive meanwhile."""
+
+        def held() -> bool:
+            assert worker.alive, worker.text()[-3000:]
+            saved = self.job(job_id)["counts"]["texts_done"] == FREE_CALLS
+            return saved and (hanging is None or self.llm.in_flight == hanging)
+
+        hung = "" if hanging is None else f" and {hanging} calls hang"
+        wait_for(held, f"{FREE_CALLS} texts are saved{hung}", timeout=JOB_TIMEOUT)
 
     # -------------------------------------------------------------- what must hold
 
@@ -361,6 +376,23 @@ class Scene:
         assert Counter(map(key, records)) == Counter(map(key, saved))
         return saved
 
+    def check_resumed_prompting(
+        self, job_id: str, before: list[dict[str, Any]], calls_before: int
+    ) -> None:
+        """After a kill while prompting: the persisted sequences were not redrawn, the
+        texts saved before the kill stay, and the LLM calls made since ``calls_before``
+        prompted each sequence that had no text once, and no other."""
+        done = {s["position"] for s in before if s["text"] is not None}
+        after = self.sequences(job_id)
+        assert drawn(after) == drawn(before)
+        assert [s["text"] for s in after if s["position"] in done] == [
+            s["text"] for s in before if s["position"] in done
+        ]
+        resumed = [r.user_text for r in self.llm.chat_requests[calls_before:]]
+        assert Counter(resumed) == Counter(
+            prompt_of(s["text"]) for s in after if s["position"] not in done
+        )
+
     def check_clean_end(self, job: dict[str, Any], worker: RealWorker) -> None:
         assert job["state"] == "succeeded", (job, worker.text()[-3000:])
         assert job["error"] is None and job["epsilon"]["budget_state"] == "committed"
@@ -371,6 +403,12 @@ class Scene:
             assert not [e for e in each.events() if str(e.get("event")).endswith(".crashed")]
             log = each.text()
             assert not [text for text in self.corpus.texts if text in log]
+
+
+def drawn(sequences: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the DP run drew of each sequence (its text aside)."""
+    keep = ("id", "position", "label", "keyphrases")
+    return [{k: s[k] for k in keep} for s in sequences]
 
 
 def events(worker: RealWorker, name: str, job_id: str) -> list[dict[str, Any]]:
@@ -443,12 +481,10 @@ def scene(
             KEYSEED_PROGRESS_INTERVAL="3600",  # a write per stage change, none between
             KEYSEED_KEYRING_DIR=str(settings.keyring_path),  # the API's: the dataset keys
         )
-        here = Scene(TestClient(app), world, db, llm, tap, prefix, env, tmp_path, corpus)
         try:
-            yield here
+            with Scene(TestClient(app), world, db, llm, tap, prefix, env, tmp_path, corpus) as here:
+                yield here  # its workers stopped on the way out
         finally:
-            for worker in here.workers:
-                worker.stop()
             app.state.database.dispose()
             purge(prefix)
 
@@ -511,13 +547,7 @@ def test_a_kill_while_prompting_resumes_without_redrawing_or_reprompting(
 ) -> None:
     dataset_id, job_id = scene.submit()
     first = scene.start_worker()
-
-    def held() -> bool:
-        assert first.alive, first.text()[-3000:]
-        job = scene.job(job_id)
-        return job["counts"]["texts_done"] == FREE_CALLS and scene.llm.in_flight == 2
-
-    wait_for(held, f"{FREE_CALLS} texts are saved and 2 calls hang", timeout=JOB_TIMEOUT)
+    scene.wait_for_texts(job_id, first, hanging=2)
     scene.crash(first)
     job = scene.job(job_id)
     assert (job["state"], job["stage"]) == ("running", "prompts")
@@ -537,18 +567,7 @@ def test_a_kill_while_prompting_resumes_without_redrawing_or_reprompting(
     assert events(second, "job.prompts.completed", job_id)
     scene.check_ledger(dataset_id, job_id)
 
-    # the persisted sequences were not redrawn; the texts saved before the crash stay
-    after = scene.sequences(job_id)
-    keep = ("id", "position", "label", "keyphrases")
-    assert [{k: s[k] for k in keep} for s in after] == [{k: s[k] for k in keep} for s in before]
-    assert [s["text"] for s in after if s["position"] in done] == [
-        s["text"] for s in before if s["position"] in done
-    ]
-    # the new worker prompted each sequence that had no text once, and no other
-    resumed = [r.user_text for r in scene.llm.chat_requests[calls_before:]]
-    assert Counter(resumed) == Counter(
-        prompt_of(s["text"]) for s in after if s["position"] not in done
-    )
+    scene.check_resumed_prompting(job_id, before, calls_before)
     assert job["counts"]["llm_calls"] == SEQUENCES  # the calls cut by the crash saved nothing
     scene.check_release(job_id)
 
@@ -592,7 +611,6 @@ def test_a_kill_between_saving_the_sequences_and_queueing_the_prompts(scene: Sce
     assert events(second, "job.sequences.started", job_id) == []  # nothing drawn again
     scene.check_ledger(dataset_id, job_id)
     after = scene.sequences(job_id)
-    keep = ("id", "position", "label", "keyphrases")
-    assert [{k: s[k] for k in keep} for s in after] == [{k: s[k] for k in keep} for s in before]
+    assert drawn(after) == drawn(before)
     scene.check_release(job_id)
     assert Counter(scene.llm.prompts()) == Counter(prompt_of(s["text"]) for s in after)

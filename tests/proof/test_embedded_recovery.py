@@ -42,7 +42,6 @@ from tests.fake_llm import FakeLLM
 from tests.proof.realworker import RealWorker, base_env
 from tests.proof.test_crashes import (  # the crash proofs' job, corpus and checks
     FREE_CALLS,
-    JOB_TIMEOUT,
     LLM_CONCURRENCY,
     SEQUENCES,
     Corpus,
@@ -99,10 +98,9 @@ def scene(tap: Tap, corpus: Corpus, cache_dir: Path, tmp_path: Path) -> Iterator
         prefix = f"keyseed_recovery_{uuid.uuid4().hex[:8]}:"
         here = Scene(TestClient(app), world, database, llm, tap, prefix, env, tmp_path, corpus)
         try:
-            yield here
+            with here:  # its workers stopped on the way out
+                yield here
         finally:
-            for worker in here.workers:
-                worker.stop()
             database.dispose()
 
 
@@ -224,13 +222,7 @@ def test_a_kill_while_prompting_resumes_at_restart_without_redrawing(
 ) -> None:
     dataset_id, job_id = scene.submit()
     first = scene.start_worker()
-
-    def held() -> bool:
-        assert first.alive, first.text()[-3000:]
-        job = scene.job(job_id)
-        return job["counts"]["texts_done"] == FREE_CALLS and scene.llm.in_flight == 2
-
-    wait_for(held, f"{FREE_CALLS} texts are saved and 2 calls hang", timeout=JOB_TIMEOUT)
+    scene.wait_for_texts(job_id, first, hanging=2)
     kill_main(first)
     before = scene.sequences(job_id)
     vocabulary = private_vocabulary(scene, job_id)
@@ -254,18 +246,8 @@ def test_a_kill_while_prompting_resumes_at_restart_without_redrawing(
     scene.check_ledger(dataset_id, job_id)
 
     # the released DP outputs are the ones saved before the kill
-    after = scene.sequences(job_id)
-    keep = ("id", "position", "label", "keyphrases")
-    assert [{k: s[k] for k in keep} for s in after] == [{k: s[k] for k in keep} for s in before]
-    assert [s["text"] for s in after if s["position"] in done] == [
-        s["text"] for s in before if s["position"] in done
-    ]
+    scene.check_resumed_prompting(job_id, before, calls_before)
     assert private_vocabulary(scene, job_id) == vocabulary
-    # each sequence without a text was prompted once more, and no other
-    resumed = [r.user_text for r in scene.llm.chat_requests[calls_before:]]
-    assert Counter(resumed) == Counter(
-        prompt_of(s["text"]) for s in after if s["position"] not in done
-    )
     scene.check_release(job_id)
 
 
@@ -273,12 +255,7 @@ def test_a_kill_while_prompting_resumes_at_restart_without_redrawing(
 def test_a_job_whose_worker_died_can_be_cancelled(scene: Scene, tap: Tap) -> None:
     dataset_id, job_id = scene.submit()
     first = scene.start_worker()
-
-    def prompting() -> bool:
-        assert first.alive, first.text()[-3000:]
-        return bool(scene.job(job_id)["counts"]["texts_done"] == FREE_CALLS)
-
-    wait_for(prompting, f"{FREE_CALLS} texts are saved", timeout=JOB_TIMEOUT)
+    scene.wait_for_texts(job_id, first)
     kill_main(first)
     response = scene.client.post(f"/v1/jobs/{job_id}/cancel", headers=scene.world.owner.headers)
     assert response.status_code == 200, response.text
@@ -287,11 +264,12 @@ def test_a_job_whose_worker_died_can_be_cancelled(scene: Scene, tap: Tap) -> Non
     # it read the private documents: its spend stays, charged once
     assert ledger_entries(scene, dataset_id) == [("reserve", job_id), ("commit", job_id)]
 
-    # a worker started afterwards leaves it alone
+    # a worker started afterwards leaves it alone: no task of the job waits for it to
+    # take, and its start-up sweep (done before it reports "ready.") does not send one
     calls = len(scene.llm.chat_requests)
+    assert not [args for _, args in waiting_tasks(scene) if job_id in args]
     tap.flowing.set()
     second = scene.start_worker()
-    time.sleep(3)
     assert recovered(second, job_id) == []
     assert scene.job(job_id)["state"] == "cancelled"
     assert len(scene.llm.chat_requests) == calls

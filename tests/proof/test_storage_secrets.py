@@ -12,7 +12,9 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Callable
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -75,6 +77,12 @@ def raw_dumps(database_url: str, db: Database) -> list[str]:
     return dumps
 
 
+@pytest.fixture
+def dumps(database_url: str, db: Database) -> Callable[[], list[str]]:
+    """``dumps()``: :func:`raw_dumps` of the test's database as it is at the call."""
+    return lambda: raw_dumps(database_url, db)
+
+
 def tables_holding(dump: str, needle: str) -> set[str]:
     """The tables whose rows in ``dump`` contain ``needle`` (``schema`` for DDL)."""
     found: set[str] = set()
@@ -102,8 +110,7 @@ def encodings(text: str) -> list[str]:
 def test_api_keys_are_stored_only_as_hashes(
     client: TestClient,
     world: factories.World,
-    db: Database,
-    database_url: str,
+    dumps: Callable[[], list[str]],
     log_lines: list[str],
 ) -> None:
     created = client.post(
@@ -118,19 +125,22 @@ def test_api_keys_are_stored_only_as_hashes(
     listed = client.get("/v1/keys", headers=world.admin.headers).text
     logs = "\n".join(log_lines)
     assert logs.count('"http.request"') >= len(keys)
-    for dump in raw_dumps(database_url, db):
+    for dump in dumps():
         _no_key_in(dump, keys)
     for key in keys:
-        secret = key.split("_", 2)[2]
-        for shown in (key, secret):
+        for shown in _forms_of(key):
             assert shown not in listed and shown not in logs
+
+
+def _forms_of(key: str) -> tuple[str, str]:
+    """An API key as it is given out, and its secret part alone."""
+    return key, key.split("_", 2)[2]
 
 
 def _no_key_in(dump: str, keys: list[str]) -> None:
     assert "COPY public.api_keys" in dump
     for key in keys:
-        secret = key.split("_", 2)[2]
-        for shown in (key, secret):
+        for shown in _forms_of(key):
             for form in encodings(shown):
                 assert form not in dump
         assert tables_holding(dump, hashlib.sha256(key.encode()).hexdigest()) == {"api_keys"}
@@ -148,7 +158,7 @@ def test_a_raw_database_dump_holds_no_document_text_nor_row_label(
     client: TestClient,
     world: factories.World,
     db: Database,
-    database_url: str,
+    dumps: Callable[[], list[str]],
     log_lines: list[str],
 ) -> None:
     token = uuid.uuid4().hex
@@ -178,8 +188,8 @@ def test_a_raw_database_dump_holds_no_document_text_nor_row_label(
     assert '"http.request"' in logs
     secrets = [*texts, refused_text, f"undeclared-{token}", *(f"jsonl {t}" for t in texts[:5])]
     assert token not in logs, "a log line quotes an upload"
-    dumps = raw_dumps(database_url, db)
-    for dump in dumps:
+    dumped = dumps()
+    for dump in dumped:
         assert "COPY public.documents" in dump
         for text in secrets:
             assert token in text
@@ -205,5 +215,5 @@ def test_a_raw_database_dump_holds_no_document_text_nor_row_label(
     assert [label for _, label in opened] == [labels[i % 2] for i in range(40)]
     # which key sealed them (the dataset's own), not the key; the master key never does
     dataset_key = cipher.dataset_key(dataset_id)
-    assert all(dataset_key.key_id in dump for dump in dumps)
+    assert all(dataset_key.key_id in dump for dump in dumped)
     assert {d.key_id for d in stored} == {dataset_key.key_id} != {cipher.key_id}
