@@ -280,57 +280,40 @@ def run() -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    def rate(figures: dict[str, Any]) -> str:
-        return f"{figures['docs_per_s']:,.0f}"
+    def row(label: str, tree: str, f: dict[str, Any], memory: str = "-") -> str:
+        per = f.get("docs_per_api_cpu_s")
+        cpu = f"{f.get('api_cpu_s')} | {per:,.0f}" if per else "- | -"
+        return (
+            f"| {label} | {tree} | {f['documents']:,} | {f['seconds']} | "
+            f"{f['docs_per_s']:,.0f} | {cpu} | {memory} |"
+        )
 
-    def cpu(figures: dict[str, Any]) -> str:
-        per = figures.get("docs_per_api_cpu_s")
-        return f"{figures.get('api_cpu_s')} | {per:,.0f}" if per else "- | -"
-
+    commit = results["tree"]["commit"]
     lines = [
         "### Ingest: documents stored per second, and the API's memory while streaming",
         "",
         f"{results['rows']:,} AG-sized rows ({results['corpus_bytes'] / 2**20:.0f} MiB of "
-        f"CSV), the API (`keyseed api`) on Postgres, {results['cpus']} CPUs, load average "
+        f"CSV) in one request and in chunks, then files generated while they stream, the "
+        f"API (`keyseed api`) on Postgres, {results['cpus']} CPUs, load average "
         f"{' '.join(results['loadavg_before'])} before and "
         f"{' '.join(results['loadavg_after'])} after. Chunks of "
-        f"{results['chunk_bytes'] // 2**20} MiB.",
+        f"{results['chunk_bytes'] // 2**20} MiB; the API's RSS was "
+        f"{results['api_rss_baseline_mb']} MB before the streams.",
         "",
-        "| path | tree | documents | seconds | documents/s | API CPU s | documents/API CPU s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| path | tree | documents | seconds | documents/s | API CPU s | documents/API CPU s "
+        "| peak RSS over baseline |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     baseline = results.get("baseline")
     if baseline:
-        b = baseline["oneshot"]
-        lines.append(
-            f"| one request (baseline) | {baseline['commit']} | {b['documents']:,} | "
-            f"{b['seconds']} | {rate(b)} | {cpu(b)} |"
-        )
-    commit = results["tree"]["commit"]
-    for label, key in (("one request", "oneshot"), ("chunks", "chunked")):
-        f = results[key]
-        lines.append(
-            f"| {label} | {commit} | {f['documents']:,} | {f['seconds']} | {rate(f)} | {cpu(f)} |"
-        )
+        lines.append(row("one request (baseline)", baseline["commit"], baseline["oneshot"]))
+    lines.append(row("one request", commit, results["oneshot"]))
+    lines.append(row("chunks", commit, results["chunked"]))
+    for s in results["stream"]:
+        lines.append(row(f"{s['gib']} GiB streamed", commit, s, f"{s['peak_over_baseline_mb']} MB"))
     if baseline:
         ratio = results["oneshot"]["docs_per_s"] / baseline["oneshot"]["docs_per_s"]
         lines += ["", f"One request: {ratio:.1f}× the baseline's documents/s in the same run."]
-        old, new = baseline["oneshot"], results["oneshot"]
-        if old.get("docs_per_api_cpu_s") and new.get("docs_per_api_cpu_s"):
-            per_cpu = new["docs_per_api_cpu_s"] / old["docs_per_api_cpu_s"]
-            lines[-1] += f" Per second of the API's CPU: {per_cpu:.1f}×."
-    lines += [
-        "",
-        f"Streamed in chunks (API RSS {results['api_rss_baseline_mb']} MB before):",
-        "",
-        "| file | documents | seconds | documents/s | peak RSS | over baseline |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in results["stream"]:
-        lines.append(
-            f"| {s['gib']} GiB | {s['documents']:,} | {s['seconds']} | {rate(s)} | "
-            f"{s['peak_rss_mb']} MB | {s['peak_over_baseline_mb']} MB |"
-        )
     paths = [results["oneshot"], results["chunked"], *results["stream"]]
     slowest = min(f["docs_per_s"] for f in paths)
     largest = max(results["stream"], key=lambda s: s["gib"])
