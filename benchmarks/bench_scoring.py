@@ -121,7 +121,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"**Speed-up: {r['speedup']:,.0f}×** (target ≥ 100×). The operation count alone "
             f"predicts {ratio:,.0f}× (d·(L+1)/4 ≈ {r['dim'] * (r['length'] + 1) / 4:,.0f}); "
             "the GEMM path also spends time on cos/sin of the |Ṽ|×I candidate phases at "
-            "every step. `tests/core/test_sampling.py` shows the two give the same scores.",
+            "every step. `tests/core/dpkps/test_sampling.py` shows the two give the same scores.",
             "",
         ]
     )

@@ -4,7 +4,7 @@
 estimator reads, from the distribution the test's mechanism gives it, so that the chance of
 a rare failure can be counted over 10⁵ draws in minutes. Three shapes cover the suite:
 
-* ``gaussian``: the helper ``check_gaussian`` of ``tests/core/test_neighbouring.py`` (eleven
+* ``gaussian``: the helper ``check_gaussian`` of ``tests/core/privacy/test_neighbouring.py`` (eleven
   tests use it) projects every release on the shift between the two raw aggregates, which
   leaves N(0, σ₁²) against N(1, σ₁²), σ₁ the analytic σ of (ε, δ) = (1, 1e-2) for Δ₂ = 1;
   6,000 draws a side, :func:`estimate_epsilon_at_delta`; control at σ₁/2 with 40,000.
@@ -28,7 +28,7 @@ import json
 import numpy as np
 
 from benchmarks.flake_rates import numpy_draw
-from tests.core.test_neighbouring import CONTROL_RUNS, DELTA, RUNS
+from tests.core.privacy.test_neighbouring import CONTROL_RUNS, DELTA, RUNS
 from tests.privacy_audit import estimate_epsilon_at_delta, estimate_privacy_loss
 from workers.privacy.calibration import analytic_gaussian_sigma
 

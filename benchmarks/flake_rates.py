@@ -1,6 +1,6 @@
 """How often a stochastic privacy test fails by chance (a tool for the test suite, not CI).
 
-Every mechanism's test (``tests/core/test_neighbouring.py`` and its kin) estimates a
+Every mechanism's test (``tests/core/privacy/test_neighbouring.py`` and its kin) estimates a
 privacy loss from samples on neighbouring corpora and asserts it lies in a band around the
 certified ε; a σ/2 control must read far above it. A correct mechanism still fails such a
 band now and then, because the estimate is itself random. CI runs each test once per
@@ -16,7 +16,7 @@ of geometrics, discrete Gaussian from its normalised mass function). How often t
 estimator misreads depends only on the noise's distribution, not on the generator; the
 product never uses these stand-ins, and neither does any test.
 
-Run: ``python -m benchmarks.flake_rates tests.core.test_pate_tutor
+Run: ``python -m benchmarks.flake_rates tests.core.methods.test_pate_tutor
 test_tutor_counts_on_neighbouring_corpora_within_epsilon_delta --runs 2000`` (``--args``
 takes a JSON object of the test's parameters, e.g. ``'{"unit_level": true}'``).
 """
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-import tests.core.test_neighbouring as neighbouring
+import tests.core.privacy.test_neighbouring as neighbouring
 import workers.privacy.noise as noise
 
 ESTIMATORS = ("estimate_epsilon_at_delta", "estimate_privacy_loss", "halved_scale_control")

@@ -24,13 +24,13 @@ LONG_FIRST = (
     "tests/proof/test_budget_race.py",
     "tests/proof/test_crashes.py",
     "tests/proof/test_embedded_recovery.py",
-    "tests/core/test_cli.py",
+    "tests/core/cli/test_cli.py",
     "tests/service/test_serve.py",
-    "tests/core/test_evaluation.py",
-    "tests/core/test_llm_pass.py",
-    "tests/core/test_neighbouring.py",
-    "tests/core/test_thresholded_vocabulary.py",
-    "tests/core/test_label_prior.py",
+    "tests/core/evaluation/test_evaluation.py",
+    "tests/core/bench/test_llm_pass.py",
+    "tests/core/privacy/test_neighbouring.py",
+    "tests/core/dpkps/test_thresholded_vocabulary.py",
+    "tests/core/dpkps/test_label_prior.py",
 )
 
 

@@ -4,7 +4,7 @@ engine refuses is a 422 problem naming the field; a good one is planned as asked
 dry run shows it. The research levers and values (the moments density, the thresholded
 vocabulary, ``kde_weighting``, the label names' prior: docs/parameters.md) are refused in
 a spec, naming the field; their maths and accounting are tested in the engine's tests
-(tests/core/test_thresholded_vocabulary.py and the like)."""
+(tests/core/dpkps/test_thresholded_vocabulary.py and the like)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_a_thresholded_job_is_refused_at_submission_naming_the_field(
     client: TestClient, world: factories.World
 ) -> None:
     # the thresholded vocabulary is a research value (no default chooses it, it measured
-    # no gain); its δ_thr accounting stays in tests/core/test_thresholded_vocabulary.py
+    # no gain); its δ_thr accounting stays in tests/core/dpkps/test_thresholded_vocabulary.py
     spec = _spec(**GAUSSIAN, kde_method="exact", vocabulary_method="threshold")
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-6")
     response = _post(client, world, dataset_id, spec)

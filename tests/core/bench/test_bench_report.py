@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import run
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NOTES = REPO / "benchmarks" / "notes"
 
 

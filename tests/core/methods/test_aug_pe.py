@@ -1,7 +1,7 @@
 """Aug-PE (workers/methods/aug_pe): accounting, the vote-histogram mechanism, checkpoints,
 resumption and end-to-end runs against a real OpenAI-compatible server.
 
-The stochastic checks follow tests/core/test_privacy_noise.py: ``estimate_epsilon_at_delta``
+The stochastic checks follow tests/core/privacy/test_privacy_noise.py: ``estimate_epsilon_at_delta``
 at δ = 1e-2 on 40,000 releases per corpus, projected on the direction the added unit
 moves the histogram; a noise scale half as large is run as a control.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.core import news
+from tests.core.methods import news
 from tests.fake_llm import FakeLLM, Topical
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError, InputDataError, LLMError
@@ -716,7 +716,7 @@ def test_sigkill_mid_iteration_resumes_with_each_release_drawn_once(
     with FakeLLM(content_fn=topical, latency=0.4) as llm:
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, llm.base_url, llm.model, str(folder), json.dumps(spec)],
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )

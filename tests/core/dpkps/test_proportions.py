@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.core.test_pipeline import TOPICS, corpus
+from tests.core.dpkps.test_pipeline import TOPICS, corpus
 from workers.errors import ConfigError
 from workers.methods import proportions
 from workers.methods.dpkps import stages

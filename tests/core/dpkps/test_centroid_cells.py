@@ -17,7 +17,7 @@ import pytest
 
 from tests.core import dpkps
 from tests.core.dpkps import LABELS
-from tests.core.test_neighbouring import SIGMA_1, check_gaussian
+from tests.core.privacy.test_neighbouring import SIGMA_1, check_gaussian
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import (
@@ -191,7 +191,7 @@ def test_cells_need_gaussian_noise_and_the_first_release_of_the_same_class() -> 
 
 
 def test_a_run_with_cells_makes_the_planned_releases_within_its_budget() -> None:
-    from tests.core.test_pipeline import TOPICS, run_on_topics
+    from tests.core.dpkps.test_pipeline import TOPICS, run_on_topics
 
     cfg = config(
         public_vocabulary_size=16, sequence_length=3, per_class=12, centroid_cells=3, cell_kappa=0.1

@@ -17,7 +17,7 @@ import pytest
 
 from app.jobs.schemas import JobSpec
 from tests.core.dpkps import LABELS, config
-from tests.core.test_neighbouring import SIGMA_1, check_gaussian
+from tests.core.privacy.test_neighbouring import SIGMA_1, check_gaussian
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import (
@@ -187,7 +187,7 @@ def test_the_job_spec_takes_the_subspace() -> None:
 
 
 def test_a_default_run_takes_the_subspace_its_declared_labels_choose() -> None:
-    from tests.core.test_pipeline import TOPICS, corpus
+    from tests.core.dpkps.test_pipeline import TOPICS, corpus
 
     texts, labels = corpus(per_class=12)
     vocabulary = Vocabulary.from_phrases("t", [w for words in TOPICS.values() for w in words])
@@ -209,7 +209,7 @@ def test_a_default_run_takes_the_subspace_its_declared_labels_choose() -> None:
 
 
 def test_a_run_in_the_subspace_is_as_planned_and_keeps_classes_on_their_phrases() -> None:
-    from tests.core.test_pipeline import TOPICS, own_phrase_shares
+    from tests.core.dpkps.test_pipeline import TOPICS, own_phrase_shares
 
     cfg = GenerationConfig(
         epsilon=6.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,
@@ -226,7 +226,7 @@ def test_a_run_in_the_subspace_is_as_planned_and_keeps_classes_on_their_phrases(
 
 
 def test_the_suggested_subspace_with_the_names_keeps_small_classes_on_their_phrases() -> None:
-    from tests.core.test_pipeline import TOPICS, own_phrase_shares
+    from tests.core.dpkps.test_pipeline import TOPICS, own_phrase_shares
 
     cfg = GenerationConfig(
         epsilon=1.0, delta=1e-6, noise="gaussian", per_class=40, sequence_length=3,

@@ -2,7 +2,7 @@
 composed σ, the vote aggregation on neighbouring corpora, the tutor's noisy counts, and
 an end-to-end run against a real OpenAI-compatible server (tests/fake_llm.py).
 
-The stochastic checks follow tests/core/test_privacy_noise.py: ``estimate_epsilon_at_delta``
+The stochastic checks follow tests/core/privacy/test_privacy_noise.py: ``estimate_epsilon_at_delta``
 at δ = 1e-2 on 40,000 releases per corpus, projected on the direction the added record
 moves the vote (or on the count it moves, for the tutor); half the noise is run as a
 control.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.core import news
+from tests.core.methods import news
 from tests.fake_llm import FakeLLM
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HEAVY = ("torch", "sentence_transformers", "numpy")
 # What the checks may load besides the standard library: pydantic (and pydantic-settings's
 # own dependencies); the "org" package is the standard copy module's Jython probe.

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.core import news
+from tests.core.methods import news
 from tests.fake_llm import FakeLLM, Topical
 from workers.errors import ConfigError
 from workers.methods.checkpoints import MemoryCheckpoints

@@ -26,7 +26,7 @@ from workers.llm.attestation import (
 )
 from workers.methods.dpkps.prompting import PromptSpec, build_messages, run_prompts
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEQUENCES = [["chest pain", "dyspnea"], ["knee arthritis"], ["fracture", "cast", "x-ray"]]
 SPEC = PromptSpec("clinical note", ("An example note.",), PromptSpec("x").template)
 

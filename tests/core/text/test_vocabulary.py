@@ -27,7 +27,7 @@ from workers.text.vocabulary import (
     vocabulary_from_file,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # --------------------------------------------------------------------------------------
 # normalise

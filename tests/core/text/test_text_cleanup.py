@@ -17,7 +17,7 @@ import pytest
 
 from workers.text.cleanup import MIN_WORDS, clean_completion, opens_with_meta
 
-FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_completions.json"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "smollm2_completions.json"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import numpy as np
 import opendp.prelude as dp
 import pytest
 
-from tests.core.test_mechanisms import discrete_laplace_std
+from tests.core.privacy.test_mechanisms import discrete_laplace_std
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.errors import ConfigError
 from workers.privacy.accountant import compose

@@ -121,7 +121,7 @@ def test_where_the_agreement_can_tell_unrelated_names_stay_as_gated() -> None:
 
 def test_a_run_gates_the_names_by_its_released_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     import workers.methods.dpkps.stages as stages
-    from tests.core.test_pipeline import TOPICS, run_on_topics
+    from tests.core.dpkps.test_pipeline import TOPICS, run_on_topics
 
     seen: list[Any] = []
     real = stages.apply_label_prior
@@ -146,7 +146,7 @@ def test_a_run_gates_the_names_by_its_released_counts(monkeypatch: pytest.Monkey
 
 def test_a_run_reads_the_names_only_with_a_prior(monkeypatch: pytest.MonkeyPatch) -> None:
     import workers.methods.dpkps.stages as stages
-    from tests.core.test_pipeline import run_on_topics
+    from tests.core.dpkps.test_pipeline import run_on_topics
 
     kappas: list[float] = []
     real = stages.apply_label_prior
@@ -212,7 +212,7 @@ def test_a_bad_label_prior_names_its_field(value: Any) -> None:
 
 
 def test_the_prior_spends_nothing_and_pulls_a_small_noisy_class_to_its_own_phrases() -> None:
-    from tests.core.test_pipeline import assert_same_releases, own_phrase_shares
+    from tests.core.dpkps.test_pipeline import assert_same_releases, own_phrase_shares
 
     def config(label_prior: float) -> GenerationConfig:
         return GenerationConfig(

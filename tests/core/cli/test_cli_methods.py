@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from app.cli import main
-from tests.core.generate_runs import LABELS, generate_args, manifest_of, serving, write_corpus
+from tests.core.cli.generate_runs import LABELS, generate_args, manifest_of, serving, write_corpus
 from tests.fake_llm import FakeLLM
 from workers.methods.aug_pe import AugPEParams, plan_aug_pe, runner
 from workers.privacy.accountant import compose

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from tests.core.test_neighbouring import SIGMA_1, check_gaussian
+from tests.core.privacy.test_neighbouring import SIGMA_1, check_gaussian
 from tests.privacy_audit import planned
 from workers.errors import ConfigError
 from workers.methods.dpkps import private_vocab
@@ -130,7 +130,7 @@ def test_a_run_whose_vocabulary_drops_the_threshold_delta_is_not_as_planned() ->
 
 
 def test_a_thresholded_run_meets_its_budget_and_pads_a_tiny_vocabulary() -> None:
-    from tests.core.test_pipeline import TOPICS, corpus
+    from tests.core.dpkps.test_pipeline import TOPICS, corpus
     from workers.methods.dpkps.pipeline import generate_sequences
     from workers.text.embeddings import SentenceEmbedder
     from workers.text.vocabulary import Vocabulary
@@ -359,7 +359,7 @@ def test_all_classes_in_one_pass_release_each_class_density() -> None:
 
 
 def test_a_public_vocabulary_is_no_release() -> None:
-    from tests.core.test_pipeline import TOPICS, run_on_topics
+    from tests.core.dpkps.test_pipeline import TOPICS, run_on_topics
 
     cfg = gaussian_config(
         vocabulary_method="public",

@@ -21,7 +21,7 @@ from benchmarks.dp_reference import (
     subsampled_noise_multiplier,
 )
 from benchmarks.paired import seeded_noise
-from tests.core.test_neighbouring import DELTA, EPSILON, SIGMA_1, check_gaussian, projected
+from tests.core.privacy.test_neighbouring import DELTA, EPSILON, SIGMA_1, check_gaussian, projected
 from tests.privacy_audit import estimate_epsilon_at_delta
 from workers.privacy.calibration import gaussian_noise_multiplier
 from workers.privacy.noise import gaussian_noise

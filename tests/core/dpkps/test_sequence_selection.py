@@ -80,7 +80,7 @@ def test_factor_one_is_the_plain_draw_and_a_larger_factor_moves_towards_the_dire
 
 
 def test_selection_spends_nothing_and_keeps_a_class_on_its_own_phrases() -> None:
-    from tests.core.test_pipeline import TOPICS, assert_same_releases, own_phrase_shares
+    from tests.core.dpkps.test_pipeline import TOPICS, assert_same_releases, own_phrase_shares
 
     def config(selection: int) -> GenerationConfig:
         return GenerationConfig(

@@ -16,7 +16,7 @@ import pytest
 
 from app.cli import build_parser, main
 from app.cli.checks import run_params
-from tests.core.generate_runs import (
+from tests.core.cli.generate_runs import (
     LABELS,
     TEXTS,
     generate_args,

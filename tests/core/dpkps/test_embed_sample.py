@@ -19,7 +19,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from tests.core.dpkps import LABELS, config
-from tests.core.test_neighbouring import DELTA, EPSILON, SIGMA_1, projected
+from tests.core.privacy.test_neighbouring import DELTA, EPSILON, SIGMA_1, projected
 from tests.privacy_audit import estimate_epsilon_at_delta, planned
 from workers.errors import ConfigError
 from workers.methods.dpkps.config import SAMPLE_COUNT_SHARE, method_description
@@ -175,7 +175,7 @@ def test_embed_units_equals_the_whole_matrix_at_any_batch() -> None:
 
 
 def test_a_sampled_run_embeds_about_m_units_a_class_and_makes_the_planned_releases() -> None:
-    from tests.core.test_pipeline import TOPICS, corpus
+    from tests.core.dpkps.test_pipeline import TOPICS, corpus
     from workers.methods.dpkps.pipeline import generate_sequences
     from workers.text.vocabulary import Vocabulary
 
@@ -265,7 +265,7 @@ def test_the_sampled_release_on_neighbouring_corpora_within_epsilon_delta() -> N
 
 
 def test_with_a_unit_column_a_unit_is_kept_or_dropped_whole(monkeypatch: Any) -> None:
-    from tests.core.test_pipeline import TOPICS, corpus
+    from tests.core.dpkps.test_pipeline import TOPICS, corpus
     from workers.methods.dpkps import pipeline, stages
     from workers.text.embeddings import SentenceEmbedder
     from workers.text.vocabulary import Vocabulary

@@ -6,7 +6,7 @@ makes exactly the releases of a run without it, and every sequence it returns is
 own class's released sum (read back from the OpenDP sampler's output), and the manifest says how
 many were drawn and kept; with cells each sequence is judged by every class's cells; the filter is
 on by default with class centroids, and names its field in the engine, the job spec and the CLI
-(``tests/core/test_cli.py``).
+(``tests/core/cli/test_cli.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from app.jobs.schemas import JobSpec
-from tests.core.test_pipeline import TOPICS, assert_same_releases, corpus
+from tests.core.dpkps.test_pipeline import TOPICS, assert_same_releases, corpus
 from workers.errors import ConfigError
 from workers.methods.dpkps import stages
 from workers.methods.dpkps.config import GenerationConfig, method_description
