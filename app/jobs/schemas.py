@@ -72,6 +72,17 @@ MaxLLMCalls = Annotated[
     ),
 ]
 
+# the job spec a hospital submits most: a total ε and δ on the medical vocabulary (the
+# spec's example and the stored job's)
+SPEC_EXAMPLE: dict[str, Any] = {
+    "vocabulary": "medical",
+    "llm": "local",
+    "document_type": "clinical note",
+    "epsilon": 1.0,
+    "delta": 1e-06,
+    "per_class": 50,
+}
+
 
 class HoldoutSpec(BaseModel):
     """A slice of the private units held out from generation, on which a classifier trained
@@ -119,14 +130,7 @@ class JobSpec(DPKPSParams):
     writes the texts and its prompt, a holdout and the privacy audit's canaries."""
 
     model_config = with_examples(
-        {
-            "vocabulary": "medical",
-            "llm": "local",
-            "document_type": "clinical note",
-            "epsilon": 1.0,
-            "delta": 1e-06,
-            "per_class": 50,
-        },
+        SPEC_EXAMPLE,
         {
             "vocabulary": "medical",
             "llm": "none",
@@ -601,14 +605,7 @@ class JobOut(BaseModel):
                     "accountant": "pld(dp-accounting 0.6.0)",
                 },
             },
-            "spec": {
-                "vocabulary": "medical",
-                "llm": "local",
-                "document_type": "clinical note",
-                "epsilon": 1.0,
-                "delta": 1e-06,
-                "per_class": 50,
-            },
+            "spec": SPEC_EXAMPLE,
             "submitted_by": "key:cccfaeda-260b-4a37-8c96-00aca9e429c8",
             "created_at": "2026-12-07T05:31:37.680719Z",
             "started_at": "2026-12-07T05:31:39.102311Z",
