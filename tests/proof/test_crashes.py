@@ -11,7 +11,7 @@ has passed, which the test plays by backdating it (:func:`realworker.expire_visi
 the next worker restores it when it starts.
 
 Where the worker dies is not left to timing. Every progress write of the sequences task
-locks the job's row first, so a test that holds that lock (:class:`JobGate`) stops the
+updates the job's row, so a turnstile on that row's updates (:class:`JobGate`) stops the
 worker at its next stage boundary and lets it through one write at a time; a SHARE lock
 on the sequences table (:class:`SaveGate`) stops it at the INSERT that saves them. The
 worker is killed after it has recorded stage X and done the work that follows it (a DP
@@ -76,12 +76,13 @@ SPEC: dict[str, Any] = {
 }
 EPSILON = SPEC["epsilon_vocab"] + SPEC["epsilon_kde"]
 SEQUENCES = 2 * SPEC["per_class"]  # two classes
-# The job's stage after each write of the sequences task to the job row, for two
-# classes (start, then one write per change of stage or of its shown progress, which is
-# 0 or 1 only: a private stage shows its start and its end, never a fraction).
+# The job's stage after each write of the sequences task that changes the job's row, for
+# two classes (start, then one write per change of stage or of its shown progress, which
+# is 0 or 1 only: a private stage shows its start and its end, never a fraction). The
+# tracker's first report (extract at 0, once the models are loaded) changes nothing that
+# the start did not write already, so it updates no row and is not a step of the gate.
 TRACE = (  # each stage is written when it starts (issue 67, item 3) and when it ends
     "extract",  # the task started: running, ε committed
-    "extract",  # the models are loaded, the documents are about to be read
     "extract",  # the documents are read and their phrases extracted
     "private_vocabulary",  # the DP vocabulary is about to be drawn
     "private_vocabulary",  # the DP vocabulary is drawn
@@ -94,11 +95,11 @@ TRACE = (  # each stage is written when it starts (issue 67, item 3) and when it
 # stage -> how many writes the worker makes before it is killed, waiting for the next
 # (so that the job reads that stage, running, when it dies)
 KILL_AFTER = {
-    "extract": 2,  # killed while the documents are read and their phrases extracted
-    "private_vocabulary": 4,  # killed while the DP vocabulary is drawn
-    "embed": 6,  # killed while Ṽ's embeddings are computed
-    "dp_kde": 8,  # killed while the classes' DP-KDEs are built
-    "sequences": 8,  # every class sampled, the sequences about to be saved (SaveGate)
+    "extract": 1,  # killed while the documents are read and their phrases extracted
+    "private_vocabulary": 3,  # killed while the DP vocabulary is drawn
+    "embed": 5,  # killed while Ṽ's embeddings are computed
+    "dp_kde": 7,  # killed while the classes' DP-KDEs are built
+    "sequences": 7,  # every class sampled, the sequences about to be saved (SaveGate)
 }
 JOB_TIMEOUT = 180.0  # seconds
 FREE_CALLS = 3  # LLM calls answered before the fake holds the others (prompting crash)
@@ -155,39 +156,107 @@ class Gate:
 
 
 class JobGate(Gate):
-    """The row lock of the job, which the worker takes for every write to it.
+    """A turnstile on the job's row: every transaction of the worker that updates it
+    waits, in the update, for the next of a run of numbered tickets the gate holds.
 
-    While closed, the worker stops at its next write. :meth:`step` lets exactly one
-    write through: it opens, waits until the worker has locked the row (the row's
-    ``xmax`` names a locker other than the gate; checked every millisecond, as the work
-    between two writes may take a few only), and closes again, which waits for that
-    write to commit. It returns the job's stage after the write.
+    The test database gets, for this gate only, a trigger on the job's row that takes
+    a ticket (a sequence number) once per updating transaction and waits for the
+    advisory lock of that number, which the gate's session holds for every ticket from
+    the start. While closed, the worker stops at its next write. :meth:`step` lets
+    exactly one write through: it frees that write's ticket and waits until the worker
+    waits for the next one (so the write has committed), then returns the job's stage.
+    A row lock could not do this: once a write commits, the worker's next transaction
+    and the gate's re-lock race for the row, and PostgreSQL's tuple locks keep no queue
+    for a newcomer, so under load two writes could go through one step.
     """
+
+    TICKETS = 64  # more than any test lets through
+    LOCK_BASE = 7_340_000  # advisory lock keys of the tickets: LOCK_BASE + n
 
     def __init__(self, db: Database, job_id: str) -> None:
         super().__init__(db)
         self.job_id = uuid.UUID(job_id)
-        self.locker = ""  # the gate's transaction, as the row's xmax names it
+        self.name = f"crash_gate_{self.job_id.hex}"
+        self.ticket = 1  # the next write's ticket
+        self.installed = False
 
     def close(self) -> str | None:
-        self.transaction = self.connection.begin()
-        query = "SELECT stage FROM jobs WHERE id = :id FOR UPDATE"
-        stage = self.connection.execute(text(query), {"id": self.job_id}).scalar_one()
-        self.locker = self.row_locker(self.connection)
+        """Hold every ticket and install the turnstile (once; the job is queued)."""
+        assert not self.installed, "a JobGate closes once"
+        for n in range(1, self.TICKETS + 1):
+            self.connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": self.key(n)})
+        name, gate = self.name, f"{self.name}_ticket"
+        for statement in (
+            f"CREATE SEQUENCE {name}",
+            f"""CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+              IF coalesce(current_setting('{gate}.taken', true), '') = '' THEN
+                PERFORM set_config('{gate}.taken', 'yes', true);
+                PERFORM pg_advisory_xact_lock({self.LOCK_BASE} + nextval('{name}'));
+              END IF;
+              RETURN NEW;
+            END $$""",
+            f"CREATE TRIGGER {name} BEFORE UPDATE ON jobs FOR EACH ROW "
+            f"WHEN (OLD.id = '{self.job_id}') EXECUTE FUNCTION {name}()",
+        ):
+            self.connection.execute(text(statement))
+        self.connection.commit()
+        self.installed = True
+        return self.stage()
+
+    def key(self, ticket: int) -> int:
+        return self.LOCK_BASE + ticket
+
+    def stage(self) -> str | None:
+        query = text("SELECT stage FROM jobs WHERE id = :id")
+        stage = self.monitor.execute(query, {"id": self.job_id}).scalar_one()
         return str(stage) if stage is not None else None
 
-    def row_locker(self, connection: Connection) -> str:
-        query = text("SELECT xmax::text FROM jobs WHERE id = :id")
-        return str(connection.execute(query, {"id": self.job_id}).scalar_one())
+    def waits_for(self, ticket: int) -> bool:
+        """Whether a session waits for ``ticket``'s lock (advisory keys below 2³²
+        have classid 0 and objid the key)."""
+        query = text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND classid = 0 AND objid = :k AND objsubid = 1"
+        )
+        return bool(self.monitor.execute(query, {"k": self.key(ticket)}).scalar_one())
 
     def step(self, worker: RealWorker) -> str | None:
-        self.wait_for_worker(worker)
-        self.open()
-        deadline = time.monotonic() + 30
-        while self.row_locker(self.monitor) == self.locker:
-            assert time.monotonic() < deadline, "the worker did not take the job's row"
-            time.sleep(0.001)
-        return self.close()
+        def waiting(ticket: int) -> Callable[[], bool]:
+            def check() -> bool:
+                assert worker.alive, f"the worker died:\n{worker.text()[-3000:]}"
+                return self.waits_for(ticket)
+
+            return check
+
+        wait_for(waiting(self.ticket), "the worker waits at the gate", timeout=JOB_TIMEOUT)
+        self.connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self.key(self.ticket)})
+        self.connection.commit()
+        self.ticket += 1
+        assert self.ticket <= self.TICKETS, "more writes than the gate has tickets"
+        wait_for(waiting(self.ticket), "the worker's write commits", timeout=JOB_TIMEOUT)
+        return self.stage()
+
+    def wait_for_worker(self, worker: RealWorker) -> None:
+        def waiting() -> bool:
+            assert worker.alive, f"the worker died:\n{worker.text()[-3000:]}"
+            return self.waits_for(self.ticket)
+
+        wait_for(waiting, "the worker waits at the gate", timeout=JOB_TIMEOUT)
+
+    def dispose(self) -> None:
+        """Free every ticket and remove the turnstile (the worker is dead or past it)."""
+        if self.installed:
+            self.connection.execute(text("SELECT pg_advisory_unlock_all()"))
+            self.connection.commit()
+            for statement in (
+                f"DROP TRIGGER IF EXISTS {self.name} ON jobs",
+                f"DROP FUNCTION IF EXISTS {self.name}()",
+                f"DROP SEQUENCE IF EXISTS {self.name}",
+            ):
+                self.monitor.execute(text(statement))
+            self.installed = False
+        super().dispose()
 
 
 class SaveGate(Gate):
