@@ -359,7 +359,7 @@ def test_map_memory_is_flat_in_the_number_of_rows() -> None:
     run = make_run(config(epsilon=2.0), Constant(), batch=256)
 
     def peak(n: int) -> int:
-        texts = (("note %d about the heart" % i, LABELS[i % 3], None) for i in range(n))
+        texts = ((f"note {i} about the heart", LABELS[i % 3], None) for i in range(n))
         tracemalloc.start()
         run.map("sums", texts, None)
         _, top = tracemalloc.get_traced_memory()
