@@ -369,3 +369,20 @@ def test_map_memory_is_flat_in_the_number_of_rows() -> None:
     peak(100)  # warm: Ṽ's matcher and the like
     small, large = peak(2_000), peak(20_000)
     assert large < small + 512 * 1024, (small, large)  # ten times the rows, not the memory
+
+
+def test_parts_and_states_are_plain_data_and_damage_is_refused() -> None:
+    run = make_run(config(epsilon=2.0))
+    part = run.map("sums", iter(rows_of(3, units=False)), None)
+    meta, arrays = decode(part)
+    assert meta["kind"] == "part" and meta["round"] == "sums"
+    assert {a.dtype for a in arrays.values()} == {np.dtype(np.int64)}
+    assert arrays["sums"].shape == (3, EMBEDDING_DIMENSION)
+    state = run.reduce("sums", [part], None)
+    meta, arrays = decode(state)
+    assert meta["kind"] == "state" and meta["done"] == ["sums"]
+    assert set(meta["owner"]) >= {"documents", "units", "units_per_class"}  # apart, raw
+    assert arrays["noisy_sums"].dtype == np.float64
+    for damaged in (part[:-8], b"\x80\x04pickle" + part, part[:30], b""):
+        with pytest.raises(ConfigError):
+            run.reduce("sums", [damaged], None)
