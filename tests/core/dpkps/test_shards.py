@@ -386,3 +386,37 @@ def test_parts_and_states_are_plain_data_and_damage_is_refused() -> None:
     for damaged in (part[:-8], b"\x80\x04pickle" + part, part[:30], b""):
         with pytest.raises(ConfigError):
             run.reduce("sums", [damaged], None)
+
+
+def test_rows_grouped_by_unit_give_the_same_totals_with_units_closed_early() -> None:
+    rows = rows_of(40, units=True)
+    ordered = sorted(rows, key=lambda r: str(r[2]))  # as ``ORDER BY unit`` would read them
+    for cfg in (config(epsilon=2.0), config(epsilon=4.0, embed_sample=10, centroid_cells=1)):
+        run = make_run(cfg, batch=7)
+        state = None
+        if run.rounds[0] == "counts":
+            state = run.reduce("counts", [run.map("counts", iter(rows), None)], None)
+        loose = add_parts("sums", [run.map("sums", iter(rows), state)])
+        tight = add_parts("sums", [run.map("sums", iter(ordered), state, grouped=True)])
+        assert all(np.array_equal(loose[name], tight[name]) for name in loose)
+    # a unit that comes back after another is refused, not counted twice
+    with pytest.raises(ConfigError):
+        make_run(config(epsilon=2.0)).map("sums", iter(rows), None, grouped=True)
+
+
+def test_map_calls_its_cancel_check_and_stops_when_it_raises() -> None:
+    calls = 0
+
+    class Cancelled(Exception):
+        pass
+
+    def tick() -> None:
+        nonlocal calls
+        calls += 1
+        if calls > 3:
+            raise Cancelled
+
+    run = make_run(config(epsilon=2.0), batch=64)
+    with pytest.raises(Cancelled):
+        run.map("sums", iter(rows_of(400, units=False)), None, tick=tick)
+    assert calls == 4
