@@ -420,3 +420,8 @@ def test_map_calls_its_cancel_check_and_stops_when_it_raises() -> None:
     with pytest.raises(Cancelled):
         run.map("sums", iter(rows_of(400, units=False)), None, tick=tick)
     assert calls == 4
+
+
+def test_the_key_stays_out_of_the_runs_repr() -> None:
+    run = make_run(config(epsilon=2.0))
+    assert "secret" in repr(run) and KEY.hex() not in repr(run) and str(KEY) not in repr(run)

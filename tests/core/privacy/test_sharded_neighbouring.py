@@ -65,10 +65,12 @@ def run(key: bytes, multiplier: float) -> ShardedRun:
     )  # fmt: skip
 
 
-def parts(sharded: ShardedRun, rows: Sequence[Row], shards: int) -> list[bytes]:
+def parts(key: bytes, rows: Sequence[Row], shards: int) -> list[bytes]:
+    """The shards' parts of ``rows`` split in ``shards`` under ``key``."""
+    sharded = run(key, SIGMA_1)
     split: list[list[Row]] = [[] for _ in range(shards)]
     for i, row in enumerate(rows):
-        split[shard_of(row[2], i, key=sharded.key, shards=shards)].append(row)
+        split[shard_of(row[2], i, key=key, shards=shards)].append(row)
     return [sharded.map("sums", iter(s), None) for s in split]
 
 
@@ -80,8 +82,8 @@ def test_the_sharded_release_on_neighbouring_corpora_within_epsilon_delta() -> N
     # one more patient: three notes alike, in class a (its vector of norm 1)
     neighbour = corpus + [("the new patient's note", "a", "new")] * 3
     one, other = bytes(range(32)), bytes(range(1, 33))
-    d_parts = parts(run(one, SIGMA_1), corpus, 3)
-    d2_parts = parts(run(other, SIGMA_1), neighbour, 2)
+    d_parts = parts(one, corpus, 3)
+    d2_parts = parts(other, neighbour, 2)
     raw = from_fixed(add_parts("sums", d_parts)["sums"][0])
     raw2 = from_fixed(add_parts("sums", d2_parts)["sums"][0])
     shift = float(np.linalg.norm(raw2 - raw))

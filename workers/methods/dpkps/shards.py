@@ -302,7 +302,7 @@ class _UnitStream:
         self.run = run
         self.embed = embed  # False: only the class tallies (the counts round)
         self.rates = None if rates is None else [rates[label] for label in run.label_set]
-        self.sample = None if rates is None else PoissonSample(_subkey(run.key, b"keyseed/sample"))
+        self.sample = None if rates is None else PoissonSample(_subkey(run._key, b"keyseed/sample"))
         self.tick = tick
         self.facts = _Facts(len(run.label_set))
         self.extractor = run.extractor() if embed else None
@@ -498,7 +498,7 @@ class ShardedRun:
             raise ConfigError("must be an integer ≥ 1", field="batch")
         _subkey(key, b"check")
         self.vocabulary, self.embedder, self.cache = vocabulary, embedder, cache
-        self.key, self.unit_name, self.batch = bytes(key), unit_name, batch
+        self._key, self.unit_name, self.batch = bytes(key), unit_name, batch
         self.device = select_device(device)
         self.progress = progress or _noop
         self.the_plan = planned or plan(self.config, self.label_set, len(vocabulary))
@@ -516,6 +516,9 @@ class ShardedRun:
         self._embeddings: torch.Tensor | None = None
         self._basis: NDArray[np.float64] | None = None
         self._extractor: KeyphraseExtractor | None = None
+
+    def __repr__(self) -> str:  # the key stays out of every log and traceback
+        return f"ShardedRun(rounds={self.rounds!r}, <secret key>)"
 
     # -- public inputs, computed once when needed
 
