@@ -23,7 +23,7 @@ from tests.core.dpkps.test_pipeline import TOPICS, corpus
 from workers.errors import ConfigError, InputDataError
 from workers.methods.dpkps import stages
 from workers.methods.dpkps.config import EMBEDDING_DIMENSION, GenerationConfig
-from workers.methods.dpkps.density.centroid import class_sum, unit_vectors
+from workers.methods.dpkps.density.centroid import class_sum, moment_rows, unit_vectors
 from workers.methods.dpkps.density.common import within_unit_ball
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.methods.dpkps.plan import plan
@@ -425,3 +425,37 @@ def test_map_calls_its_cancel_check_and_stops_when_it_raises() -> None:
 def test_the_key_stays_out_of_the_runs_repr() -> None:
     run = make_run(config(epsilon=2.0))
     assert "secret" in repr(run) and KEY.hex() not in repr(run) and str(KEY) not in repr(run)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"kde_method": "moments", "consistency_filter": False}, {"epsilon": 6.0, "centroid_cells": 3}],
+    ids=["moments", "cells"],
+)
+def test_moments_and_cells_are_exact_sums_too(overrides: dict[str, Any], no_noise: None) -> None:
+    rows = rows_of(20, units=True)
+    run = make_run(config(**{"epsilon": 2.0, **overrides}))
+    results = [
+        run_rounds(run, rows, shards, order=order)
+        for shards, order in ((1, None), (4, [2, 0, 3, 1]))
+    ]
+    last = run.rounds[-1]
+    totals = [add_parts(last, parts[last]) for _, parts in results]
+    assert all(np.array_equal(totals[0][name], totals[1][name]) for name in totals[0])
+    if last == "cells":  # every unit in one cell of its class: the cells add up to the sums
+        sums = add_parts("sums", results[0][1]["sums"])["sums"]
+        assert np.array_equal(totals[0]["cells"].sum(axis=1), sums)
+    else:  # each unit's x and upper triangle of x xᵀ, rounded towards zero, added
+        pooled = pool([r[1] for r in rows], [r[2] for r in rows], label_set=LABELS)
+        encoded = HashEmbedder().encode([r[0] for r in rows])
+        vectors = unit_vectors([(i,) for i in range(len(rows))], encoded)
+        expected = np.zeros_like(totals[0]["sums"])
+        for u in pooled:
+            mean = to_fixed(vectors[list(u.documents)]).sum(axis=0) / 2.0**FIXED_BITS
+            vector = within_unit_ball((mean / len(u.documents))[None, :])
+            expected[LABELS.index(u.label)] += to_fixed(moment_rows(vector))[0]
+        assert np.array_equal(totals[0]["sums"], expected)
+    # the releases agree too, and the run finishes with the planned releases
+    states = [decode(state) for state, _ in results]
+    assert np.array_equal(states[0][1]["noisy_sums"], states[1][1]["noisy_sums"])
+    assert run.finish(results[1][0]).report.as_planned
