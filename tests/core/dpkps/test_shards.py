@@ -434,6 +434,12 @@ def test_the_key_stays_out_of_the_runs_repr() -> None:
 )
 def test_moments_and_cells_are_exact_sums_too(overrides: dict[str, Any], no_noise: None) -> None:
     rows = rows_of(20, units=True)
+    if "centroid_cells" in overrides:  # three kinds of note a class, enough for three cells
+        rows += [
+            (f"{label} note of kind {i % 3}", label, f"q{i}")
+            for i in range(900)
+            for label in LABELS[i % 3 : i % 3 + 1]
+        ]
     run = make_run(config(**{"epsilon": 2.0, **overrides}))
     results = [
         run_rounds(run, rows, shards, order=order)
@@ -445,6 +451,7 @@ def test_moments_and_cells_are_exact_sums_too(overrides: dict[str, Any], no_nois
     if last == "cells":  # every unit in one cell of its class: the cells add up to the sums
         sums = add_parts("sums", results[0][1]["sums"])["sums"]
         assert np.array_equal(totals[0]["cells"].sum(axis=1), sums)
+        assert (np.count_nonzero(totals[0]["cells"].any(axis=2), axis=1) > 1).all()
     else:  # each unit's x and upper triangle of x xᵀ, rounded towards zero, added
         pooled = pool([r[1] for r in rows], [r[2] for r in rows], label_set=LABELS)
         encoded = HashEmbedder().encode([r[0] for r in rows])
