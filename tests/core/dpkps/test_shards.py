@@ -436,7 +436,7 @@ def test_moments_and_cells_are_exact_sums_too(overrides: dict[str, Any], no_nois
     rows = rows_of(20, units=True)
     if "centroid_cells" in overrides:  # three kinds of note a class, enough for three cells
         rows += [
-            (f"{label} note of kind {i % 3}", label, f"q{i}")
+            (f"{label} note of kind {i // 3 % 3}", label, f"q{i}")
             for i in range(900)
             for label in LABELS[i % 3 : i % 3 + 1]
         ]
