@@ -1,0 +1,152 @@
+"""The one-run canary audit (workers/privacy/audit.py) on the LLM methods (issue 66, item 3).
+
+An LLM method's canaries join its private input as a DP-KPS run's do, and the membership
+test reads the released texts alone: a canary's rare suffix words in its class's released
+texts. Whether a canary can show there depends on what the method releases: Aug-PE
+releases LLM texts *selected* by noisy nearest-neighbour votes, so a canary can reach the
+release only by pulling the selection towards candidates that hold its words.
+
+The test LLM here makes that possible on purpose (:class:`WordPool`): asked for a new text
+of a class it writes one word of the public word pool the canaries draw from (each class
+gets every word in turn), asked for a variation it echoes its prompt's text. A run with
+OpenDP's noise switched off then selects, for every included canary, the candidates that
+are its words, and the audit's bound exceeds the claimed ε; the real mechanism at the
+same ε selects through noise that drowns one canary's vote, and the bound stays at or
+below the claim.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.core.methods import news
+from tests.fake_llm import FakeLLM
+from workers.methods.aug_pe import run_aug_pe
+from workers.methods.aug_pe.params import AugPEParams
+from workers.methods.checkpoints import MemoryCheckpoints
+from workers.privacy.audit import AuditResult, make_canaries, rare_words, run_audit
+
+pytestmark = pytest.mark.slow
+
+CLAIMED = 1.0
+CANARIES = 64
+WORD = re.compile(r"[a-z]{3,}")
+
+
+def _pool() -> list[str]:
+    """800 English words of middling rank (public): the canaries draw from the rare half
+    (:func:`workers.privacy.audit.rare_words`), which the test LLM writes too."""
+    from workers.text.vocabulary import load_vocabulary
+
+    words = [w for w in load_vocabulary("english").phrases[25_000:27_000] if WORD.fullmatch(w)]
+    return words[:800]
+
+
+class WordPool:
+    """The test LLM's answers (a ``content_fn`` of :class:`tests.fake_llm.FakeLLM`): a new
+    text of a class is the next word of ``words`` for that class; a variation echoes the
+    text of its prompt (blanks dropped)."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+        self.given: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, body: Any) -> str:
+        user = str(body["messages"][-1]["content"])
+        asked = re.search(r'Write one .* of the category "([^"]+)"', user)
+        if asked is not None:
+            with self._lock:
+                n = self.given[asked.group(1)]
+                self.given[asked.group(1)] += 1
+            return self.words[n % len(self.words)]
+        echoed = re.search(r"(?:Text|Input): (.*?)(?:\n\nAnswer:)?$", user, re.S)
+        text = echoed.group(1).replace("_", " ") if echoed is not None else ""
+        return " ".join(text.split()) or self.words[0]
+
+
+@pytest.fixture(scope="module")
+def words() -> list[str]:
+    return _pool()
+
+
+@pytest.fixture(scope="module")
+def llm(words: list[str]) -> Iterator[FakeLLM]:
+    with FakeLLM(content_fn=WordPool(rare_words(words))) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Any:
+    from workers.text.embeddings import SentenceEmbedder
+
+    return SentenceEmbedder()
+
+
+def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
+    """One Aug-PE run (ε = 1, one iteration, 800 one-word candidates, 120 released) on
+    the news corpus with 64 canaries of ``words`` added by their coins, and its audit."""
+    documents = [*news.SPORTS, *news.BUSINESS]
+    labels = ["Sports"] * len(news.SPORTS) + ["Business"] * len(news.BUSINESS)
+    canaries = make_canaries(
+        phrases=words,
+        labels=news.LABEL_SET,
+        count=CANARIES,
+        seed=int(np.random.default_rng().integers(2**62)),
+        document_type="news article",
+    )
+    added = canaries.included_canaries
+    params = AugPEParams(
+        document_type="news article",
+        epsilon=CLAIMED,
+        delta=1e-5,
+        iterations=1,
+        population=800,
+        initial_variation_folds=0,
+        num_released=120,
+        nearest_neighbors=3,
+        concurrency=8,
+        max_tokens=16,
+    )
+    result = run_aug_pe(
+        [*documents, *(c.text for c in added)],
+        [*labels, *(c.label for c in added)],
+        params=params,
+        label_set=news.LABEL_SET,
+        units=None,
+        llm=llm.endpoint(),
+        embedder=embedder,
+        checkpoints=MemoryCheckpoints(),
+    )
+    claimed = float(result.manifest["privacy"]["epsilon"])
+    assert claimed == pytest.approx(CLAIMED, abs=1e-6)
+    return run_audit(canaries, result.records, claimed_epsilon=claimed, delta=1e-5)
+
+
+def test_the_audit_catches_aug_pe_with_its_noise_switched_off(
+    monkeypatch: pytest.MonkeyPatch, words: list[str], llm: FakeLLM, embedder: Any
+) -> None:
+    from workers.privacy import noise as samplers
+
+    monkeypatch.setattr(samplers, "_add", lambda noise, data, scale: list(data.tolist()))
+    broken = _aug_pe_audit(words, llm, embedder)
+    assert broken.copied_as_documents == 0  # released texts are LLM candidates, not canaries
+    assert broken.epsilon_lower_bound > CLAIMED, broken
+    assert broken.exceeds_claim and "WARNING" in broken.in_words()
+
+
+def test_the_real_aug_pe_at_the_same_epsilon_stays_within_its_claim(
+    words: list[str], llm: FakeLLM, embedder: Any
+) -> None:
+    # one run, real OpenDP noise: a valid audit exceeds the truth with probability ≤ 5 %,
+    # and one canary's vote (norm 1) is drowned by σ ≈ 4 on every candidate
+    honest = _aug_pe_audit(words, llm, embedder)
+    assert honest.epsilon_lower_bound <= CLAIMED, honest
+    assert not honest.exceeds_claim and honest.copied_as_documents == 0
