@@ -243,8 +243,9 @@ class StoredJobSpec(JobSpec):
 class LLMMethodJob(BaseModel):
     """What a job of an LLM method (:mod:`workers.methods.registry`) adds to the method's
     own parameters: the LLM, a cap on its calls, a holdout and the privacy audit's
-    canaries (as a DP-KPS job's; neither reaches the method's parameters). ``epsilon`` and ``delta`` are the
-    run's total; ``concurrency`` is capped by the server's LLM concurrency.
+    canaries (as a DP-KPS job's; neither reaches the method's parameters). ``epsilon``
+    and ``delta`` are the run's total; ``concurrency`` is capped by the server's LLM
+    concurrency.
 
     Over JSON, numbers are read as JSON Schema reads them (``2.0`` is the integer 2), not
     strictly as the engine's own models do."""

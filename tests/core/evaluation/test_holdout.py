@@ -258,9 +258,7 @@ def _llm_method_plan(method: str, **params: object) -> tuple[list[PrivacyEvent],
     from workers.methods.registry import METHODS
 
     entry = METHODS[method]
-    found = entry.params.model_validate(
-        {"document_type": "news article", "delta": 1e-5, **params}
-    )
+    found = entry.params.model_validate({"document_type": "news article", "delta": 1e-5, **params})
     events = entry.plan(found, list(LABELS))
     return events, compose(events).epsilon(found.delta), found.delta  # type: ignore[attr-defined]
 

@@ -16,7 +16,9 @@ from app.jobs import holdout
 from app.jobs.schemas import JOB_SPEC, JobSpec
 from app.jobs.stages import job_spec
 from workers.errors import ConfigError
+from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.catalog import METHOD_PARAMS
+from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.params import (
     ENGINE_FIELDS,
@@ -25,8 +27,6 @@ from workers.methods.dpkps.params import (
     DPKPSParams,
 )
 from workers.methods.dpkps.plan import plan
-from workers.methods.aug_pe.params import AugPEParams
-from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.registry import DPKPS, LLM_CANARY_WORDS, LLM_METHODS, METHODS
 
 LABELS = ["cardio", "ortho", "neuro"]
