@@ -31,7 +31,7 @@ from tests.fake_llm import FakeLLM
 from workers.methods.aug_pe import run_aug_pe
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.checkpoints import MemoryCheckpoints
-from workers.privacy.audit import AuditResult, make_canaries, rare_words, run_audit
+from workers.privacy.audit import AuditResult, CanarySet, make_canaries, rare_words, run_audit
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +61,9 @@ class WordPool:
 
     def __call__(self, body: Any) -> str:
         user = str(body["messages"][-1]["content"])
+        example = re.search(r"\n\nExample: (.*)$", user, re.S)
+        if example is not None:  # a prompt with an example (only a broken run's): echoed
+            return example.group(1)
         asked = re.search(r'Write one .* of the category "([^"]+)"', user)
         if asked is not None:
             with self._lock:
@@ -90,11 +93,9 @@ def embedder() -> Any:
     return SentenceEmbedder()
 
 
-def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
-    """One Aug-PE run (ε = 1, one iteration, 800 one-word candidates, 120 released) on
-    the news corpus with 64 canaries of ``words`` added by their coins, and its audit."""
-    documents = [*news.SPORTS, *news.BUSINESS]
-    labels = ["Sports"] * len(news.SPORTS) + ["Business"] * len(news.BUSINESS)
+def _input(words: list[str]) -> tuple[CanarySet, list[str], list[str]]:
+    """64 canaries of ``words`` and the run's input: the news corpus, then the canaries
+    whose coin came up heads (as the worker adds them)."""
     canaries = make_canaries(
         phrases=words,
         labels=news.LABEL_SET,
@@ -103,6 +104,15 @@ def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
         document_type="news article",
     )
     added = canaries.included_canaries
+    documents = [*news.SPORTS, *news.BUSINESS, *(c.text for c in added)]
+    labels = ["Sports"] * len(news.SPORTS) + ["Business"] * len(news.BUSINESS)
+    return canaries, documents, [*labels, *(c.label for c in added)]
+
+
+def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
+    """One Aug-PE run (ε = 1, one iteration, 800 one-word candidates, 120 released) on
+    the news corpus with 64 canaries of ``words`` added by their coins, and its audit."""
+    canaries, documents, labels = _input(words)
     params = AugPEParams(
         document_type="news article",
         epsilon=CLAIMED,
@@ -116,8 +126,8 @@ def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
         max_tokens=16,
     )
     result = run_aug_pe(
-        [*documents, *(c.text for c in added)],
-        [*labels, *(c.label for c in added)],
+        documents,
+        labels,
         params=params,
         label_set=news.LABEL_SET,
         units=None,
@@ -148,5 +158,93 @@ def test_the_real_aug_pe_at_the_same_epsilon_stays_within_its_claim(
     # one run, real OpenDP noise: a valid audit exceeds the truth with probability ≤ 5 %,
     # and one canary's vote (norm 1) is drowned by σ ≈ 4 on every candidate
     honest = _aug_pe_audit(words, llm, embedder)
+    assert honest.epsilon_lower_bound <= CLAIMED, honest
+    assert not honest.exceeds_claim and honest.copied_as_documents == 0
+
+
+# -- PATE-tutor ------------------------------------------------------------------------------
+#
+# PATE-tutor releases candidates of a public pool chosen by a student trained on the
+# teachers' noisy votes. Its noise switched off is not enough for one canary to show: a
+# canary is in one teacher of M, and the vote sums of M teachers move by at most one
+# teacher's (the sample-and-aggregate of PATE), so the broken variant caught here is the
+# bug PATE-tutor's design rules out: private documents in the pools' prompts (as few-shot
+# examples), which an LLM echoes into the candidates.
+
+
+def _leaky_prompts(
+    monkeypatch: pytest.MonkeyPatch, module: Any, documents: list[str], labels: list[str]
+) -> None:
+    """``module.random_messages`` with a document of the run's input (of the prompt's
+    class, in turn) appended as an example: the non-private variant."""
+    original = module.random_messages
+    by_class = {label: [d for d, x in zip(documents, labels, strict=True) if x == label]
+                for label in set(labels)}  # fmt: skip
+    turns: Counter[str] = Counter()
+
+    def leaky(*, document_type: str, label: str) -> Any:
+        messages = original(document_type=document_type, label=label)
+        own = by_class[label]
+        example = own[turns[label] % len(own)]
+        turns[label] += 1
+        user = {**messages[-1], "content": f"{messages[-1]['content']}\n\nExample: {example}"}
+        return [*messages[:-1], user]
+
+    monkeypatch.setattr(module, "random_messages", leaky)
+
+
+def _pate_audit(
+    words: list[str], llm: FakeLLM, embedder: Any, monkeypatch: pytest.MonkeyPatch | None
+) -> AuditResult:
+    """One PATE-tutor run (ε = 1, 4 teachers, 200 candidates of which 160 released) on the
+    news corpus with 64 canaries, and its audit; with ``monkeypatch``, the pools' prompts
+    carry the run's input documents (:func:`_leaky_prompts`)."""
+    from workers.methods.pate_tutor import run_pate_tutor
+    from workers.methods.pate_tutor import runner as pate_runner
+    from workers.methods.pate_tutor.params import PateTutorParams
+
+    canaries, documents, labels = _input(words)
+    if monkeypatch is not None:
+        _leaky_prompts(monkeypatch, pate_runner, documents, labels)
+    params = PateTutorParams(
+        document_type="news article",
+        epsilon=CLAIMED,
+        delta=1e-5,
+        teachers=4,
+        queries=80,
+        negatives=80,
+        candidates=200,
+        num_released=160,
+        concurrency=8,
+        max_tokens=16,
+    )
+    result = run_pate_tutor(
+        documents,
+        labels,
+        params=params,
+        label_set=news.LABEL_SET,
+        units=None,
+        llm=llm.endpoint(),
+        embedder=embedder,
+        checkpoints=MemoryCheckpoints(),
+    )
+    claimed = float(result.manifest["privacy"]["epsilon"])
+    assert claimed == pytest.approx(CLAIMED, abs=1e-6)
+    return run_audit(canaries, result.records, claimed_epsilon=claimed, delta=1e-5)
+
+
+def test_the_audit_catches_pate_tutor_with_private_documents_in_its_prompts(
+    monkeypatch: pytest.MonkeyPatch, words: list[str], llm: FakeLLM, embedder: Any
+) -> None:
+    broken = _pate_audit(words, llm, embedder, monkeypatch)
+    assert broken.copied_as_documents > 0  # canaries echoed whole into released texts
+    assert broken.epsilon_lower_bound > CLAIMED, broken
+    assert broken.exceeds_claim and "WARNING" in broken.in_words()
+
+
+def test_the_real_pate_tutor_at_the_same_epsilon_stays_within_its_claim(
+    words: list[str], llm: FakeLLM, embedder: Any
+) -> None:
+    honest = _pate_audit(words, llm, embedder, None)
     assert honest.epsilon_lower_bound <= CLAIMED, honest
     assert not honest.exceeds_claim and honest.copied_as_documents == 0
