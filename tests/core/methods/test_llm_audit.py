@@ -37,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 CLAIMED = 1.0
 CANARIES = 64
+COPIES = 100  # DP-EDA: copies of the news corpus, enough votes for LimitedDomain at ε = 1
 WORD = re.compile(r"[a-z]{3,}")
 
 
@@ -64,6 +65,9 @@ class WordPool:
         example = re.search(r"\n\nExample: (.*)$", user, re.S)
         if example is not None:  # a prompt with an example (only a broken run's): echoed
             return example.group(1)
+        phrases = re.search(r"using these phrases: (.*?)\.(?: Improve|$)", user, re.S)
+        if phrases is not None:  # DP-EDA's decoder: the phrases it was given, echoed
+            return " ".join(p.strip() for p in phrases.group(1).split(";"))
         asked = re.search(r'Write one .* of the category "([^"]+)"', user)
         if asked is not None:
             with self._lock:
@@ -173,24 +177,29 @@ def test_the_real_aug_pe_at_the_same_epsilon_stays_within_its_claim(
 
 
 def _leaky_prompts(
-    monkeypatch: pytest.MonkeyPatch, module: Any, documents: list[str], labels: list[str]
+    monkeypatch: pytest.MonkeyPatch,
+    module: Any,
+    name: str,
+    documents: list[str],
+    labels: list[str],
 ) -> None:
-    """``module.random_messages`` with a document of the run's input (of the prompt's
-    class, in turn) appended as an example: the non-private variant."""
-    original = module.random_messages
+    """``module.<name>`` (a prompt builder taking the class as ``label``) with a document
+    of the run's input of the prompt's class (one in turn) appended as an example: the
+    non-private variant."""
+    original = getattr(module, name)
     by_class = {label: [d for d, x in zip(documents, labels, strict=True) if x == label]
                 for label in set(labels)}  # fmt: skip
     turns: Counter[str] = Counter()
 
-    def leaky(*, document_type: str, label: str) -> Any:
-        messages = original(document_type=document_type, label=label)
-        own = by_class[label]
-        example = own[turns[label] % len(own)]
-        turns[label] += 1
+    def leaky(**kwargs: Any) -> Any:
+        messages = original(**kwargs)
+        own = by_class[kwargs["label"]]
+        example = own[turns[kwargs["label"]] % len(own)]
+        turns[kwargs["label"]] += 1
         user = {**messages[-1], "content": f"{messages[-1]['content']}\n\nExample: {example}"}
         return [*messages[:-1], user]
 
-    monkeypatch.setattr(module, "random_messages", leaky)
+    monkeypatch.setattr(module, name, leaky)
 
 
 def _pate_audit(
@@ -205,7 +214,7 @@ def _pate_audit(
 
     canaries, documents, labels = _input(words)
     if monkeypatch is not None:
-        _leaky_prompts(monkeypatch, pate_runner, documents, labels)
+        _leaky_prompts(monkeypatch, pate_runner, "random_messages", documents, labels)
     params = PateTutorParams(
         document_type="news article",
         epsilon=CLAIMED,
@@ -246,5 +255,93 @@ def test_the_real_pate_tutor_at_the_same_epsilon_stays_within_its_claim(
     words: list[str], llm: FakeLLM, embedder: Any
 ) -> None:
     honest = _pate_audit(words, llm, embedder, None)
+    assert honest.epsilon_lower_bound <= CLAIMED, honest
+    assert not honest.exceeds_claim and honest.copied_as_documents == 0
+
+
+# -- DP-EDA ------------------------------------------------------------------------------------
+#
+# DP-EDA releases texts decoded from parents that LimitedDomain selected among public
+# population members: a member needs a count above the (K+1)-th count plus a gap of
+# 1 + ln(1/δ)/ε_s (about 50 votes at the real test's ε_s = 0.25) to be selected, so one
+# canary's single vote cannot show (the δ part of its guarantee). The broken variant is
+# LimitedDomain with its Gumbel noise switched off and that gap cut to half a vote (an
+# exact top k of the members with a vote): every member a canary votes for is a parent,
+# and the decoder (with an LLM that echoes the nearest vocabulary phrase it is given)
+# writes it out.
+
+
+def _eda_audit(words: list[str], llm: FakeLLM, embedder: Any, **levers: Any) -> AuditResult:
+    """One DP-EDA run (ε = 1, one iteration, LLM reconstruction from the word
+    vocabulary, ``levers`` changed) on COPIES copies of the news corpus with 64 canaries,
+    and its audit."""
+    from workers.methods.dp_eda import run_dp_eda
+    from workers.methods.dp_eda.params import DPEDAParams
+    from workers.text.vocabulary import Vocabulary
+
+    canaries, documents, labels = _input(words)
+    news_rows = len(news.SPORTS) + len(news.BUSINESS)
+    documents = [*(documents[:news_rows] * COPIES), *documents[news_rows:]]
+    labels = [*(labels[:news_rows] * COPIES), *labels[news_rows:]]
+    values: dict[str, Any] = {
+        "document_type": "news article",
+        "epsilon": CLAIMED,
+        "delta": 1e-5,
+        "vocabulary": "audit-words",
+        "iterations": 1,
+        "domain": 8,
+        "parents": 4,
+        "initial_population": 40,
+        "offspring": 16,
+        "top_r": 2,
+        "nearest_phrases": 3,
+        "candidates": 1,
+        "rounds": 1,
+        "perplexity_percentile": 100.0,
+        "concurrency": 8,
+        "max_tokens": 16,
+    }
+    params = DPEDAParams(**{**values, **levers})
+    result = run_dp_eda(
+        documents,
+        labels,
+        params=params,
+        label_set=news.LABEL_SET,
+        units=None,
+        llm=llm.endpoint(),
+        embedder=embedder,
+        checkpoints=MemoryCheckpoints(),
+        vocabulary=Vocabulary.from_phrases("audit-words", words),
+    )
+    assert all(c["released"] for c in result.manifest["classes"].values())  # a release to audit
+    claimed = float(result.manifest["privacy"]["epsilon"])
+    assert claimed == pytest.approx(CLAIMED, abs=1e-6)
+    return run_audit(canaries, result.records, claimed_epsilon=claimed, delta=1e-5)
+
+
+def test_the_audit_catches_dp_eda_with_its_noise_and_threshold_switched_off(
+    monkeypatch: pytest.MonkeyPatch, words: list[str], llm: FakeLLM, embedder: Any
+) -> None:
+    from workers.methods.dp_eda import limited_domain
+
+    def exact(scores: Any, *, k: int, **noise: Any) -> Any:
+        return np.argsort(-np.asarray(scores), kind="stable")[:k]
+
+    monkeypatch.setattr(limited_domain, "noisy_top_k", exact)
+    # ⊥ half a vote above the (K+1)-th count: every member with a vote comes before it
+    monkeypatch.setattr(limited_domain.Calibration, "gap", lambda self, size: 0.5)
+    # every one of the 400 words of a class is a member; up to 100 parents, one phrase each
+    broken = _eda_audit(
+        words, llm, embedder, initial_population=400, domain=100, parents=100, offspring=101,
+        nearest_phrases=1,
+    )  # fmt: skip
+    assert broken.epsilon_lower_bound > CLAIMED, broken
+    assert broken.exceeds_claim and "WARNING" in broken.in_words()
+
+
+def test_the_real_dp_eda_at_the_same_epsilon_stays_within_its_claim(
+    words: list[str], llm: FakeLLM, embedder: Any
+) -> None:
+    honest = _eda_audit(words, llm, embedder)
     assert honest.epsilon_lower_bound <= CLAIMED, honest
     assert not honest.exceeds_claim and honest.copied_as_documents == 0
