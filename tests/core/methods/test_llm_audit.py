@@ -97,20 +97,24 @@ def embedder() -> Any:
     return SentenceEmbedder()
 
 
-def _input(words: list[str]) -> tuple[CanarySet, list[str], list[str]]:
-    """64 canaries of ``words`` and the run's input: the news corpus, then the canaries
-    whose coin came up heads (as the worker adds them)."""
+def _input(
+    words: list[str], label_set: list[str] = news.LABEL_SET
+) -> tuple[CanarySet, list[str], list[str]]:
+    """64 canaries of ``words`` over ``label_set`` and the run's input: the news corpus
+    (of those classes), then the canaries whose coin came up heads (as the worker adds
+    them)."""
     canaries = make_canaries(
         phrases=words,
-        labels=news.LABEL_SET,
+        labels=label_set,
         count=CANARIES,
         seed=int(np.random.default_rng().integers(2**62)),
         document_type="news article",
     )
     added = canaries.included_canaries
-    documents = [*news.SPORTS, *news.BUSINESS, *(c.text for c in added)]
-    labels = ["Sports"] * len(news.SPORTS) + ["Business"] * len(news.BUSINESS)
-    return canaries, documents, [*labels, *(c.label for c in added)]
+    corpus = [("Sports", d) for d in news.SPORTS] + [("Business", d) for d in news.BUSINESS]
+    kept = [(label, d) for label, d in corpus if label in label_set]
+    documents = [*(d for _, d in kept), *(c.text for c in added)]
+    return canaries, documents, [*(label for label, _ in kept), *(c.label for c in added)]
 
 
 def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
@@ -203,16 +207,22 @@ def _leaky_prompts(
 
 
 def _pate_audit(
-    words: list[str], llm: FakeLLM, embedder: Any, monkeypatch: pytest.MonkeyPatch | None
+    words: list[str],
+    llm: FakeLLM,
+    embedder: Any,
+    monkeypatch: pytest.MonkeyPatch | None,
+    label_set: list[str] = news.LABEL_SET,
 ) -> AuditResult:
-    """One PATE-tutor run (ε = 1, 4 teachers, 200 candidates of which 160 released) on the
-    news corpus with 64 canaries, and its audit; with ``monkeypatch``, the pools' prompts
-    carry the run's input documents (:func:`_leaky_prompts`)."""
+    """One PATE-tutor run (ε = 1, 4 teachers, 200 candidates) on the news corpus of
+    ``label_set`` with 64 canaries, and its audit. The real run releases 160 candidates;
+    with ``monkeypatch`` the pools' prompts carry the run's input documents
+    (:func:`_leaky_prompts`) and every candidate is released (the student ranks identical
+    echoes alike, so a partial release could drop a canary's every copy)."""
     from workers.methods.pate_tutor import run_pate_tutor
     from workers.methods.pate_tutor import runner as pate_runner
     from workers.methods.pate_tutor.params import PateTutorParams
 
-    canaries, documents, labels = _input(words)
+    canaries, documents, labels = _input(words, label_set)
     if monkeypatch is not None:
         _leaky_prompts(monkeypatch, pate_runner, "random_messages", documents, labels)
     params = PateTutorParams(
@@ -223,7 +233,7 @@ def _pate_audit(
         queries=80,
         negatives=80,
         candidates=200,
-        num_released=160,
+        num_released=160 if monkeypatch is None else 200,
         concurrency=8,
         max_tokens=16,
     )
@@ -231,7 +241,7 @@ def _pate_audit(
         documents,
         labels,
         params=params,
-        label_set=news.LABEL_SET,
+        label_set=label_set,
         units=None,
         llm=llm.endpoint(),
         embedder=embedder,
@@ -245,7 +255,8 @@ def _pate_audit(
 def test_the_audit_catches_pate_tutor_with_private_documents_in_its_prompts(
     monkeypatch: pytest.MonkeyPatch, words: list[str], llm: FakeLLM, embedder: Any
 ) -> None:
-    broken = _pate_audit(words, llm, embedder, monkeypatch)
+    # one class: the tutor's noisy shares cannot hold back part of the echoed pool
+    broken = _pate_audit(words, llm, embedder, monkeypatch, ["Sports"])
     assert broken.copied_as_documents > 0  # canaries echoed whole into released texts
     assert broken.epsilon_lower_bound > CLAIMED, broken
     assert broken.exceeds_claim and "WARNING" in broken.in_words()
