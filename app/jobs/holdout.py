@@ -16,8 +16,10 @@ The mathematics is :mod:`workers.evaluation.holdout`'s; here it meets the job:
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from workers.evaluation import holdout as maths
@@ -43,10 +45,15 @@ def split_of(holdout: Any) -> str:
 
 
 def evaluation_epsilon(holdout: Any, generation: Plan) -> float:
-    """ε of the evaluation: the spec's, or the generation's own (free in parallel)."""
+    """ε of the evaluation: the spec's, or the generation's own (free in parallel), as
+    the largest float not above it (a composed ε such as DP-EDA's 0.99999999999999995
+    would round up to 1.0 and make the slice the dearer side by a rounding error)."""
     if holdout.epsilon is not None:
         return float(holdout.epsilon)
-    return float(generation.epsilon)
+    epsilon = float(generation.epsilon)
+    if Decimal(epsilon) > Decimal(generation.epsilon):
+        epsilon = math.nextafter(epsilon, 0.0)
+    return epsilon
 
 
 def plan(spec: Any, generation: Plan, classes: int) -> Plan:

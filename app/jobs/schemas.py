@@ -125,6 +125,36 @@ class HoldoutSpec(BaseModel):
         return not_a_boolean(value)
 
 
+def holdout_field() -> Any:
+    """A job spec's ``holdout`` (every method that supports one: its registry entry)."""
+    return Field(
+        default=None,
+        description="Hold out a slice of the private units and publish the accuracy, with "
+        "noise, of a classifier trained on the released corpus on it (docs/utility.md). "
+        "Null, the default: off; the dry run says whether the corpus is large enough for a "
+        "useful interval",
+        examples=[None, {"fraction": 0.1}],
+    )
+
+
+def canaries_field() -> Any:
+    """A job spec's ``audit_canaries`` (every method: docs/privacy.md, the canary audit)."""
+    return Field(
+        default=DEFAULT_CANARIES,
+        ge=0,
+        le=MAX_CANARIES,
+        description="The empirical privacy audit (Steinke, Nasr & Jagielski 2023): this many "
+        "public canary documents (a public prefix naming a class, then rare words of the "
+        "public vocabulary) each join the generation input by a fair coin, drawn by a seed "
+        "the worker keeps with the job; at release a membership test on the released corpus "
+        "alone gives a lower bound on ε, shown next to the claimed ε in the release report. "
+        "Canaries are never stored as dataset rows and never released as documents; the "
+        f"budget is unchanged. Default {DEFAULT_CANARIES}, 0 turns the audit off, at most "
+        f"{MAX_CANARIES}",
+        examples=[DEFAULT_CANARIES, 0],
+    )
+
+
 class JobSpec(DPKPSParams):
     """A DP-KPS job (``method`` absent or ``dpkps``): its :class:`DPKPSParams`, the LLM that
     writes the texts and its prompt, a holdout and the privacy audit's canaries."""
@@ -174,29 +204,8 @@ class JobSpec(DPKPSParams):
         f"template. At most {PROMPT_LIMITS['template_chars']} characters",
     )
     max_llm_calls: MaxLLMCalls = None
-    holdout: HoldoutSpec | None = Field(
-        default=None,
-        description="Hold out a slice of the private units and publish the accuracy, with "
-        "noise, of a classifier trained on the released corpus on it (docs/utility.md). "
-        "Null, the default: off; the dry run says whether the corpus is large enough for a "
-        "useful interval",
-        examples=[None, {"fraction": 0.1}],
-    )
-
-    audit_canaries: int = Field(
-        default=DEFAULT_CANARIES,
-        ge=0,
-        le=MAX_CANARIES,
-        description="The empirical privacy audit (Steinke, Nasr & Jagielski 2023): this many "
-        "public canary documents (a public prefix naming a class, then rare words of the "
-        "public vocabulary) each join the generation input by a fair coin, drawn by a seed "
-        "the worker keeps with the job; at release a membership test on the released corpus "
-        "alone gives a lower bound on ε, shown next to the claimed ε in the release report. "
-        "Canaries are never stored as dataset rows and never released as documents; the "
-        f"budget is unchanged. Default {DEFAULT_CANARIES}, 0 turns the audit off, at most "
-        f"{MAX_CANARIES}",
-        examples=[DEFAULT_CANARIES, 0],
-    )
+    holdout: HoldoutSpec | None = holdout_field()
+    audit_canaries: int = canaries_field()
 
     def params(self) -> DPKPSParams:
         """The method's own parameters (what the engine sees), checked as the engine
@@ -233,8 +242,10 @@ class StoredJobSpec(JobSpec):
 
 class LLMMethodJob(BaseModel):
     """What a job of an LLM method (:mod:`workers.methods.registry`) adds to the method's
-    own parameters: the LLM and a cap on its calls. ``epsilon`` and ``delta`` are the
-    run's total; ``concurrency`` is capped by the server's LLM concurrency.
+    own parameters: the LLM, a cap on its calls, a holdout and the privacy audit's
+    canaries (as a DP-KPS job's; neither reaches the method's parameters). ``epsilon``
+    and ``delta`` are the run's total; ``concurrency`` is capped by the server's LLM
+    concurrency.
 
     Over JSON, numbers are read as JSON Schema reads them (``2.0`` is the integer 2), not
     strictly as the engine's own models do."""
@@ -249,10 +260,19 @@ class LLMMethodJob(BaseModel):
     )
     llm: LLMName = "local"
     max_llm_calls: MaxLLMCalls = None
+    holdout: HoldoutSpec | None = holdout_field()
+    audit_canaries: int = canaries_field()
+
+    @field_validator("audit_canaries", mode="before")
+    @classmethod
+    def _canaries_are_not_booleans(cls, value: Any) -> Any:
+        return not_a_boolean(value)
 
     def params(self) -> MethodParams:
         """The method's own parameters (what the engine and its checkpoints see)."""
-        fields = self.model_dump(exclude={"method", "llm", "max_llm_calls"})
+        fields = self.model_dump(
+            exclude={"method", "llm", "max_llm_calls", "holdout", "audit_canaries"}
+        )
         return METHOD_PARAMS[self.method].model_validate(fields)
 
     def prompt(self) -> None:

@@ -337,10 +337,13 @@ def _canaries(
     """The run's canaries (:mod:`workers.privacy.audit`), drawn by a fresh secret seed
     before any private read, or None for a method that takes none or a spec that turned
     the audit off. Their words come from the phrases the run can emit (the method's
-    :attr:`~workers.methods.registry.Method.canary_phrases` of its vocabulary)."""
+    :attr:`~workers.methods.registry.Method.canary_phrases` of its vocabulary, or of the
+    built-in one its entry names for a run that reads none: an LLM method's)."""
     count = getattr(spec, "audit_canaries", 0)
-    if method.canary_phrases is None or not count or vocabulary is None:
+    if method.canary_phrases is None or not count:
         return None
+    if vocabulary is None:
+        vocabulary = _builtin_vocabulary(method.canary_words_from)
     return make_canaries(
         phrases=vocabulary.phrases,
         labels=started.labels,

@@ -108,6 +108,9 @@ class Method:
     # ``canary_phrases(params, vocabulary size)`` phrases of the vocabulary the run reads
     # (None: the method takes no canaries)
     canary_phrases: Callable[[Any, int], int] | None = None
+    # the built-in vocabulary the canaries' words come from when a run reads none (the
+    # LLM methods: Aug-PE and PATE-tutor read none; DP-EDA reads one with some decoders)
+    canary_words_from: str = "english"
     # raw facts about the private corpus that a run's result carries for its owner's
     # terminal alone (the command line's warnings; never saved nor sent); None: none
     owner_diagnostics: Callable[[Any], Any] = lambda result: None
@@ -146,6 +149,24 @@ def _dpkps_canary_phrases(params: DPKPSParams, size: int) -> int:
     """The phrases a run can emit: a public Ṽ's candidates, else the whole vocabulary."""
     config = params.generation_config()
     return config.candidate_count if config.vocabulary_selection == "public" else size
+
+
+# The English words an LLM method's canaries draw from when its run reads no vocabulary:
+# the rare half (:data:`workers.privacy.audit.RARE_FROM`) of the built-in ``english``
+# vocabulary's first 50,000 words (ranks 25,000 to 50,000: words an LLM writes, but that
+# a class's documents seldom hold; benchmarks/notes/2026-12-07-llm-method-audit.md).
+LLM_CANARY_WORDS: Final = 50_000
+
+
+def _llm_canary_phrases(method_id: str) -> Callable[[Any, int], int]:
+    """An LLM method's canary words: from the whole vocabulary its run reads (a decoder
+    may write any of its phrases), else from :data:`LLM_CANARY_WORDS` English words."""
+
+    def phrases(params: Any, size: int) -> int:
+        reads = METHOD_VOCABULARY.get(method_id, lambda params: None)(params) is not None
+        return size if reads else min(size, LLM_CANARY_WORDS)
+
+    return phrases
 
 
 def _llm_outcome(plan: Plan) -> Outcome:
@@ -215,7 +236,9 @@ def _llm_method(
     """An LLM method's entry: its parameter model and vocabulary from the catalogue, its
     plan (from its parameters and label set: the vocabulary's size does not enter it), and
     the outcome and release every LLM method's run gives; ``released_field`` and
-    ``calls_field`` name the parameters that bound its documents and drive its calls."""
+    ``calls_field`` name the parameters that bound its documents and drive its calls.
+    Every LLM method takes a holdout (its slice is kept out of the run's input) and the
+    audit's canaries (they join the run's input; :func:`_llm_canary_phrases`)."""
     planned = _without_vocabulary(plan)
     return Method(
         id=method_id,
@@ -231,6 +254,8 @@ def _llm_method(
         outcome=_llm_outcome(planned),
         release=_llm_release(description),
         vocabulary=METHOD_VOCABULARY.get(method_id, lambda params: None),
+        supports_holdout=True,
+        canary_phrases=_llm_canary_phrases(method_id),
     )
 
 

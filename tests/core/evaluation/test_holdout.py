@@ -253,6 +253,43 @@ def test_the_slice_and_the_generation_compose_in_parallel(config: dict[str, obje
     assert untagged.epsilon(delta) > generation
 
 
+def _llm_method_plan(method: str, **params: object) -> tuple[list[PrivacyEvent], Decimal, float]:
+    """The planned events of an LLM method's run (its registry entry) on LABELS."""
+    from workers.methods.registry import METHODS
+
+    entry = METHODS[method]
+    found = entry.params.model_validate({"document_type": "news article", "delta": 1e-5, **params})
+    events = entry.plan(found, list(LABELS))
+    return events, compose(events).epsilon(found.delta), found.delta  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("aug-pe", {"epsilon": 1.0, "iterations": 3}),  # Gaussian counts and histograms
+        ("pate-tutor", {"epsilon": 2.0}),  # Gaussian votes and tutor counts
+        ("dp-eda", {"epsilon": 1.0, "iterations": 3}),  # LimitedDomain selections
+    ],
+)
+def test_an_llm_method_s_generation_and_the_slice_compose_in_parallel(
+    method: str, params: dict[str, object]
+) -> None:
+    """The same accounting for the LLM methods (their registry entries take a holdout):
+    their generation reads the rest side, the evaluation the slice, the job costs the
+    worse side."""
+    events, generation, delta = _llm_method_plan(method, **params)
+    split = holdout.split_name(KEY, 0.2)
+    rest = holdout.on_rest(events, split)
+    assert all(e.split == split and e.side == "rest" for e in rest)
+    for eps in (float(generation) / 2, float(generation)):
+        job = compose([*rest, holdout.planned_event(epsilon=eps, classes=2, split=split)])
+        assert float(job.epsilon(delta)) == pytest.approx(float(generation), rel=1e-12)
+    dearer = compose([*rest, holdout.planned_event(epsilon=5.0, classes=2, split=split)])
+    assert float(dearer.epsilon(delta)) == pytest.approx(5.0, rel=1e-12)
+    untagged = compose([*events, holdout.planned_event(epsilon=1.0, classes=2, split=split)])
+    assert untagged.epsilon(delta) > generation
+
+
 def test_two_jobs_compose_by_their_splits() -> None:
     events, generation, _ = _generation(epsilon=1.0, vocabulary_size=20)
     a, b = holdout.split_name(KEY, 0.1), holdout.split_name("other-key-01", 0.1)

@@ -16,7 +16,9 @@ from app.jobs import holdout
 from app.jobs.schemas import JOB_SPEC, JobSpec
 from app.jobs.stages import job_spec
 from workers.errors import ConfigError
+from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.catalog import METHOD_PARAMS
+from workers.methods.dp_eda.params import DPEDAParams
 from workers.methods.dpkps.config import GenerationConfig, method_description
 from workers.methods.dpkps.params import (
     ENGINE_FIELDS,
@@ -25,7 +27,7 @@ from workers.methods.dpkps.params import (
     DPKPSParams,
 )
 from workers.methods.dpkps.plan import plan
-from workers.methods.registry import DPKPS, LLM_METHODS, METHODS
+from workers.methods.registry import DPKPS, LLM_CANARY_WORDS, LLM_METHODS, METHODS
 
 LABELS = ["cardio", "ortho", "neuro"]
 SPEC = {"vocabulary": "medical", "document_type": "note", "epsilon": 1.0, "delta": 1e-6}
@@ -180,10 +182,31 @@ def test_a_new_spec_naming_a_research_lever_is_refused_naming_it() -> None:
     assert METHODS[DPKPS].resolved(new, 3).keys() == set(PUBLIC_FIELDS)  # type: ignore[union-attr]
 
 
-def test_a_method_without_a_holdout_has_no_utility_block() -> None:
+@pytest.mark.parametrize("method", ["aug-pe", "pate-tutor", "dp-eda"])
+def test_an_llm_method_s_dry_run_shows_its_holdout_s_cost(method: str) -> None:
+    """An LLM method's job spec takes a holdout and canaries (neither reaches its
+    parameters); its dry run's utility block costs the slice in parallel with the run."""
+    from app.jobs.service import planned_run
+
     spec = {k: v for k, v in SPEC.items() if k != "vocabulary"}
-    aug_pe = JOB_SPEC.validate_python({**spec, "method": "aug-pe"})
-    assert holdout.dry_run_block(aug_pe, None, None, 1_000, 3) is None
+    key = {"fraction": 0.2, "key": "registry-test-key"}
+    job = JOB_SPEC.validate_python({**spec, "method": method, "holdout": key})
+    assert job.audit_canaries == 64 and job.holdout is not None
+    params = job.params().to_dict()
+    assert "holdout" not in params and "audit_canaries" not in params
+    generation = planned_run(job, LABELS, None)
+    the_plan = holdout.plan(job, generation, len(LABELS))
+    assert the_plan.epsilon == generation.epsilon  # ε_eval defaults to the generation's
+    block = holdout.dry_run_block(job, the_plan, generation, 1_000, len(LABELS))
+    assert block is not None and block["holdout"] is True and block["extra_epsilon"] == 0.0
+    assert "the same as the generation alone" in block["cost"]
+    assert block["expected_slice_units"] == 200
+    off = JOB_SPEC.validate_python({**spec, "method": method, "audit_canaries": 0})
+    assert off.holdout is None and off.audit_canaries == 0
+    assert holdout.dry_run_block(off, generation, generation, None, 3)["holdout"] is False  # type: ignore[index]
+    for bad in (True, -1, 1001):
+        with pytest.raises(ValidationError):
+            JOB_SPEC.validate_python({**spec, "method": method, "audit_canaries": bad})
 
 
 def test_what_each_entry_says_its_run_takes() -> None:
@@ -195,8 +218,16 @@ def test_what_each_entry_says_its_run_takes() -> None:
     public = config.vocabulary_selection == "public"
     assert dpkps.canary_phrases(params, 5_000) == (config.candidate_count if public else 5_000)
     for method in LLM_METHODS.values():
-        assert not method.supports_holdout and not method.takes_unit_and_device
-        assert method.canary_phrases is None
+        assert method.supports_holdout and not method.takes_unit_and_device
+        assert method.canary_phrases is not None and method.canary_words_from == "english"
+    # Aug-PE and PATE-tutor read no vocabulary: their canaries take the rare half of the
+    # first LLM_CANARY_WORDS English words; DP-EDA's the vocabulary its decoder reads
+    aug_pe = AugPEParams(document_type="note", epsilon=1.0, delta=1e-5)
+    assert METHODS["aug-pe"].canary_phrases(aug_pe, 300_000) == LLM_CANARY_WORDS  # type: ignore[misc]
+    assert METHODS["aug-pe"].canary_phrases(aug_pe, 2_000) == 2_000  # type: ignore[misc]
+    eda = DPEDAParams(document_type="note", epsilon=1.0, delta=1e-5, vocabulary="medical")
+    assert METHODS["dp-eda"].vocabulary(eda) == "medical"
+    assert METHODS["dp-eda"].canary_phrases(eda, 90_000) == 90_000  # type: ignore[misc]
 
 
 def test_an_llm_method_result_is_saved_as_its_texts_with_the_unit_and_the_planned_events() -> None:
