@@ -146,6 +146,57 @@ def speed(n_minilm: int, n_static: int) -> dict[str, Any]:
     return record
 
 
+def mapped_embedder(bench: Bench, static: StaticEmbedder) -> tuple[MappedEmbedder, float]:
+    """The static embedder mapped into MiniLM's space (:func:`fit_map`) on a seeded sample
+    of ``MAP_PHRASES`` phrases of the public vocabulary, their MiniLM rows from the shared
+    cache; and the map's held-out R²."""
+    vocabulary = bench.vocabulary
+    picked = np.array(
+        sorted(random.Random(0).sample(range(len(vocabulary)), MAP_PHRASES)), dtype=np.int64
+    )
+    rows = bench.cache.lookup(
+        phrases=vocabulary.phrases,
+        fingerprint=vocabulary.fingerprint,
+        indices=picked,
+        embedder=bench.embedder.inner,
+    )
+    w, r2 = fit_map(static, rows, [vocabulary.phrases[i] for i in picked])
+    return MappedEmbedder(static, w), r2
+
+
+def separation(split: str, epsilon: float) -> dict[str, Any]:
+    """A diagnostic that READS THE PRIVATE SPLIT (nothing like it is released): how far
+    apart each document representation puts the classes, before any noise. Per variant:
+    the leave-one-out nearest class-mean accuracy of the private documents, their median
+    margin (:func:`benchmarks.bench_low_epsilon.score_margins`) and the median margin
+    against the noise of the default's release at ``epsilon`` (margin · n_c / (σ√2))."""
+    from benchmarks.bench_low_epsilon import class_sum_noise, score_margins
+
+    bench = Bench(split)
+    static = load_static(CoreSettings().cache_dir)
+    mapped, r2 = mapped_embedder(bench, static)
+    sigma = class_sum_noise(bench.config(epsilon, 0, {}), bench.label_set, len(bench.vocabulary))
+    names = sorted(set(bench.labels))
+    y = np.array([names.index(label) for label in bench.labels])
+    record: dict[str, Any] = {"kind": "separation", "split": split, "epsilon": epsilon}
+    for name, embedder in (("minilm", bench.embedder), ("static", static), ("mapped", mapped)):
+        x = np.asarray(embedder.encode(bench.texts), dtype=np.float64)
+        margin, size = score_margins(x, bench.labels)
+        sums = np.stack([x[y == c].sum(axis=0) for c in range(len(names))])
+        sizes = np.bincount(y, minlength=len(names)).astype(np.float64)
+        scores = x @ sums.T
+        scores[np.arange(len(x)), y] -= (x * x).sum(axis=1)  # leave the document out
+        scores /= np.maximum(sizes - (np.arange(len(names))[None, :] == y[:, None]), 1)
+        record[name] = {
+            "loo_nearest_mean": float((scores.argmax(axis=1) == y).mean()),
+            "median_margin": float(np.median(margin)),
+            "median_ratio": float(np.median(margin * size / (sigma * np.sqrt(2)))),
+        }
+    record["map_r2_heldout"] = r2
+    record["load"] = load()
+    return record
+
+
 def utility(split: str, epsilons: Sequence[float], runs: int, variants: Sequence[str]) -> None:
     bench = Bench(split)
     minilm = bench.embedder  # MiniLM, memoised: the classifier's and the default's
@@ -153,20 +204,8 @@ def utility(split: str, epsilons: Sequence[float], runs: int, variants: Sequence
     embedders: dict[str, Any] = {"minilm": minilm, "static": static}
     info: dict[str, Any] = {}
     if "mapped" in variants:
-        # a seeded sample of the public vocabulary, its MiniLM rows from the shared cache
-        vocabulary = bench.vocabulary
-        picked = np.array(
-            sorted(random.Random(0).sample(range(len(vocabulary)), MAP_PHRASES)), dtype=np.int64
-        )
-        rows = bench.cache.lookup(
-            phrases=vocabulary.phrases,
-            fingerprint=vocabulary.fingerprint,
-            indices=picked,
-            embedder=minilm.inner,
-        )
-        w, r2 = fit_map(static, rows, [vocabulary.phrases[i] for i in picked])
-        info["map_r2_heldout"] = r2
-        embedders["mapped"] = DocumentsApart(minilm, MappedEmbedder(static, w))
+        mapped, info["map_r2_heldout"] = mapped_embedder(bench, static)
+        embedders["mapped"] = DocumentsApart(minilm, mapped)
         _route_documents()
     for epsilon in epsilons:
         accs: dict[str, list[float]] = {v: [] for v in variants}
@@ -223,9 +262,14 @@ def main(argv: list[str] | None = None) -> None:
     ut.add_argument("epsilons", type=float, nargs="+")
     ut.add_argument("--runs", type=int, default=3)
     ut.add_argument("--variants", default=",".join(VARIANTS))
+    se = sub.add_parser("separation")
+    se.add_argument("split")
+    se.add_argument("--epsilon", type=float, default=1.0)
     args = parser.parse_args(argv)
     if args.command == "speed":
         write(speed(args.minilm, args.static))
+    elif args.command == "separation":
+        write(separation(args.split, args.epsilon))
     else:
         utility(args.split, args.epsilons, args.runs, args.variants.split(","))
 
