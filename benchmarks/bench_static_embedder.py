@@ -1,5 +1,5 @@
 """A cheaper document representation (issue 65): the static embedder distilled from the
-packaged MiniLM (:mod:`workers.text.static`) against MiniLM, in one process.
+packaged MiniLM (:mod:`benchmarks.static_embedder`) against MiniLM, in one process.
 
 ``speed``: documents embedded per CPU second (``time.process_time``, all threads) and per
 wall second by MiniLM and by the static embedder, on the same documents (AG News rows,
@@ -41,12 +41,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from benchmarks.bench_low_epsilon import DELTA, Bench, ag_split
+from benchmarks.static_embedder import StaticEmbedder, load_static
 from workers.methods.dpkps import stages
 from workers.methods.dpkps.density import centroid
 from workers.methods.dpkps.pipeline import generate_sequences
 from workers.settings import CoreSettings
 from workers.text.embeddings import Embedder, SentenceEmbedder
-from workers.text.static import StaticEmbedder, load_static
 
 OUT = Path(__file__).resolve().parent / "static_embedder.jsonl"
 VARIANTS = ("minilm", "static", "mapped")

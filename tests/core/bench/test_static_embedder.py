@@ -1,4 +1,5 @@
-"""The static embedder distilled from the packaged MiniLM (workers/text/static.py).
+"""The static embedder distilled from the packaged MiniLM (benchmarks/static_embedder.py, a study
+tool: benchmarks/notes/2026-12-07-static-document-embedder.md; no product code uses it).
 
 Every test distils the real packaged model, offline; a partial table (the first
 ``TOKENS`` word-piece ids, about 1,900 real tokens: characters, common words) keeps the
@@ -13,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.text.embeddings import packaged_model_path
-from workers.text.static import (
+from benchmarks.static_embedder import (
     StaticEmbedder,
     distill,
     load_static,
     model_fingerprint,
 )
+from workers.text.embeddings import packaged_model_path
 
 pytestmark = pytest.mark.slow  # distils the packaged model (seconds)
 
