@@ -158,6 +158,7 @@ def test_an_llm_method_job_with_canaries_and_a_holdout_reports_both(
         assert shown["epsilon_lower_bound"] == found["epsilon_lower_bound"] >= 0
         assert shown["claimed_epsilon"] == pytest.approx(report["protection"]["epsilon"])
         assert "lower bound, not a proof" in shown["finding_in_words"] or shown["exceeds_claim"]
+        assert "llm-method-audit.md" in shown["utility_cost"]  # the LLM methods' measurement
         if caller is not world.auditor:
             assert report["utility"]["interval"] == [low, high]
             assert report["utility"]["fraction"] == 0.3
