@@ -14,9 +14,19 @@ we found ships a ``llama-server`` that runs here (README, "The local LLM"):
   of each slot that is starting (cut to fit the batch), then samples one token per slot.
 * **Continuous batching.** A finished request frees its slot at once; the next queued
   request takes it at the following step, while the other slots go on.
-* **Prompt cache.** A slot keeps the tokens of its last request in the KV cache; a new
-  request goes to the free slot sharing the longest prefix with its prompt and only the
-  rest is decoded (every DP-KPS prompt starts with the same system message and template).
+* **Prompt cache.** A slot keeps the tokens of its last request's prompt in the KV cache;
+  a new request goes to the free slot sharing the longest prefix with its prompt and only
+  the rest is decoded (every DP-KPS prompt starts with the same system message and
+  template).
+* **Shared prefixes.** The slots' sequences share one KV store (llama.cpp of
+  llama-cpp-cffi 0.4.42 has no per-sequence streams), where every token's attention runs
+  over every slot's cells, masked. A prompt whose prefix another sequence holds takes
+  those cells (``llama_kv_self_seq_cp`` tags them with its sequence too: nothing is
+  computed), and one that arrives with others waits a step for the earliest to decode
+  what they share. The common system message and template are then decoded once and held
+  once, not once per slot; with a finished slot's completion cells dropped, the cells
+  every step attends over fell from about 640 to about 300 for 8 DP-KPS slots, and the
+  CPU per generated token by a fifth (benchmarks/notes/2026-12-07-llm-calls-parity.md).
 * **Batches in sequence order.** A step's tokens are put in the batch slot by slot in
   ``seq_id`` order: llama.cpp (as built for llama-cpp-python 0.3, one KV stream per
   sequence) decoded a batch whose sequences came out of order about 2.5× slower
