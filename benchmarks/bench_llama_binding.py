@@ -80,6 +80,15 @@ def _greedy(server: LocalLLMServer) -> list[str]:
     return texts
 
 
+def _counters(server: LocalLLMServer) -> dict[str, int]:
+    """The server's engine counters (``GET /slots``) after the runs."""
+    import httpx
+
+    reply = httpx.get(server.base_url.removesuffix("/v1") + "/slots", timeout=30)
+    reply.raise_for_status()
+    return dict(reply.json())
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     caches = {name: Path(tempfile.mkdtemp(prefix=f"keyseed-bench-{name}-")) for name in ("a", "b")}
@@ -109,6 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             run_prompts([TOPICS[0]], endpoint=server.endpoint, spec=SPEC)  # warm-up
         greedy = {name: _greedy(server) for name, server in servers.items()}
         rows = interleaved_rows(servers, args.repeats)
+        counters = {name: _counters(server) for name, server in servers.items()}
     finally:
         for server in servers.values():
             server.stop()
@@ -120,6 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "rows": rows,
         "startup_s": startup,
+        "counters": counters,
         "greedy": greedy,
         "ratio_c8": rows["candidate"][-1]["calls_per_s"] / rows["baseline"][-1]["calls_per_s"],
         "ratio_c1": rows["candidate"][0]["calls_per_s"] / rows["baseline"][0]["calls_per_s"],
@@ -157,6 +168,16 @@ def markdown(results: dict[str, Any]) -> str:
         f"Q8_0 into an empty cache, model loaded): baseline "
         f"{results['startup_s']['baseline']:.1f} s, candidate "
         f"{results['startup_s']['candidate']:.1f} s.",
+        "",
+        "Engine counters over the whole run (`GET /slots`): "
+        + "; ".join(
+            f"{name}: {c.get('decode_calls', 0)} decode calls, "
+            f"{c.get('prompt_tokens', 0)} prompt tokens of which {c.get('reused_tokens', 0)} "
+            f"found cached ({c.get('shared_tokens', 0)} in another sequence's cells), "
+            f"{c.get('threads', 0)} thread(s) at the end, {c.get('thread_switches', 0)} switches"
+            for name, c in results["counters"].items()
+        )
+        + ".",
         "",
         f"Greedy completions (temperature 0) of five prompts: {same} of {len(greedy['baseline'])} "
         "identical.",

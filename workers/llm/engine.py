@@ -14,9 +14,19 @@ we found ships a ``llama-server`` that runs here (README, "The local LLM"):
   of each slot that is starting (cut to fit the batch), then samples one token per slot.
 * **Continuous batching.** A finished request frees its slot at once; the next queued
   request takes it at the following step, while the other slots go on.
-* **Prompt cache.** A slot keeps the tokens of its last request in the KV cache; a new
-  request goes to the free slot sharing the longest prefix with its prompt and only the
-  rest is decoded (every DP-KPS prompt starts with the same system message and template).
+* **Prompt cache.** A slot keeps the tokens of its last request's prompt in the KV cache;
+  a new request goes to the free slot sharing the longest prefix with its prompt and only
+  the rest is decoded (every DP-KPS prompt starts with the same system message and
+  template).
+* **Shared prefixes.** The slots' sequences share one KV store (llama.cpp of
+  llama-cpp-cffi 0.4.42 has no per-sequence streams), where every token's attention runs
+  over every slot's cells, masked. A prompt whose prefix another sequence holds takes
+  those cells (``llama_kv_self_seq_cp`` tags them with its sequence too: nothing is
+  computed), and one that arrives with others waits a step for the earliest to decode
+  what they share. The common system message and template are then decoded once and held
+  once, not once per slot; with a finished slot's completion cells dropped, the cells
+  every step attends over fell from about 640 to about 300 for 8 DP-KPS slots, and the
+  CPU per generated token by a fifth (benchmarks/notes/2026-12-07-llm-calls-parity.md).
 * **Batches in sequence order.** A step's tokens are put in the batch slot by slot in
   ``seq_id`` order: llama.cpp (as built for llama-cpp-python 0.3, one KV stream per
   sequence) decoded a batch whose sequences came out of order about 2.5× slower
@@ -77,6 +87,7 @@ DEFAULT_CTX_PER_SLOT = 2048
 DEFAULT_BATCH = 512
 DEFAULT_WEIGHT_TYPE = "q8_0"
 PENALTY_LAST_N = 64
+MIN_SHARED = 8  # a prompt waits for another slot to decode a common prefix at least this long
 WEIGHT_TYPES = {
     "f16": "LLAMA_FTYPE_MOSTLY_F16",
     "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
@@ -130,6 +141,7 @@ class EngineStats:
     requests: int = 0
     decode_calls: int = 0
     reused_tokens: int = 0  # prompt tokens found in a slot's cache, not decoded again
+    shared_tokens: int = 0  # of those, tokens another sequence decoded (its cells shared)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     threads: int = 0  # llama.cpp threads the lanes use now (their governors' choice)
@@ -153,6 +165,7 @@ class _Slot:
     seq_id: int
     request: _Request
     sampler: Any  # llama_sampler_p
+    order: int = 0  # admission order in its lane: a slot only waits for earlier ones
     prefilled: int = 0  # prompt tokens already in this sequence's KV cache or batch
     n_past: int = 0  # tokens in this sequence's KV cache
     pending: int | None = None  # sampled token still to be decoded
@@ -206,14 +219,20 @@ def default_threads() -> int:
 class CpuMeter:
     """How many CPUs other processes kept busy since the last reading (Linux ``/proc``).
 
-    The machine's busy time (``/proc/stat``: user, system, irq, softirq, steal; *not*
-    ``nice``, whose processes give way to ours) minus this process's own (``os.times``),
-    over the wall time between two readings. ``None`` where ``/proc/stat`` cannot be read.
+    The machine's busy time (``/proc/stat``: user, system, irq, softirq, steal) minus
+    this process's own (``os.times``), over the wall time between two readings. ``None``
+    where ``/proc/stat`` cannot be read.
+
+    ``nice`` time (the user time of processes at a niceness above 0) counts when this
+    process is niced itself (``count_niced`` None, the default, decides so from its own
+    niceness): such processes then compete on equal terms, and this process's own user
+    time is in that column too. Unniced, it is left out: those processes give way to ours.
     """
 
-    def __init__(self, path: Path = Path("/proc/stat")) -> None:
+    def __init__(self, path: Path = Path("/proc/stat"), *, count_niced: bool | None = None) -> None:
         self.path = path
         self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.count_niced = _niced() if count_niced is None else count_niced
         self._last = self._read()
 
     def _read(self) -> tuple[float, float, float] | None:
@@ -224,10 +243,10 @@ class CpuMeter:
             return None
         if len(fields) < 9 or fields[0] != b"cpu":
             return None
-        user, _nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
-        busy = (user + system + irq + softirq + steal) / self.ticks
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+        busy = user + system + irq + softirq + steal + (nice if self.count_niced else 0)
         own = os.times()
-        return time.monotonic(), busy, own.user + own.system
+        return time.monotonic(), busy / self.ticks, own.user + own.system
 
     def others(self) -> float | None:
         """CPUs' worth of work other processes did since the previous call."""
@@ -550,6 +569,7 @@ class _Lane:
         self.batch = lib.llama_batch_init(engine.batch_size, 0, 1)
         self.active: dict[int, _Slot] = {}
         self.cached: list[list[int]] = [[] for _ in range(size)]  # each sequence's KV tokens
+        self.admitted = 0  # requests assigned so far (a slot's order)
         self.thread = threading.Thread(target=self._run, name=f"llm-lane-{number}", daemon=True)
 
     def start(self) -> None:
@@ -611,16 +631,57 @@ class _Lane:
         shared = min(shared, len(prompt) - 1)  # the last prompt token is decoded for logits
         lib.llama_kv_self_seq_rm(self.ctx, best, shared, -1)
         del self.cached[best][shared:]
-        slot = _Slot(best, request, self.engine._sampler(request.params))
+        self.admitted += 1
+        slot = _Slot(best, request, self.engine._sampler(request.params), order=self.admitted)
         slot.prefilled = slot.n_past = shared
         self.active[best] = slot
         self.engine._count(requests=1, busy=1, reused_tokens=shared)
+
+    def _share_prefixes(self, slots: list[_Slot]) -> set[int]:
+        """Give each prompt the prefix another sequence already holds; return the slots
+        that wait this step for an earlier slot to decode a prefix they share.
+
+        The slots share one KV store, where a cell may belong to several sequences:
+        ``llama_kv_self_seq_cp`` adds this slot's sequence to the donor's cells of the
+        common prefix (nothing is computed or copied), so the prefix is decoded once and
+        held once, and each step's attention runs over that many fewer cells. Requests
+        that arrive together (a job's first eight) would otherwise each decode the same
+        system message and template: a later one waits for the earliest to have decoded
+        what they share, then takes it.
+        """
+        lib, _ = llama()
+        waiting: set[int] = set()
+        for slot in slots:
+            if not slot.prefilling:
+                continue
+            prompt = slot.request.prompt
+            last = len(prompt) - 1  # the last prompt token is decoded for its logits
+            donor, reach = -1, slot.prefilled
+            for seq_id, tokens in enumerate(self.cached):  # decoded tokens of each sequence
+                if seq_id != slot.seq_id and len(tokens) > reach:
+                    common = min(_common_prefix(tokens, prompt), last)
+                    if common > reach:
+                        donor, reach = seq_id, common
+            if donor >= 0:
+                lib.llama_kv_self_seq_cp(self.ctx, donor, slot.seq_id, slot.prefilled, reach)
+                self.cached[slot.seq_id].extend(prompt[slot.prefilled : reach])
+                gained = reach - slot.prefilled
+                self.engine._count(reused_tokens=gained, shared_tokens=gained)
+                slot.prefilled = slot.n_past = reach
+            for other in slots:
+                if other.order < slot.order and other.prefilling:
+                    common = min(_common_prefix(other.request.prompt, prompt), last)
+                    if common >= slot.prefilled + MIN_SHARED and other.prefilled < common:
+                        waiting.add(slot.seq_id)
+                        break
+        return waiting
 
     def _step(self) -> None:
         """One ``llama_decode`` over every active slot, then one token per slot."""
         lib, _ = llama()
         batch, n = self.batch, 0
         slots = [self.active[seq_id] for seq_id in sorted(self.active)]
+        waiting = self._share_prefixes(slots)
         # generating slots first claim one token each; prompts fill what is left
         room = self.engine.batch_size - sum(slot.pending is not None for slot in slots)
         for slot in slots:  # in sequence order: llama.cpp decodes an unsorted batch ~2× slower
@@ -629,6 +690,8 @@ class _Lane:
                 self._put(n, slot, slot.pending, logits=True)
                 slot.pending = None
                 n += 1
+                continue
+            if slot.seq_id in waiting:
                 continue
             prompt = slot.request.prompt
             while slot.prefilling and room > 0:
@@ -693,6 +756,11 @@ class _Lane:
         if text is None:
             text = slot.pieces.decode("utf-8", errors="replace")
         self.engine._count(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        # the prompt stays cached for the next request; the completion's cells would only
+        # lengthen every other slot's attention span (no prompt continues a completion)
+        lib, _ = llama()
+        lib.llama_kv_self_seq_rm(self.ctx, slot.seq_id, prompt_tokens, -1)
+        del self.cached[slot.seq_id][prompt_tokens:]
         self._release(slot, result=Generation(text, prompt_tokens, completion_tokens, reason))
 
     def _forget(self, seq_id: int) -> None:
@@ -711,6 +779,14 @@ class _Lane:
             slot.request.future.set_exception(error)
         elif result is not None:
             slot.request.future.set_result(result)
+
+
+def _niced() -> bool:
+    """Whether this process runs at a niceness above 0 (``nice -n 10 ...``)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0) > 0
+    except (AttributeError, OSError):
+        return False
 
 
 def _shares(total: int, parts: int) -> list[int]:

@@ -6,7 +6,8 @@ slots busy at once, far fewer ``llama_decode`` calls than generated tokens, wher
 request at a time needs one per token; wall-clock figures are in BENCHMARKS.md, not
 here, because a shared CI machine makes them noisy); token counts reach the client's
 ``LLMCosts``; a slot reuses the prompt prefix it holds; the OpenAI-shaped answers and
-errors; the weight conversion is made once. Marked ``llm`` and ``slow``.
+errors; the weight conversion is made once; prompts sent together decode their common
+prefix once. Marked ``llm`` and ``slow``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from workers.llm.engine import (
     EngineError,
     RequestTooLong,
     SamplingParams,
+    _common_prefix,
     convert_weights,
 )
 from workers.llm.local import LocalLLMServer, packaged_gguf_path
@@ -168,6 +170,40 @@ def test_stop_strings_cut_the_text(cache_dir: Path) -> None:
         assert result.finish_reason == "stop"
         assert stop not in result.text
         assert full.text.startswith(result.text)
+
+
+def test_prompts_arriving_together_decode_their_common_prefix_once(cache_dir: Path) -> None:
+    """Eight prompts with one system message, sent at once to an empty engine: the first
+    decodes the common prefix, the seven others take its cells (``llama_kv_self_seq_cp``)
+    and decode only their own ends; each greedy answer begins as a one-slot engine's,
+    which decodes every prompt whole."""
+    words = ["apple", "river", "castle", "violin", "tiger", "pencil", "winter", "rocket"]
+    system = (
+        "You are a helpful assistant. You answer with one word only, the word the user "
+        "asks for, and nothing else."
+    )
+
+    def messages(word: str) -> list[dict[str, str]]:
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Repeat this word: {word}"},
+        ]
+
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    with BatchEngine(packaged_gguf_path(), slots=8, threads=1, cache_dir=cache_dir) as engine:
+        prompts = [engine.chat_prompt(messages(word)) for word in words]
+        together = [engine.submit(prompt, greedy) for prompt in prompts]
+        answers = [future.result(timeout=300).text for future in together]
+        stats = engine.stats
+    common = min(_common_prefix(prompts[0], prompt) for prompt in prompts[1:])
+    assert common >= 30  # the system message and the user turn's first words
+    assert stats.shared_tokens >= 7 * common
+    assert stats.prompt_tokens - stats.reused_tokens <= sum(map(len, prompts)) - 7 * common
+    with BatchEngine(packaged_gguf_path(), slots=1, threads=1, cache_dir=cache_dir) as alone:
+        singly = [alone.submit(prompt, greedy).result(timeout=300).text for prompt in prompts]
+    assert len(set(answers)) >= 6  # the prompts' own ends were read
+    for shared, whole in zip(answers, singly, strict=True):
+        assert shared.split()[:3] == whole.split()[:3]
 
 
 def test_the_engine_refuses_what_does_not_fit_and_fails_what_it_cannot_finish(

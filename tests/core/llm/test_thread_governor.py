@@ -4,8 +4,8 @@ What is shown: a lane runs on every CPU while nothing else works, on one when an
 process keeps a core busy, and back on every CPU when it leaves; readings are taken once
 an interval and smoothed over two; nothing readable leaves the count alone; a lane's
 share follows ``most``; a one-thread lane never switches. And the meter leaves out its own
-process's work and niced work (on a written /proc/stat), and on this machine reads a
-busy-looping child process as about one CPU.
+process's work, and niced work unless it is niced itself (on a written /proc/stat), and on
+this machine reads a busy-looping child process as about one CPU.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_the_meter_leaves_out_this_process_and_niced_work(tmp_path: Path) -> Non
     0.2 s of niced work, reads as nobody else; 0.1 s more of user time over 0.2 s, as
     half a CPU."""
     stat = tmp_path / "stat"
-    meter = CpuMeter(stat)
+    meter = CpuMeter(stat, count_niced=False)  # as in an unniced server
     ticks = meter.ticks
 
     def write(busy_ticks: int, nice_ticks: int) -> None:
@@ -107,6 +107,35 @@ def test_the_meter_leaves_out_this_process_and_niced_work(tmp_path: Path) -> Non
     reading = meter.others()
     assert reading is not None and 0.2 <= reading <= 0.5  # 0.1 s over 0.2 s and a bit
     assert CpuMeter(tmp_path / "absent").others() is None
+
+
+def test_a_niced_meter_counts_niced_work(tmp_path: Path) -> None:
+    """Run niced, the server competes with niced processes on equal terms (and its own
+    user time is in /proc/stat's nice column): 0.1 s of niced work over 0.2 s reads as
+    half a CPU; a process started with ``nice`` counts niced work by default."""
+    stat = tmp_path / "stat"
+    meter = CpuMeter(stat, count_niced=True)
+    ticks = meter.ticks
+
+    def write(nice_ticks: int) -> None:
+        own = sum(os.times()[:2])  # this process's time, as if it were niced
+        stat.write_text(f"cpu  0 {round(own * ticks) + nice_ticks} 0 5000 0 0 0 0 0 0\n")
+
+    write(0)
+    meter.others()
+    time.sleep(0.2)
+    write(round(0.1 * ticks))
+    reading = meter.others()
+    assert reading is not None and 0.2 <= reading <= 0.6
+    probe = "from workers.llm.engine import CpuMeter; print(CpuMeter().count_niced)"
+    niced = subprocess.run(
+        ["nice", "-n", "19", sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+    )
+    assert niced.stdout.strip() == "True"
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
