@@ -36,6 +36,7 @@ from workers.methods.dpkps.config import (
 )
 from workers.methods.dpkps.plan import Plan, plan
 from workers.methods.dpkps.stages import ProgressFn
+from workers.privacy.events import PrivacyEvent
 from workers.privacy.units import Unit
 from workers.text.corpus import check_corpus
 from workers.text.embeddings import Embedder, EmbeddingCache, select_device
@@ -177,28 +178,54 @@ def generate_sequences(
         documents, pooled, units, grouped, embeddings, counts=counts, embedder=embedder,
         label_set=label_set, config=config, the_plan=the_plan, progress=report,
     )  # fmt: skip
-    # from here on: DP outputs and public inputs only (post-processing)
-    releases = stages.label_prior(
-        releases, embedder=embedder, label_set=label_set, config=config, counts=counts.released
-    )
-    scores = stages.class_scores(releases, config=config)
-    drawn = stages.sample(
-        releases, scores, label_set=label_set, counts=counts, config=config, progress=report,
-    )  # fmt: skip
-    kept = stages.filter_sequences(
-        drawn, phrases=phrases, releases=releases, embedder=embedder, label_set=label_set,
-        config=config, progress=report,
-    )  # fmt: skip
     diagnostics = _diagnostics(
         documents, pooled, grouped, unit_phrases, label_set=label_set,
         without_match=None if config.vocabulary_selection == "public" else without_match,
     )  # fmt: skip
     del grouped, unit_phrases, pooled, unit_labels
-    events = [e for e in (private.event, counts.event) if e is not None]
+    return finish_sequences(
+        releases, counts, private.event, phrases, diagnostics, embedder=embedder,
+        vocabulary=vocabulary, label_set=label_set, config=config, the_plan=the_plan,
+        progress=report, unit="row" if units is None else f"unit column {unit_name or 'unit'!r}",
+    )  # fmt: skip
+
+
+def finish_sequences(
+    releases: stages.Releases,
+    counts: stages.ClassCounts,
+    vocabulary_event: PrivacyEvent | None,
+    phrases: Sequence[str],
+    diagnostics: OwnerDiagnostics,
+    *,
+    embedder: Embedder,
+    vocabulary: Vocabulary,
+    label_set: Sequence[str],
+    config: GenerationConfig,
+    the_plan: Plan,
+    progress: ProgressFn,
+    unit: str,
+) -> GenerationResult:
+    """USES ONLY DP OUTPUTS AND PUBLIC INPUTS (and passes the owner's ``diagnostics`` on):
+    the post-processing of a run's releases, from the label prior to the filtered
+    sequences, and its result; the same for a run in one process and a sharded one
+    (workers/methods/dpkps/shards.py). The events come in the ledger's order: Ṽ's release
+    if any, the class counts if released, then the densities'."""
+    releases = stages.label_prior(
+        releases, embedder=embedder, label_set=label_set, config=config, counts=counts.released
+    )
+    scores = stages.class_scores(releases, config=config)
+    drawn = stages.sample(
+        releases, scores, label_set=label_set, counts=counts, config=config, progress=progress,
+    )  # fmt: skip
+    kept = stages.filter_sequences(
+        drawn, phrases=phrases, releases=releases, embedder=embedder, label_set=label_set,
+        config=config, progress=progress,
+    )  # fmt: skip
+    events = [e for e in (vocabulary_event, counts.event) if e is not None]
     return GenerationResult(
         sequences=[SyntheticSequence(label, tuple(phrases[i] for i in row)) for label, row in kept],
         report=PrivacyReport((*events, *releases.events), the_plan),
-        private_vocabulary=phrases,
+        private_vocabulary=list(phrases),
         config=config,
         vocabulary={
             "name": vocabulary.name,
@@ -207,7 +234,7 @@ def generate_sequences(
         },
         embedding_model=embedder.name,
         owner_diagnostics=diagnostics,
-        unit="row" if units is None else f"unit column {unit_name or 'unit'!r}",
+        unit=unit,
         drawn=len(drawn),
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from workers.methods.dpkps.noise import release
 from workers.privacy.events import PrivacyEvent
@@ -25,10 +26,26 @@ def noisy_class_counts(
     labels: Sequence[str], *, label_set: Sequence[str], planned: PrivacyEvent
 ) -> tuple[dict[str, float], PrivacyEvent]:
     """Noisy counts of every declared label (zeros included), one label per unit."""
+    return released_class_counts(
+        class_tally(labels, label_set), label_set=label_set, planned=planned
+    )
+
+
+def class_tally(labels: Sequence[str], label_set: Sequence[str]) -> NDArray[np.int64]:
+    """RAW: how many of ``labels`` (one per unit) carry each declared label, in its order."""
     position = {label: i for i, label in enumerate(label_set)}
     counts = np.zeros(len(label_set), dtype=np.int64)
     for label in labels:
         counts[position[label]] += 1
-    noisy, event = release(counts, planned, sensitivity=1, name="class_counts")
-    del counts
+    return counts
+
+
+def released_class_counts(
+    tally: NDArray[np.int64], *, label_set: Sequence[str], planned: PrivacyEvent
+) -> tuple[dict[str, float], PrivacyEvent]:
+    """READS the raw per-class unit counts ``tally`` (in label order; a sum of shards'
+    tallies is the same vector); returns their DP release."""
+    noisy, event = release(
+        np.asarray(tally, dtype=np.int64), planned, sensitivity=1, name="class_counts"
+    )
     return {label: float(noisy[i]) for i, label in enumerate(label_set)}, event

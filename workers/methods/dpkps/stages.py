@@ -43,15 +43,21 @@ import torch
 from numpy.typing import NDArray
 
 from workers.methods.dpkps.config import EMBEDDING_DIMENSION, GenerationConfig
-from workers.methods.dpkps.density.cells import CellMixture, build_cell_structures
+from workers.methods.dpkps.density.cells import (
+    CellMixture,
+    cell_sums,
+    place_cells,
+    release_cells,
+)
 from workers.methods.dpkps.density.centroid import (
     CENTROID_SCALE,
     CentroidKDE,
-    build_centroid_structures,
-    build_moment_structures,
     centroid_scores,
+    class_moments,
+    class_sum,
     embed_units,
     moment_scores,
+    release_class_sums,
 )
 from workers.methods.dpkps.density.exact import ExactKDE, ExactKernel, build_exact_structures
 from workers.methods.dpkps.density.label_prior import apply_label_prior, name_directions
@@ -306,6 +312,19 @@ def class_counts(
     noisy, event = noisy_class_counts(
         unit_labels, label_set=label_set, planned=planned_event(the_plan, CLASS_COUNTS)
     )
+    return counts_from_release(noisy, event, label_set=label_set, config=config)
+
+
+def counts_from_release(
+    noisy: dict[str, float],
+    event: PrivacyEvent,
+    *,
+    label_set: Sequence[str],
+    config: GenerationConfig,
+) -> ClassCounts:
+    """USES ONLY DP OUTPUTS AND PUBLIC INPUTS: what a run takes from its class count
+    release ``noisy`` (:func:`class_counts`; the sharded path releases the shards' summed
+    tally, workers/methods/dpkps/shards.py): the sampling rates, the split of a total."""
     rates = None
     if config.samples_units:
         rates = {
@@ -426,33 +445,105 @@ def release_centroids(
 ) -> Releases:
     """READS PRIVATE ROWS (the units' vectors ``rows``, in the public subspace ``basis``
     if any, and classes); returns DP releases only: each class's sum (or first two
-    moments) plus Gaussian noise, and with ``cells`` > 1 a second release of its cells."""
-    if basis is not None:  # phrases scored in the release's subspace
-        embeddings = embeddings @ torch.as_tensor(basis, dtype=embeddings.dtype)
+    moments) plus Gaussian noise, and with ``cells`` > 1 a second release of its cells.
+    The releases themselves are :func:`release_sums` and :func:`release_cell_sums`, which
+    the sharded path (workers/methods/dpkps/shards.py) calls on the shards' exact sums."""
+    embeddings = scored_embeddings(embeddings, basis)
     linear = config.density_method == "centroid"  # else moments
-    build = build_centroid_structures if linear else build_moment_structures
     class_rows = [
         (label, rows[[i for i, u in enumerate(row_labels) if u == label]]) for label in label_set
     ]
-    centroids = build(class_rows, planned=planned_event(the_plan, KDE))
+    dimension = rows.shape[1] if rows.ndim == 2 else config.release_dimension
+    raws = [
+        class_sum(given, dimension) if linear else class_moments(given) for _, given in class_rows
+    ]
+    centroids = release_sums(raws, label_set=label_set, config=config, the_plan=the_plan)
+    del raws
     mixtures: list[CellMixture] = []
     if config.cells > 1:  # a second release: each class's units in its cells
-        mixtures = build_cell_structures(
-            class_rows,
-            centroids,
-            embeddings.to(torch.float64).cpu().numpy(),
-            planned=planned_event(the_plan, CELLS),
-            max_cells=config.cells,
-            kappa=config.cell_kappa,
-            seed=config.seed,
-        )
+        centres = place_class_cells(centroids, embeddings, config=config, the_plan=the_plan)
+        cells = [
+            cell_sums(given, placed, config.cells)
+            for (_, given), placed in zip(class_rows, centres, strict=True)
+        ]
+        mixtures = release_cell_sums(cells, centroids, centres, config=config, the_plan=the_plan)
+        del cells
     del rows, class_rows
+    return centroid_releases(embeddings, centroids, mixtures, basis=basis, progress=progress)
+
+
+def scored_embeddings(embeddings: torch.Tensor, basis: NDArray[np.float64] | None) -> torch.Tensor:
+    """USES ONLY PUBLIC INPUTS: Ṽ's embeddings in the release's subspace (unchanged
+    without one), where phrases are scored."""
+    if basis is None:
+        return embeddings
+    return embeddings @ torch.as_tensor(basis, dtype=embeddings.dtype)
+
+
+def release_sums(
+    raws: Sequence[NDArray[np.float64]],
+    *,
+    label_set: Sequence[str],
+    config: GenerationConfig,
+    the_plan: Plan,
+) -> list[CentroidKDE]:
+    """READS each class's RAW sum of its units' vectors (or moments), in label order;
+    returns their DP releases (the planned ``kde`` Gaussian)."""
+    return release_class_sums(
+        list(zip(label_set, raws, strict=True)),
+        planned=planned_event(the_plan, KDE),
+        moments=config.density_method != "centroid",
+    )
+
+
+def place_class_cells(
+    centroids: Sequence[CentroidKDE],
+    embeddings: torch.Tensor,
+    *,
+    config: GenerationConfig,
+    the_plan: Plan,
+) -> list[NDArray[np.float64]]:
+    """USES ONLY DP OUTPUTS AND PUBLIC INPUTS: each class's cell centres, placed by its
+    released sum among Ṽ's phrases (``embeddings``, in the release's space)."""
+    return place_cells(
+        centroids,
+        embeddings.to(torch.float64).cpu().numpy(),
+        planned=planned_event(the_plan, CELLS),
+        max_cells=config.cells,
+        kappa=config.cell_kappa,
+        seed=config.seed,
+    )
+
+
+def release_cell_sums(
+    raws: Sequence[NDArray[np.float64]],
+    centroids: Sequence[CentroidKDE],
+    centres: Sequence[NDArray[np.float64]],
+    *,
+    config: GenerationConfig,
+    the_plan: Plan,
+) -> list[CellMixture]:
+    """READS each class's RAW cell sums (``cells`` × d, in label order); returns their DP
+    release (the planned ``kde_cells`` Gaussian), each combined with its class sum."""
+    return release_cells(raws, centroids, centres, planned=planned_event(the_plan, CELLS))
+
+
+def centroid_releases(
+    embeddings: torch.Tensor,
+    centroids: Sequence[CentroidKDE],
+    mixtures: Sequence[CellMixture],
+    *,
+    basis: NDArray[np.float64] | None,
+    progress: ProgressFn,
+) -> Releases:
+    """USES ONLY DP OUTPUTS AND PUBLIC INPUTS: the class sums (and cells) as the run's
+    :class:`Releases`, events in the ledger's order (a class's sum, then its cells)."""
     events: list[PrivacyEvent] = []
-    for n, centroid in enumerate(centroids):  # the ledger's order: a class's sum, its cells
+    for n, centroid in enumerate(centroids):
         events.append(centroid.event)
         if mixtures:
             events.append(mixtures[n].event)
-    _reported(progress, len(label_set))
+    _reported(progress, len(centroids))
     return Releases(
         embeddings,
         tuple(events),

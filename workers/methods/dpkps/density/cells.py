@@ -107,6 +107,78 @@ def combined_scale(sigma_first: float, sigma_cells: float, cells: int) -> float:
     return float(sum(inverse_variance_weights(sigma_first, sigma_cells, cells)) ** -0.5)
 
 
+def place_cells(
+    first: Sequence[CentroidKDE],
+    phrase_embeddings: NDArray[np.float64],
+    *,
+    planned: PrivacyEvent,
+    max_cells: int,
+    kappa: float,
+    seed: int,
+) -> list[NDArray[np.float64]]:
+    """USES ONLY DP OUTPUTS AND PUBLIC INPUTS: each class's cell centres (K_c × d), placed
+    by its first release among the public phrases (post-processing, seeded)."""
+    if planned.norm != "l2":
+        raise ConfigError("cells take Gaussian noise", field="centroid_cells")
+    sigma_cells = planned.scale / planned.sensitivity  # the cells' noise at Δ = 1
+    out = []
+    for n, released in enumerate(first):
+        count = cell_count(
+            released.noisy_sum, released.event.scale, sigma_cells, max_cells=max_cells, kappa=kappa
+        )
+        out.append(cell_centres(released.noisy_sum, phrase_embeddings, count, seed=seed + n))
+    return out
+
+
+def nearest_cells(rows: NDArray[np.float64], centres: NDArray[np.float64]) -> NDArray[np.int64]:
+    """RAW: the cell of each row (scaled into the unit ball): its nearest centre."""
+    out: NDArray[np.int64] = (within_unit_ball(rows) @ centres.T).argmax(axis=1).astype(np.int64)
+    return out
+
+
+def cell_sums(
+    rows: NDArray[np.float64], centres: NDArray[np.float64], max_cells: int
+) -> NDArray[np.float64]:
+    """RAW: one class's units' sums in its cells (max_cells × d; the unused cells zero)."""
+    clipped = within_unit_ball(rows)
+    raw = np.zeros((max_cells, centres.shape[1]))  # an empty class adds nothing: no branch
+    np.add.at(raw, nearest_cells(clipped, centres), clipped)
+    return raw
+
+
+def release_cells(
+    raws: Sequence[NDArray[np.float64]],
+    first: Sequence[CentroidKDE],
+    centres: Sequence[NDArray[np.float64]],
+    *,
+    planned: PrivacyEvent,
+) -> list[CellMixture]:
+    """READS each class's RAW cell sums (:func:`cell_sums`, max_cells × d; or the exact
+    sum of the shards' fixed-point ones); returns their DP release (L2 Δ = 1), combined
+    with the first release ``first`` into each class's mixture."""
+    if planned.norm != "l2":
+        raise ConfigError("cells take Gaussian noise", field="centroid_cells")
+    out = []
+    for raw, released, placed in zip(raws, first, centres, strict=True):
+        label, count = released.label, len(placed)
+        max_cells, d = raw.shape
+        sigma_first = released.event.scale
+        noisy, event = class_release(raw.ravel(), 1.0, planned, label, "cells")
+        cells = noisy.reshape(max_cells, d)[:count]
+        # both releases measure the class sum: inverse-variance weights
+        w_first, w_cells = inverse_variance_weights(sigma_first, event.scale, count)
+        total = (released.noisy_sum * w_first + cells.sum(axis=0) * w_cells) / (w_first + w_cells)
+        total_scale = combined_scale(sigma_first, event.scale, count)
+        if count == 1:
+            directions, weights = total[None, :], np.ones(1)
+        else:
+            norms = np.array([signal_norm(c, event.scale) for c in cells])
+            weights = norms / norms.sum() if norms.sum() > 0 else np.full(count, 1.0 / count)
+            directions = cells
+        out.append(CellMixture(label, directions, weights, total, event, total_scale))
+    return out
+
+
 def build_cell_structures(
     classes: Sequence[tuple[str, NDArray[np.float64]]],
     first: Sequence[CentroidKDE],
@@ -121,32 +193,14 @@ def build_cell_structures(
     release ``first`` (same order as ``classes``), plus Gaussian noise (L2 Δ = 1)."""
     if planned.norm != "l2":
         raise ConfigError("cells take Gaussian noise", field="centroid_cells")
-    sigma_cells = planned.scale / planned.sensitivity  # the cells' noise at Δ = 1
-    out = []
-    for n, ((label, given), released) in enumerate(zip(classes, first, strict=True)):
+    for (label, _), released in zip(classes, first, strict=True):
         if released.label != label:
             raise ConfigError("the first release is of another class", field="centroid_cells")
-        rows = within_unit_ball(given)
-        d = released.noisy_sum.size
-        sigma_first = released.event.scale
-        count = cell_count(
-            released.noisy_sum, sigma_first, sigma_cells, max_cells=max_cells, kappa=kappa
-        )
-        centres = cell_centres(released.noisy_sum, phrase_embeddings, count, seed=seed + n)
-        raw = np.zeros((max_cells, d))  # an empty class adds nothing: no branch on its size
-        np.add.at(raw, (rows @ centres.T).argmax(axis=1), rows)
-        noisy, event = class_release(raw.ravel(), 1.0, planned, label, "cells")
-        del raw, rows
-        cells = noisy.reshape(max_cells, d)[:count]
-        # both releases measure the class sum: inverse-variance weights
-        w_first, w_cells = inverse_variance_weights(sigma_first, event.scale, count)
-        total = (released.noisy_sum * w_first + cells.sum(axis=0) * w_cells) / (w_first + w_cells)
-        total_scale = combined_scale(sigma_first, event.scale, count)
-        if count == 1:
-            directions, weights = total[None, :], np.ones(1)
-        else:
-            norms = np.array([signal_norm(c, event.scale) for c in cells])
-            weights = norms / norms.sum() if norms.sum() > 0 else np.full(count, 1.0 / count)
-            directions = cells
-        out.append(CellMixture(label, directions, weights, total, event, total_scale))
-    return out
+    centres = place_cells(
+        first, phrase_embeddings, planned=planned, max_cells=max_cells, kappa=kappa, seed=seed
+    )
+    raws = [
+        cell_sums(given, placed, max_cells)
+        for (_, given), placed in zip(classes, centres, strict=True)
+    ]
+    return release_cells(raws, first, centres, planned=planned)

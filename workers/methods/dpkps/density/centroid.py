@@ -92,20 +92,42 @@ def embed_units(
     return out
 
 
+def class_sum(rows: NDArray[np.float64], dimension: int) -> NDArray[np.float64]:
+    """RAW: ``Σ_j x_j`` of one class's rows, each scaled into the unit ball first."""
+    clipped = within_unit_ball(rows)
+    return clipped.sum(axis=0) if len(clipped) else np.zeros(dimension)
+
+
+def release_class_sums(
+    raws: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent, moments: bool
+) -> list[CentroidKDE]:
+    """READS each class's RAW sum (of rows of L2 norm ≤ 1: :func:`class_sum`, or
+    :func:`class_moments`; or the exact sum of the shards' fixed-point sums); returns
+    their DP releases: the planned Gaussian at L2 Δ = 1 (sums) or √2 (moments)."""
+    if planned.norm != "l2":
+        raise ConfigError(
+            "moments take Gaussian noise" if moments else "class centroids take Gaussian noise",
+            field="kde_method",
+        )
+    sensitivity, kind = (math.sqrt(2.0), "moments") if moments else (1.0, "centroid")
+    out = []
+    for label, raw in raws:
+        noisy, event = class_release(raw, sensitivity, planned, label, kind)
+        out.append(CentroidKDE(label=label, noisy_sum=noisy, event=event))
+    return out
+
+
 def build_centroid_structures(
     classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
 ) -> list[CentroidKDE]:
     """``Σ_j x_j`` of each class (rows ``x_j``, each of L2 norm ≤ 1) plus Gaussian noise."""
     if planned.norm != "l2":
         raise ConfigError("class centroids take Gaussian noise", field="kde_method")
-    out = []
-    for label, given in classes:
-        rows = within_unit_ball(given)
-        raw = rows.sum(axis=0) if len(rows) else np.zeros(planned.dimension)
-        noisy, event = class_release(raw, 1.0, planned, label, "centroid")
-        del raw
-        out.append(CentroidKDE(label=label, noisy_sum=noisy, event=event))
-    return out
+    return release_class_sums(
+        [(label, class_sum(given, planned.dimension)) for label, given in classes],
+        planned=planned,
+        moments=False,
+    )
 
 
 def centroid_scores(kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float) -> torch.Tensor:
@@ -132,24 +154,34 @@ def _upper(d: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     return rows.astype(np.int64), cols.astype(np.int64)
 
 
+def moment_rows(rows: NDArray[np.float64]) -> NDArray[np.float64]:
+    """RAW: each unit's contribution to the moments, one row each: ``x_j`` (scaled into
+    the unit ball) and the upper triangle of ``x_j x_jᵀ`` (squared L2 norm ≤ 2)."""
+    clipped = within_unit_ball(rows)
+    i, k = _upper(clipped.shape[1])
+    out: NDArray[np.float64] = np.concatenate([clipped, clipped[:, i] * clipped[:, k]], axis=1)
+    return out
+
+
+def class_moments(rows: NDArray[np.float64]) -> NDArray[np.float64]:
+    """RAW: ``(Σ_j x_j, triu(Σ_j x_j x_jᵀ))`` of one class's rows (scaled into the ball)."""
+    clipped = within_unit_ball(rows)
+    d = clipped.shape[1]
+    i, k = _upper(d)
+    second = clipped.T @ clipped if len(clipped) else np.zeros((d, d))
+    first = clipped.sum(axis=0) if len(clipped) else np.zeros(d)
+    return np.concatenate([first, second[i, k]])
+
+
 def build_moment_structures(
     classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
 ) -> list[CentroidKDE]:
     """``(Σ_j x_j, triu(Σ_j x_j x_jᵀ))`` of each class plus Gaussian noise (L2 Δ = √2)."""
     if planned.norm != "l2":
         raise ConfigError("moments take Gaussian noise", field="kde_method")
-    out = []
-    for label, given in classes:
-        rows = within_unit_ball(given)
-        d = rows.shape[1]
-        i, k = _upper(d)
-        second = rows.T @ rows if len(rows) else np.zeros((d, d))
-        raw = np.concatenate([rows.sum(axis=0) if len(rows) else np.zeros(d), second[i, k]])
-        del second
-        noisy, event = class_release(raw, math.sqrt(2.0), planned, label, "moments")
-        del raw
-        out.append(CentroidKDE(label=label, noisy_sum=noisy, event=event))
-    return out
+    return release_class_sums(
+        [(label, class_moments(given)) for label, given in classes], planned=planned, moments=True
+    )
 
 
 def moment_scores(kde: CentroidKDE, embeddings: torch.Tensor, *, scale: float) -> torch.Tensor:
