@@ -25,7 +25,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from app.db import Database
-from app.jobs import shards, stages
+from app.jobs import recovery, shards, stages
 from app.jobs.stages import WorkerContext
 from app.models import Job, JobShard, JobShardPlan, JobShardRound
 from app.worker import MAP_SHARD, REDUCE_ROUND, create_celery
@@ -111,10 +111,13 @@ def run_task(ctx: WorkerContext, name: str, args: list[Any]) -> str:
     return shards.reduce_round(ctx, uuid.UUID(job), round_name)
 
 
-def drive(ctx: WorkerContext, *, queue: str = "cpu") -> list[tuple[str, list[Any]]]:
+def drive(
+    ctx: WorkerContext, *, queue: str = "cpu", lose: tuple[Any, ...] | None = None
+) -> list[tuple[str, list[Any]]]:
     """Run every message the broker holds, and what they send, until none is left, as
     a worker would: each map with its message's arguments, then each chord's body once
-    its maps ran. Returns (task, arguments) of every message taken."""
+    its maps ran. A message whose arguments are ``lose`` is taken and not run (its
+    worker died). Returns (task, arguments) of every message taken."""
     celery = ctx.database.sessions.kw["info"]["keyseed.celery"]
     taken: list[tuple[str, list[Any]]] = []
     while True:
@@ -139,6 +142,8 @@ def drive(ctx: WorkerContext, *, queue: str = "cpu") -> list[tuple[str, list[Any
             name = message.headers["task"]
             taken.append((name, list(args)))
             assert kwargs == {}
+            if lose is not None and tuple(args) == lose:
+                continue
             run_task(ctx, name, args)
             if embed.get("chord"):
                 bodies[message.headers["group"]] = embed["chord"]
@@ -240,18 +245,23 @@ def test_a_redelivered_shard_or_reduce_does_nothing_and_a_restart_charges_once(
     assert shards.map_shard(sharded, job, "sums", 0) == "done"  # redelivered: nothing
     # the chord's body before the other shards: it waits (and releases the job)
     assert shards.reduce_round(sharded, job, "sums") == "waiting"
-    # a worker that died holding shard 1: its sequences task is sent again, restarts
+    # the first chord: shard 0 stored again by nobody, shard 1's message taken by a
+    # worker that died holding it, shard 2 stored; its reduce waits
+    drive(sharded, lose=(job_id, "sums", 1))
     with sharded.database.transaction() as session:
         dead = session.get(JobShard, (job, "sums", 1))
         assert dead is not None
         dead.state, dead.worker_id, dead.attempts = "running", "worker-x.example:1:1", 1
+    assert {p.shard: p.state for p in shard_rows(db, job_id)} == {
+        0: "done",
+        1: "running",
+        2: "done",
+    }
+    assert row(db, job_id).state == "running"
+    # the sweeper takes the job for an orphan: its shard's process died
     with sharded.database.session() as session:
-        from app.jobs import recovery
-
         current = session.get(Job, job)
         assert current is not None and recovery.is_orphan(session, current, unheld=False)
-    drive(sharded)  # the first chord's messages: shard 0 done, 1 claimed by the dead one
-    assert {p.shard: p.state for p in shard_rows(db, job_id)} == {0: "done", 1: "running", 2: "done"}
     assert stages.run_sequences(sharded, job) == "mapping"  # restarted: the round again
     drive(sharded)
     done = row(db, job_id)
@@ -298,8 +308,6 @@ def test_a_map_stops_at_its_next_check_once_the_job_is_cancelled(
     assert stages.run_sequences(sharded, job) == "mapping"
     ticker = shards._Ticker(sharded, job, "sums", 0)
     with sharded.database.transaction() as session:  # claimed by this process
-        from app.jobs import recovery
-
         part = session.get(JobShard, (job, "sums", 0))
         assert part is not None
         part.state, part.worker_id = "running", recovery.this_process()
