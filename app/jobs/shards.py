@@ -527,12 +527,21 @@ def map_shard(ctx: WorkerContext, job_id: uuid.UUID, round_name: str, shard: int
             row.sealed, row.state, row.worker_id = sealed, "done", None
             row.finished_at = utcnow()
     except ShardStopped as stopped:
+        _unclaim(ctx, job_id, round_name, shard)
         log.info("job.shard.stopped", reason=str(stopped), **bound)
         return str(stopped)
     except Exception as exc:
         return _shard_failed(ctx, job_id, exc, bound)
     log.info("job.shard.stored", **bound)
     return "stored"
+
+
+def _unclaim(ctx: WorkerContext, job_id: uuid.UUID, round_name: str, shard: int) -> None:
+    """The shard's row back to pending, if this process still claims it (it stopped)."""
+    with ctx.database.transaction() as session:
+        row = jobs_repo.get_shard(session, job_id, round_name, shard, for_update=True)
+        if row is not None and row.worker_id == recovery.this_process():
+            row.state, row.worker_id = "pending", None
 
 
 def _shard_failed(

@@ -27,9 +27,11 @@ from fastapi.testclient import TestClient
 from app.db import Database
 from app.jobs import recovery, shards, stages
 from app.jobs.stages import WorkerContext
+from app.main import create_app
 from app.models import Job, JobShard, JobShardPlan, JobShardRound
 from app.worker import MAP_SHARD, REDUCE_ROUND, create_celery
 from tests.service import factories
+from tests.service.conftest import DATA_KEY, make_settings
 from tests.service.test_end_to_end import REDIS_URL, Worker
 from tests.service.test_worker import cache_dir, job_of, ledger, vocabulary, worker
 
@@ -320,7 +322,25 @@ def test_a_map_stops_at_its_next_check_once_the_job_is_cancelled(
 # ------------------------------------------------------------------ real workers
 
 
-def _worker_env(database_url: str, prefix: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+@pytest.fixture
+def api(database_url: str, prefix: str, tmp_path: Path) -> Iterator[TestClient]:
+    """The API on the test database, sending its tasks to Redis under ``prefix``."""
+    settings = make_settings(
+        database_url,
+        tmp_path / "api",
+        broker_url=REDIS_URL,
+        broker_key_prefix=prefix,
+        keyring_dir=tmp_path / "keyring",
+    )
+    app = create_app(settings)
+    try:
+        yield TestClient(app)
+    finally:
+        app.state.database.dispose()
+
+
+def start_worker(database_url: str, prefix: str, tmp_path: Path, name: str) -> Worker:
+    """A real worker (one pool process), its jobs split in 3 shards."""
     env = {
         key: value
         for key, value in os.environ.items()
@@ -330,7 +350,7 @@ def _worker_env(database_url: str, prefix: str, tmp_path: Path, **extra: str) ->
         KEYSEED_DATABASE_URL=database_url,
         KEYSEED_BROKER_URL=REDIS_URL,
         KEYSEED_BROKER_KEY_PREFIX=prefix,
-        KEYSEED_DATA_KEY=factories_data_key(),
+        KEYSEED_DATA_KEY=DATA_KEY,
         KEYSEED_KEYRING_DIR=str(tmp_path / "keyring"),
         KEYSEED_CACHE_DIR=str(tmp_path / "cache"),
         KEYSEED_JOB_SHARDS=str(SHARDS),
@@ -338,12 +358,100 @@ def _worker_env(database_url: str, prefix: str, tmp_path: Path, **extra: str) ->
         KEYSEED_LOG_JSON="true",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        **extra,
     )
-    return env
+    return Worker.start(env, tmp_path / f"{name}.log", f"{prefix.rstrip(':')}-{name}", timeout=300)
 
 
-def factories_data_key() -> str:
-    from tests.service.conftest import DATA_KEY
+def pids_holding(db: Database, job_id: str) -> list[int]:
+    """Process ids of the processes that claim a shard of the job now."""
+    return [
+        int(p.worker_id.split(":")[1])
+        for p in shard_rows(db, job_id)
+        if p.state == "running" and p.worker_id
+    ]
 
-    return DATA_KEY
+
+def finished(client: TestClient, world: factories.World, job_id: str) -> dict[str, Any] | None:
+    job = job_of(client, world, job_id)
+    return job if job["state"] in ("succeeded", "failed", "cancelled") else None
+
+
+@pytest.mark.slow
+def test_a_sharded_job_on_a_real_worker_survives_a_killed_shard_and_is_charged_once(
+    api: TestClient,
+    database_url: str,
+    prefix: str,
+    world: factories.World,
+    db: Database,
+    tmp_path: Path,
+) -> None:
+    vocabulary_id = vocabulary(api, world.owner)
+    dataset_id = upload(api, world, 60, units=True)
+    job_id = factories.job(api, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    worker = start_worker(database_url, prefix, tmp_path, "w1")
+    try:
+        # the first shard claimed (its process loads the models): its pool process dies
+        pid = factories.wait_for(
+            lambda: next(iter(pids_holding(db, job_id)), None),
+            "a shard is claimed",
+            timeout=300,
+            interval=0.05,
+        )
+        os.kill(pid, signal.SIGKILL)
+        job = factories.wait_for(
+            lambda: finished(api, world, job_id), "the job ends", timeout=600, interval=0.5
+        )
+    finally:
+        worker.stop()
+    assert job["state"] == "succeeded", job["error"]
+    attempts = sorted(p.attempts for p in shard_rows(db, job_id))
+    assert attempts == [1, 1, 2], worker.text()[-3000:]  # the killed one ran again
+    book = ledger(api, world, dataset_id)
+    assert [e["kind"] for e in book["entries"]] == ["reserve", "commit"]
+    assert book["entries"][0]["epsilon"] == book["entries"][1]["epsilon"]
+    assert row(db, job_id).manifest["shards"] == SHARDS
+    logged = worker.text()
+    assert "job.shard.stored" in logged and "Visit " not in logged  # no private text
+
+
+@pytest.mark.slow
+def test_a_cancel_during_the_map_stops_a_real_workers_shard_within_5_seconds(
+    api: TestClient,
+    database_url: str,
+    prefix: str,
+    world: factories.World,
+    db: Database,
+    tmp_path: Path,
+) -> None:
+    vocabulary_id = vocabulary(api, world.owner)
+    dataset_id = upload(api, world, 6000)
+    job_id = factories.job(api, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    worker = start_worker(database_url, prefix, tmp_path, "w2")
+    try:
+        # once a shard is stored (the models are loaded), the next one runs: cancel it
+        factories.wait_for(
+            lambda: any(p.state == "done" for p in shard_rows(db, job_id)) or None,
+            "a shard is stored",
+            timeout=600,
+            interval=0.1,
+        )
+        factories.wait_for(
+            lambda: pids_holding(db, job_id) or None, "the next shard runs", timeout=60
+        )
+        cancelled_at = time.monotonic()
+        answer = api.post(f"/v1/jobs/{job_id}/cancel", headers=world.owner.headers)
+        assert answer.status_code in (200, 202), answer.text
+        assert job_of(api, world, job_id)["state"] == "cancelled"
+        factories.wait_for(
+            lambda: not pids_holding(db, job_id), "the shard stops", timeout=10, interval=0.05
+        )
+        stopped_after = time.monotonic() - cancelled_at
+        time.sleep(2)  # the shards left do nothing
+    finally:
+        worker.stop()
+    assert stopped_after < 5.0, stopped_after
+    states = sorted(p.state for p in shard_rows(db, job_id))
+    assert "running" not in states and states.count("done") < SHARDS
+    assert '"reason": "cancelled"' in worker.text()
+    book = ledger(api, world, dataset_id)
+    assert [e["kind"] for e in book["entries"]] == ["reserve", "commit"]
