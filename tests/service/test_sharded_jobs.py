@@ -331,6 +331,7 @@ def api(database_url: str, prefix: str, tmp_path: Path) -> Iterator[TestClient]:
         broker_url=REDIS_URL,
         broker_key_prefix=prefix,
         keyring_dir=tmp_path / "keyring",
+        max_upload_bytes=4_000_000,
     )
     app = create_app(settings)
     try:
