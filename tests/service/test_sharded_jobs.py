@@ -25,11 +25,11 @@ import redis
 from fastapi.testclient import TestClient
 
 from app.db import Database
-from app.jobs import recovery, shards, stages
+from app.jobs import recovery, shards, stages, tasks
 from app.jobs.stages import WorkerContext
 from app.main import create_app
 from app.models import Job, JobShard, JobShardPlan, JobShardRound
-from app.worker import MAP_SHARD, REDUCE_ROUND, create_celery
+from app.worker import MAP_SHARD, REDUCE_ROUND, RUN_SEQUENCES, celery_app, create_celery
 from tests.service import factories
 from tests.service.conftest import DATA_KEY, make_settings
 from tests.service.test_end_to_end import REDIS_URL, Worker
@@ -230,6 +230,32 @@ def test_a_sharded_job_makes_the_releases_of_a_whole_one_without_loading_the_cor
     assert [(r["name"], r["reduced"], r["done"]) for r in view["rounds"]] == [("sums", True, 3)]
     others = client.get(f"/v1/jobs/{split}", headers=world.auditor.headers).json()
     assert others["shards"] is None
+
+
+def test_the_shard_tasks_are_routed_with_the_private_stages_and_acknowledged_late() -> None:
+    router = celery_app.amqp.router
+    for name, function in ((MAP_SHARD, tasks.map_shard), (REDUCE_ROUND, tasks.reduce_round)):
+        assert router.route({}, name)["queue"].name == router.route({}, RUN_SEQUENCES)["queue"].name
+        task = celery_app.tasks[name]
+        assert task.run is function
+        assert task.acks_late is True and task.reject_on_worker_lost is True
+        assert task.ignore_result is True
+    assert tasks.map_shard("not-a-job", "sums", 0) == "bad_argument"
+    assert tasks.map_shard(str(uuid.uuid4()), "sums", "0") == "bad_argument"  # type: ignore[arg-type]
+
+
+def test_one_shard_the_default_runs_the_same_map_and_reduce(
+    client: TestClient, world: factories.World, sharded: WorkerContext, db: Database
+) -> None:
+    settings = sharded.settings.model_copy(update={"job_shards": 1})
+    ctx = WorkerContext(settings, sharded.database, sharded.cipher)
+    vocabulary_id = vocabulary(client, world.owner)
+    dataset_id = upload(client, world, 12)
+    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    assert stages.run_sequences(ctx, uuid.UUID(job_id)) == "mapping"
+    assert drive(ctx) == [(MAP_SHARD, [job_id, "sums", 0]), (REDUCE_ROUND, [job_id, "sums"])]
+    done = row(db, job_id)
+    assert done.state == "succeeded" and done.manifest["shards"] == 1
 
 
 def test_a_redelivered_shard_or_reduce_does_nothing_and_a_restart_charges_once(
