@@ -47,7 +47,10 @@ row is kept with probability q or with its twin, a mixture either way.
 **Memory.** Rows are streamed: a shard holds at most one batch of documents
 (:data:`~workers.methods.dpkps.density.centroid.EMBED_BATCH`) and, with a unit column,
 per unit a class tally and (where the unit may be in the sample) an int64 sum per class
-of its documents' embeddings, until the shard's end (a unit's class is known only then).
+of its documents' embeddings (3 KiB), until the shard's end (a unit's class is known only
+then); or, when the caller reads the rows grouped by unit (``map(..., grouped=True)``),
+until the unit's last row, so that only a batch's units are open (and the ids of the
+finished ones, to refuse a unit that comes back).
 
 What leaves a shard (:meth:`ShardedRun.map`) is RAW, and so is a state's ``owner`` part
 (the owner's diagnostics): stored and moved as private data is, never logged or shown.
@@ -58,7 +61,6 @@ owner's diagnostics.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -180,19 +182,48 @@ def from_fixed(total: NDArray[np.int64]) -> NDArray[np.float64]:
     return out
 
 
+_MAGIC = b"keyseed-shards\x00"
+_DTYPES = {"<i8": np.int64, "<f8": np.float64}  # the only arrays a part or a state holds
+
+
 def encode(meta: dict[str, Any], arrays: dict[str, NDArray[Any]]) -> bytes:
-    """``meta`` (JSON) and named arrays as one .npz (no pickle): a part or a state."""
-    buffer = io.BytesIO()
-    encoded = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
-    np.savez(buffer, _meta=encoded, **arrays)
-    return buffer.getvalue()
+    """A part or a state as bytes: a magic, the length of a JSON header (``meta`` and
+    each array's name, dtype, shape), then the arrays' raw little-endian bytes. No
+    pickle, nothing executable; int64 and float64 arrays only."""
+    described, blobs, offset = [], [], 0
+    for name, value in arrays.items():
+        data = np.ascontiguousarray(value)
+        dtype = data.dtype.newbyteorder("<").str
+        if dtype not in _DTYPES:
+            raise ConfigError(f"cannot store a {data.dtype} array", field="state")
+        blob = data.astype(dtype, copy=False).tobytes()
+        described.append([name, dtype, list(data.shape), offset, len(blob)])
+        blobs.append(blob)
+        offset += len(blob)
+    header = json.dumps({"meta": meta, "arrays": described}, sort_keys=True).encode("utf-8")
+    return b"".join([_MAGIC, len(header).to_bytes(8, "little"), header, *blobs])
 
 
 def decode(data: bytes) -> tuple[dict[str, Any], dict[str, NDArray[Any]]]:
-    """The inverse of :func:`encode` (no pickle is ever loaded)."""
-    with np.load(io.BytesIO(data), allow_pickle=False) as loaded:
-        arrays = {name: loaded[name] for name in loaded.files}
-    meta = json.loads(arrays.pop("_meta").tobytes().decode("utf-8"))
+    """The inverse of :func:`encode`, checked: a part or a state, else a ConfigError."""
+    view = memoryview(data)
+    start = len(_MAGIC) + 8
+    if bytes(view[: len(_MAGIC)]) != _MAGIC or len(view) < start:
+        raise ConfigError("not a sharded DP-KPS part or state", field="state")
+    size = int.from_bytes(view[len(_MAGIC) : start], "little")
+    try:
+        header = json.loads(bytes(view[start : start + size]).decode("utf-8"))
+        meta, described = header["meta"], header["arrays"]
+        body = view[start + size :]
+        arrays: dict[str, NDArray[Any]] = {}
+        for name, dtype, shape, offset, length in described:
+            count = int(np.prod(shape, dtype=np.int64))
+            if offset < 0 or offset + length > len(body) or length != count * 8:
+                raise ValueError("an array outside the data")
+            raw = np.frombuffer(body, dtype=_DTYPES[dtype], count=count, offset=offset)
+            arrays[str(name)] = raw.reshape(shape).copy()
+    except (ValueError, KeyError, TypeError) as exc:  # json's errors are ValueErrors
+        raise ConfigError("a damaged sharded DP-KPS part or state", field="state") from exc
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise ConfigError("not a sharded DP-KPS part or state", field="state")
     return meta, arrays
@@ -271,7 +302,7 @@ class _UnitStream:
         self.run = run
         self.embed = embed  # False: only the class tallies (the counts round)
         self.rates = None if rates is None else [rates[label] for label in run.label_set]
-        self.sample = None if rates is None else PoissonSample(_subkey(run.key, b"keyseed/sample"))
+        self.sample = None if rates is None else PoissonSample(_subkey(run._key, b"keyseed/sample"))
         self.tick = tick
         self.facts = _Facts(len(run.label_set))
         self.extractor = run.extractor() if embed else None
@@ -290,15 +321,23 @@ class _UnitStream:
         encoded = encode_in_chunks(self.run.embedder, texts, tick=self.tick)
         return unit_vectors([(i,) for i in range(len(texts))], encoded)
 
-    def vectors(self, rows: Iterable[Row]) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+    def vectors(
+        self, rows: Iterable[Row], *, grouped: bool = False
+    ) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
         """``(classes, vectors)`` of the kept units, a batch at a time; ``rows`` read once,
-        lazily (at most one batch of documents held)."""
+        lazily (at most one batch of documents held). With a unit column, a unit is
+        finished at the shard's end, or (``grouped``: each unit's rows contiguous) as soon
+        as the next unit starts."""
         position = self.run.position
         facts = self.facts
         batch = self.run.batch
         pending_rows: list[tuple[int, str]] = []  # row units to embed
         pending_docs: list[tuple[_Open, int, str]] = []  # a unit column's documents to embed
-        units: dict[str, _Open] = {}
+        units: dict[str, _Open] = {}  # open units
+        closing: list[_Open] = []  # units whose last row was read (grouped)
+        seen: set[str] = set()  # units finished (grouped): one must not come back
+        current: str | None = None
+        finished = _Finished(self)
         max_rate = 1.0 if self.rates is None else max(self.rates, default=1.0)
         for n, (text, label, unit) in enumerate(rows):
             if self.tick is not None and n % TICK_EVERY == 0:
@@ -319,6 +358,19 @@ class _UnitStream:
                             yield self._rows_batch(pending_rows)
                             pending_rows = []
                 continue
+            if grouped and unit != current:
+                if current is not None:
+                    done = units.pop(current)
+                    seen.add(current)
+                    if done.embedded:  # its documents may wait in the batch
+                        closing.append(done)
+                    else:
+                        yield from finished.add([done])
+                if unit in seen:
+                    raise ConfigError(
+                        "the rows were given as grouped by unit, and are not", field="grouped"
+                    )
+                current = unit
             open_unit = units.get(unit)
             if open_unit is None:
                 uniform = self._uniform(text, label, unit)
@@ -333,12 +385,17 @@ class _UnitStream:
                 if len(pending_docs) >= batch:
                     self._add_documents(pending_docs)
                     pending_docs = []
+            if closing and not pending_docs:  # their documents are all added
+                yield from finished.add(closing)
+                closing = []
         if pending_rows:
             yield self._rows_batch(pending_rows)
         if pending_docs:
             self._add_documents(pending_docs)
         del pending_rows, pending_docs
-        yield from self._finished_units(units)
+        yield from finished.add(closing)
+        yield from finished.add(units.pop(key) for key in list(units))
+        yield from finished.flush()
 
     def _rows_batch(
         self, pending: list[tuple[int, str]]
@@ -356,30 +413,43 @@ class _UnitStream:
             else:
                 open_unit.sums[c] = row.copy()
 
-    def _finished_units(
-        self, units: dict[str, _Open]
+
+class _Finished:
+    """READS the pooled units of a unit column once complete: each in its majority class
+    (ties: the first declared), its documents of other classes set aside; the kept ones'
+    mean vectors yielded a batch at a time. RAW."""
+
+    def __init__(self, stream: _UnitStream) -> None:
+        self.stream = stream
+        self.classes: list[int] = []
+        self.means: list[NDArray[np.float64]] = []
+        self.count = 0
+
+    def add(
+        self, units: Iterable[_Open]
     ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64]]]:
-        """The units of a unit column, complete at the shard's end: each in its majority
-        class (ties: the first declared), its documents of other classes set aside."""
-        facts = self.facts
-        classes: list[int] = []
-        means: list[NDArray[np.float64]] = []
-        for n, key in enumerate(list(units)):
-            if self.tick is not None and n % TICK_EVERY == 0:
-                self.tick()
-            open_unit = units.pop(key)
+        stream, facts = self.stream, self.stream.facts
+        for open_unit in units:
+            self.count += 1
+            if stream.tick is not None and self.count % TICK_EVERY == 0:
+                stream.tick()
             c = int(np.argmax(open_unit.tally))  # the first maximum: the declared order
             facts.class_units[c] += 1
             facts.set_aside += sum(open_unit.tally) - open_unit.tally[c]
-            facts.without_phrase += self.embed and c not in open_unit.matched
-            if open_unit.embedded and self._keeps(open_unit.uniform, c):
-                classes.append(c)
-                means.append(open_unit.sums[c] / _FIXED / open_unit.tally[c])
-                if len(classes) >= self.run.batch:
-                    yield np.array(classes, dtype=np.int64), self.run.finalised(np.stack(means))
-                    classes, means = [], []
-        if classes:
-            yield np.array(classes, dtype=np.int64), self.run.finalised(np.stack(means))
+            facts.without_phrase += stream.embed and c not in open_unit.matched
+            if open_unit.embedded and stream._keeps(open_unit.uniform, c):
+                self.classes.append(c)
+                self.means.append(open_unit.sums[c] / _FIXED / open_unit.tally[c])
+                if len(self.classes) >= stream.run.batch:
+                    yield from self.flush()
+            open_unit.sums.clear()
+
+    def flush(self) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64]]]:
+        if self.classes:
+            classes = np.array(self.classes, dtype=np.int64)
+            means = self.stream.run.finalised(np.stack(self.means))
+            self.classes, self.means = [], []
+            yield classes, means
 
 
 # --- The run ---------------------------------------------------------------------------------
@@ -428,7 +498,7 @@ class ShardedRun:
             raise ConfigError("must be an integer ≥ 1", field="batch")
         _subkey(key, b"check")
         self.vocabulary, self.embedder, self.cache = vocabulary, embedder, cache
-        self.key, self.unit_name, self.batch = bytes(key), unit_name, batch
+        self._key, self.unit_name, self.batch = bytes(key), unit_name, batch
         self.device = select_device(device)
         self.progress = progress or _noop
         self.the_plan = planned or plan(self.config, self.label_set, len(vocabulary))
@@ -446,6 +516,9 @@ class ShardedRun:
         self._embeddings: torch.Tensor | None = None
         self._basis: NDArray[np.float64] | None = None
         self._extractor: KeyphraseExtractor | None = None
+
+    def __repr__(self) -> str:  # the key stays out of every log and traceback
+        return f"ShardedRun(rounds={self.rounds!r}, <secret key>)"
 
     # -- public inputs, computed once when needed
 
@@ -515,13 +588,16 @@ class ShardedRun:
         state: bytes | None,
         *,
         tick: Callable[[], None] | None = None,
+        grouped: bool = False,
     ) -> bytes:
         """READS PRIVATE ROWS: one shard's (every row with the same :func:`shard_of`),
         streamed once; returns the shard's RAW, additive aggregate of ``round``, serialised
         (never logged, shown or sent where private data may not go). ``state``: what
         :meth:`reduce` returned for the previous round (None for the first). ``tick`` (a
         cancel check, which may raise) is called every few hundred rows and before every
-        embedding chunk."""
+        embedding chunk. ``grouped``: the caller promises each unit's rows contiguous (say,
+        ordered by unit): a unit is then finished when the next starts, and the shard's
+        memory no longer grows with its units (a unit that comes back is refused)."""
         meta = self._check_round(round, state)
         embed = round != COUNTS
         stream = _UnitStream(
@@ -530,12 +606,12 @@ class ShardedRun:
         k = len(self.label_set)
         arrays: dict[str, NDArray[np.int64]] = {}
         if round == COUNTS:
-            for _ in stream.vectors(rows):
+            for _ in stream.vectors(rows, grouped=grouped):
                 pass  # no unit is embedded: the tallies only
         elif round == SUMS:
             moments = self.config.density_method != "centroid"
             sums = np.zeros((k, self._dimension()), dtype=np.int64)
-            for classes, vectors in stream.vectors(rows):
+            for classes, vectors in stream.vectors(rows, grouped=grouped):
                 if moments:
                     for start in range(0, len(classes), MOMENT_CHUNK):
                         chunk = moment_rows(vectors[start : start + MOMENT_CHUNK])
@@ -548,7 +624,7 @@ class ShardedRun:
             _, state_arrays = decode(state)  # type: ignore[arg-type]
             centres = [state_arrays[f"centres_{n}"] for n in range(k)]
             cells = np.zeros((k, self.config.cells, self._dimension()), dtype=np.int64)
-            for classes, vectors in stream.vectors(rows):
+            for classes, vectors in stream.vectors(rows, grouped=grouped):
                 for c in np.unique(classes).tolist():
                     mine = vectors[classes == c]
                     np.add.at(cells[c], nearest_cells(mine, centres[c]), to_fixed(mine))

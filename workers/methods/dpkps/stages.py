@@ -23,6 +23,13 @@ stage                          reported as         reads
 units' vectors from :func:`embedded_units` (PRIVATE ROWS) in the subspace of
 :func:`release_space` (DP outputs and public inputs only).
 
+A run of class centroids or moments over a public Ṽ may also be split across workers by
+privacy unit (:mod:`workers.methods.dpkps.shards`): each shard returns exact additive sums
+and one reduce releases them through the same functions as here (:func:`counts_from_release`,
+:func:`release_sums`, :func:`place_class_cells`, :func:`release_cell_sums`,
+:func:`centroid_releases`), then :func:`workers.methods.dpkps.pipeline.finish_sequences`
+post-processes both alike.
+
 The private reads end with the density release: a :class:`Releases` holds DP outputs and
 public inputs only, so everything after it (prior, scores, sampling, filter, and prompting
 in :mod:`workers.methods.dpkps.prompting`) is post-processing and may run anywhere. Classes
