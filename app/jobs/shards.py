@@ -97,6 +97,9 @@ log = structlog.get_logger("keyseed.jobs")
 DPKPS = "dpkps"
 KEY_BYTES = 32
 CHECK_EVERY = 1.0  # seconds between a map's checks that its job may go on
+# documents a map embeds at a time: the engine checks for a cancel before each batch, so
+# a batch must take well under 5 s (256 short notes: ~0.3 s on one idle CPU core)
+MAP_BATCH = 256
 # the stage a round's map and reduce run in (private stages: start and end shown only)
 ROUND_STAGES = {"counts": "private_vocabulary", "sums": "dp_kde"}
 
@@ -246,6 +249,7 @@ def build_run(
         key=key,
         unit_name=unit_name,
         device=settings.device,
+        batch=MAP_BATCH,
     )
 
 
