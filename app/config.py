@@ -69,6 +69,13 @@ class Settings(CoreSettings):
     max_json_bytes: int = Field(default=2**20, ge=1024)
     llm_endpoints: dict[str, LLMEndpointSettings] = Field(default_factory=dict)
     sequences_queue: Literal["cpu", "gpu"] = "cpu"  # where stages 1-6 run
+    # Shards of a shardable DP-KPS job (app.jobs.shards): its private rows are split by
+    # privacy unit across this many map tasks, each streaming its own rows and returning
+    # additive per-class aggregates, and one reduce adds the noise once. 1 (the default)
+    # runs the same streamed map/reduce in one task, with memory flat in the corpus; set
+    # it to about the number of worker processes that consume the sequences queue. Needs
+    # the Redis broker (the chord's counter); on the embedded broker jobs run whole.
+    job_shards: int = Field(default=1, ge=1, le=256)
     job_soft_time_limit: int = Field(default=6 * 3600, ge=1)
     job_time_limit: int = Field(default=6 * 3600 + 300, ge=1)
     # Redis key prefix of every broker key (isolates deployments sharing one Redis).

@@ -87,6 +87,24 @@ class DocumentKey:
                 f"the unit of row {row} of dataset {dataset_id} fails authentication"
             ) from None
 
+    def seal_blob(self, dataset_id: uuid.UUID, name: str, data: bytes) -> bytes:
+        """``nonce || ciphertext`` of ``data`` the dataset's job keeps apart from its rows
+        (a shard's raw aggregate, a sharded job's secret key), bound to the dataset and to
+        ``name`` (which says what it is and whose: job, round, shard)."""
+        nonce = os.urandom(12)
+        aad = b"keyseed/blob/v1|" + dataset_id.bytes + name.encode("utf-8")
+        return nonce + self._aead.encrypt(nonce, bytes(data), aad)
+
+    def open_blob(self, dataset_id: uuid.UUID, name: str, sealed: bytes) -> bytes:
+        """What :meth:`seal_blob` sealed under ``name``."""
+        try:
+            aad = b"keyseed/blob/v1|" + dataset_id.bytes + name.encode("utf-8")
+            return self._aead.decrypt(sealed[:12], sealed[12:], aad)
+        except InvalidTag:
+            raise DecryptionError(
+                f"sealed data {name!r} of dataset {dataset_id} fails authentication"
+            ) from None
+
     def seal(self, dataset_id: uuid.UUID, row: int, text: str, label: str) -> tuple[bytes, bytes]:
         """``(nonce, ciphertext)`` of one document."""
         nonce = os.urandom(12)

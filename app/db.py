@@ -174,6 +174,28 @@ def enqueue_after_commit(
     session.info.setdefault(_PENDING, []).append((task, args, task_id, task_headers()))
 
 
+def send_canvas_after_commit(
+    session: Session, name: str, canvas: Callable[[Any], Any], **ids: object
+) -> None:
+    """Send the Celery canvas (a group, a chord) ``canvas(celery)`` builds once
+    ``session`` commits; drop it on rollback. Its tasks' arguments are ids only; ``name``
+    and ``ids`` (ids again) are what the log says of it."""
+
+    def send() -> None:
+        celery = session.info.get(_CELERY)
+        if celery is None:
+            log.error("task.enqueue_failed", task=name, reason="no broker configured", **ids)
+            return
+        try:
+            canvas(celery).apply_async()
+        except Exception as exc:  # the commit stands; recovery sends it again
+            log.error("task.enqueue_failed", task=name, error=type(exc).__name__, **ids)
+        else:
+            log.info("task.enqueued", task=name, **ids)
+
+    session.info.setdefault(_ON_COMMIT, []).append(send)
+
+
 def after_commit(session: Session, action: Callable[[], object]) -> None:
     """Run ``action`` once ``session`` commits (not at all if it rolls back): for what
     must not happen unless the transaction stands, such as destroying a key."""

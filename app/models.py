@@ -373,6 +373,59 @@ class JobCheckpoint(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+SHARD_STATES = ("pending", "running", "done")
+
+
+class JobShardPlan(Base):
+    """A sharded job's plan (:mod:`app.jobs.shards`): its shard count and its rounds
+    (public), its secret shard key and its canary set, sealed with the dataset's key."""
+
+    __tablename__ = "job_shard_plans"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    shards: Mapped[int]
+    rounds: Mapped[list[str]] = mapped_column(JSON)
+    sealed_key: Mapped[bytes] = mapped_column(LargeBinary)
+    sealed_canaries: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobShard(Base):
+    """One shard of one round of a sharded job: who runs it, how often it was tried, and
+    its RAW additive aggregate (a function of private rows), sealed with the dataset's
+    key, never sent or logged; only the reduce reads it."""
+
+    __tablename__ = "job_shards"
+    __table_args__ = (_one_of("state", SHARD_STATES),)
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    round: Mapped[str] = mapped_column(String(16), primary_key=True)
+    shard: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    sealed: Mapped[bytes | None] = mapped_column(LargeBinary)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class JobShardRound(Base):
+    """A sharded job's state after one round's DP release, sealed with the dataset's key."""
+
+    __tablename__ = "job_shard_rounds"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    round: Mapped[str] = mapped_column(String(16), primary_key=True)
+    sealed: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class PromptRecord(Base):
     """One prompt a job sent to an LLM, a link of its hash chain (workers.llm.attestation):
     ``record`` the hashed fields as canonical JSON, ``content`` the messages and inputs in

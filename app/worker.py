@@ -1,10 +1,12 @@
 """The Celery application: task names, their queues (in one place), and its settings.
 
 Tasks take ids, never rows or text; messages are JSON only. Job state lives in the
-database, not in Celery results (there is no result backend). ``acks_late`` with
-``reject_on_worker_lost`` puts a task back on its queue when a pool process dies, and
-the soft time limit lets a task mark its job failed before the hard limit kills it. A
-job whose whole worker died is sent again by the next worker (``app.jobs.recovery``).
+database, not in Celery results: no task stores a result; on Redis the result backend
+only counts the finished map tasks of a sharded job's chord (:mod:`app.jobs.shards`).
+``acks_late`` with ``reject_on_worker_lost`` puts a task back on its queue when a pool
+process dies, and the soft time limit lets a task mark its job failed before the hard
+limit kills it. A job whose whole worker died is sent again by the next worker
+(``app.jobs.recovery``).
 
 Queues: ``cpu`` and ``gpu`` for the stages that read private data (extraction, private
 vocabulary, embedding, DP-KDE, sampling; ``KEYSEED_SEQUENCES_QUEUE`` picks which),
@@ -34,13 +36,41 @@ QUEUES = ("cpu", "gpu", "llm")
 # Task names are part of the wire format between API and workers: never rename one.
 RUN_SEQUENCES = "keyseed.jobs.run_sequences"  # (job_id: str) stages 1-6, persists sequences
 RUN_PROMPTS = "keyseed.jobs.run_prompts"  # (job_id: str) step 7, resumable
-TASKS = (RUN_SEQUENCES, RUN_PROMPTS)
+MAP_SHARD = "keyseed.jobs.map_shard"  # (job_id: str, round: str, shard: int) one shard's rows
+REDUCE_ROUND = "keyseed.jobs.reduce_round"  # (job_id: str, round: str) noise added once
+TASKS = (RUN_SEQUENCES, RUN_PROMPTS, MAP_SHARD, REDUCE_ROUND)
 
 
 def task_routes(settings: Settings) -> dict[str, dict[str, str]]:
     return {
         RUN_SEQUENCES: {"queue": settings.sequences_queue},
         RUN_PROMPTS: {"queue": "llm"},
+        MAP_SHARD: {"queue": settings.sequences_queue},
+        REDUCE_ROUND: {"queue": settings.sequences_queue},
+    }
+
+
+def chords_available(settings: Settings) -> bool:
+    """Whether the broker can run a chord (:mod:`app.jobs.shards`): Redis, where the
+    chord's counter lives beside the broker's keys (the result backend of the same URL
+    and key prefix). A chord's results are its map tasks' short status words (ids and
+    states only: an aggregate is stored in the database, never returned)."""
+    scheme = url_to_parts(settings.celery_broker_url).scheme or ""
+    return scheme in ("redis", "rediss")
+
+
+def result_backend(settings: Settings) -> dict[str, Any]:
+    """The result backend's settings: none (no task stores a result), except on Redis,
+    where the chords of sharded jobs count their finished map tasks."""
+    if not chords_available(settings):
+        return {"result_backend": None}
+    options: dict[str, Any] = {}
+    if settings.broker_key_prefix:
+        options["global_keyprefix"] = settings.broker_key_prefix
+    return {
+        "result_backend": settings.celery_broker_url,
+        "result_backend_transport_options": options,
+        "result_expires": settings.job_time_limit + 600,
     }
 
 
@@ -72,7 +102,6 @@ def create_celery(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
-        result_backend=None,
         task_ignore_result=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -95,6 +124,7 @@ def create_celery(settings: Settings) -> Celery:
         broker_transport_options=transport_options(settings),
         worker_hijack_root_logger=False,
         enable_utc=True,
+        **result_backend(settings),
     )
     return app
 

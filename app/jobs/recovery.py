@@ -23,6 +23,8 @@ A worker looks for them before it takes its first task, then every half lease
   of the embedded mode: :func:`app.worker.redelivers`), a worker that starts also takes
   for an orphan an active job nobody holds: the worker that took its message may have
   died before it claimed the job;
+* a sharded job one of whose shards was claimed by a process that died (its round's
+  unfinished shards are sent again, :mod:`app.jobs.shards`);
 * but never a job a message of which waits in the broker, where the broker can tell
   (:func:`app.worker.waiting_task_ids`: the SQL transport): a worker will take it.
 
@@ -211,8 +213,18 @@ def is_orphan(
     if waiting is not None and not waiting.isdisjoint(job.task_ids):
         return False  # a worker will take the job's task
     if job.worker_id is None:
-        return unheld
+        return unheld or shard_died(session, job, now)
     return not alive(session, job.worker_id, now)
+
+
+def shard_died(session: Session, job: Job, now: datetime | None = None) -> bool:
+    """Whether a shard of the (sharded) job was claimed by a process that died before
+    storing it (:mod:`app.jobs.shards`): its sequences task, sent again, sends the
+    round's unfinished shards again."""
+    return any(
+        not alive(session, holder, now)
+        for holder in repository.running_shard_holders(session, job.id)
+    )
 
 
 def recover(

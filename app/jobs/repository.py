@@ -1,4 +1,5 @@
-"""SQL for jobs, their keyphrase sequences (or released texts) and method checkpoints."""
+"""SQL for jobs, their keyphrase sequences (or released texts), method checkpoints and
+the shards of sharded jobs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app.db import add_row, first_row
-from app.models import Job, JobCheckpoint, KeyphraseSequence, PromptRecord, Worker
+from app.models import (
+    Job,
+    JobCheckpoint,
+    JobShard,
+    JobShardPlan,
+    JobShardRound,
+    KeyphraseSequence,
+    PromptRecord,
+    Worker,
+)
 
 ACTIVE_STATES = ("queued", "running")
 
@@ -197,3 +207,56 @@ def prompt_log_page(
 def count_checkpoints(session: Session, job_id: uuid.UUID) -> int:
     query = select(func.count()).select_from(JobCheckpoint).where(JobCheckpoint.job_id == job_id)
     return int(session.scalar(query) or 0)
+
+
+def shard_plan(session: Session, job_id: uuid.UUID) -> JobShardPlan | None:
+    return session.get(JobShardPlan, job_id)
+
+
+def add_shard_plan(session: Session, plan: JobShardPlan) -> JobShardPlan:
+    return add_row(session, plan)
+
+
+def shards_of_round(session: Session, job_id: uuid.UUID, round_name: str) -> Sequence[JobShard]:
+    query = (
+        select(JobShard)
+        .where(JobShard.job_id == job_id, JobShard.round == round_name)
+        .order_by(JobShard.shard)
+    )
+    return session.scalars(query.execution_options(populate_existing=True)).all()
+
+
+def shards_of_job(session: Session, job_id: uuid.UUID) -> Sequence[JobShard]:
+    query = select(JobShard).where(JobShard.job_id == job_id)
+    return session.scalars(query.order_by(JobShard.round, JobShard.shard)).all()
+
+
+def get_shard(
+    session: Session, job_id: uuid.UUID, round_name: str, shard: int, *, for_update: bool = False
+) -> JobShard | None:
+    query = select(JobShard).where(
+        JobShard.job_id == job_id, JobShard.round == round_name, JobShard.shard == shard
+    )
+    return first_row(session, query, for_update=for_update)
+
+
+def add_shards(session: Session, job_id: uuid.UUID, round_name: str, count: int) -> None:
+    for shard in range(count):
+        session.add(JobShard(job_id=job_id, round=round_name, shard=shard, state="pending"))
+    session.flush()
+
+
+def shard_round(session: Session, job_id: uuid.UUID, round_name: str) -> JobShardRound | None:
+    return session.get(JobShardRound, (job_id, round_name))
+
+
+def add_shard_round(session: Session, job_id: uuid.UUID, round_name: str, sealed: bytes) -> None:
+    add_row(session, JobShardRound(job_id=job_id, round=round_name, sealed=sealed))
+
+
+def running_shard_holders(session: Session, job_id: uuid.UUID) -> list[str]:
+    """The processes that claimed a shard of the job that is not stored yet."""
+    query = select(JobShard.worker_id).where(
+        JobShard.job_id == job_id, JobShard.state == "running", JobShard.worker_id.is_not(None)
+    )
+    return [holder for holder in session.scalars(query) if holder is not None]

@@ -28,7 +28,7 @@ is decrypted.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,28 @@ def _held_job(session: Session, job_id: uuid.UUID) -> Job:
     job = _job(session, job_id, lock=True)
     _check_holder(session, job)
     return job
+
+
+def held_job(session: Session, job_id: uuid.UUID) -> Job:
+    """The job, locked, unless another live process holds it (:class:`LeaseLost`): for
+    the sharded stages (:mod:`app.jobs.shards`), which write as the job's holder."""
+    return _held_job(session, job_id)
+
+
+def shard_stop_reason(session: Session, job: Job) -> str | None:
+    """Why a shard of ``job`` must not read or write (None: it may go on): the job is not
+    running, was asked to stop, has its sequences saved, or its spend is not committed.
+    A shard does not hold the job: this, and its claim on its own row, is what lets it
+    write (:mod:`app.jobs.shards`)."""
+    if job.state != "running":
+        return job.state
+    if job.cancel_requested:
+        return "cancelled"
+    if job.sequences_total > 0:
+        return "saved"
+    if ledger.job_budget_state(session, job.id) != "committed":
+        return "uncharged"
+    return None
 
 
 def _check_holder(session: Session, job: Job) -> None:
@@ -172,10 +194,16 @@ def start_sequences(
 
 
 def private_documents(
-    session: Session, cipher: DocumentCipher, job_id: uuid.UUID
+    session: Session,
+    cipher: DocumentCipher,
+    job_id: uuid.UUID,
+    *,
+    keep: Callable[[int, str | None], bool] | None = None,
 ) -> Iterator[tuple[str, str, str | None]]:
     """``(text, label, unit)`` of the job's dataset, in row order, decrypted one at a
-    time (``unit`` is None unless the upload named a unit column).
+    time (``unit`` is None unless the upload named a unit column). With ``keep``, only
+    the rows for which ``keep(row, unit)`` holds (``row``: the upload's 1-based data row),
+    the others skipped before their text is decrypted (a shard's rows).
 
     Refuses (:class:`Conflict`) unless the job's spend is committed: no private read is
     ever uncharged. The text must stay in the worker's memory: never log, persist or
@@ -186,6 +214,14 @@ def private_documents(
         raise Conflict("the job's budget is not committed: it may not read private data")
     key = cipher.dataset_key(job.dataset_id)
     for document in datasets_repo.iter_documents(session, job.dataset_id):
+        sealed_unit = document.unit
+        unit = (
+            None
+            if sealed_unit is None
+            else key.open_unit(document.dataset_id, document.row, document.key_id, sealed_unit)
+        )
+        if keep is not None and not keep(document.row, unit):
+            continue
         text, label = key.open(
             document.dataset_id,
             document.row,
@@ -193,16 +229,7 @@ def private_documents(
             document.nonce,
             document.ciphertext,
         )
-        sealed_unit = document.unit
-        yield (
-            text,
-            label,
-            (
-                None
-                if sealed_unit is None
-                else key.open_unit(document.dataset_id, document.row, document.key_id, sealed_unit)
-            ),
-        )
+        yield text, label, unit
 
 
 def report_progress(session: Session, job_id: uuid.UUID, stage: str, fraction: float) -> None:

@@ -580,6 +580,33 @@ class JobStage(BaseModel):
     )
 
 
+class ShardOut(BaseModel):
+    """One shard of one round of a sharded job (the owner's view)."""
+
+    shard: int = Field(description="the shard's number, 0 to count - 1")
+    state: Literal["pending", "running", "done"] = Field(
+        description="pending (sent), running (a worker process claimed it), done (stored)"
+    )
+    attempts: int = Field(description="how often a worker process claimed it (a retry adds 1)")
+    finished_at: datetime | None = Field(description="when its part was stored (UTC)")
+
+
+class ShardRoundOut(BaseModel):
+    """One round of a sharded job: its shards' maps, then one reduce that adds the noise."""
+
+    name: str = Field(description="the round (public: counts, sums)")
+    reduced: bool = Field(description="whether the round's release (its noise) is drawn")
+    done: int = Field(description="its shards stored so far")
+    shards: list[ShardOut] = Field(description="each shard's state (empty until it is sent)")
+
+
+class JobShardsOut(BaseModel):
+    """How a sharded job's private stages are split (the owner's view)."""
+
+    count: int = Field(description="the number of shards (the server's KEYSEED_JOB_SHARDS)")
+    rounds: list[ShardRoundOut] = Field(description="the engine's rounds, in order")
+
+
 class JobOut(BaseModel):
     model_config = with_examples(
         {
@@ -658,6 +685,12 @@ class JobOut(BaseModel):
     )
     cancel_requested: bool = Field(
         description="A cancel was asked and the worker will stop at its next check"
+    )
+    shards: JobShardsOut | None = Field(
+        default=None,
+        description="A sharded job's shards, round by round (issue 65): to the owning "
+        "organisation only (when a shard ends depends on its rows); null for others and "
+        "for a job that runs whole",
     )
     counts: JobCounts = Field(description="What the job made so far")
     llm_costs: JobLLMCosts = Field(description="The job's LLM work")

@@ -30,7 +30,10 @@ from app.jobs.schemas import (
     JobError,
     JobLLMCosts,
     JobOut,
+    JobShardsOut,
     JobStage,
+    ShardOut,
+    ShardRoundOut,
 )
 from app.jobs.verdict import noise_std, verdict
 from app.ledger import amounts, audit
@@ -513,6 +516,37 @@ def is_owner(principal: Principal, job: Job) -> bool:
     return principal.organisation_id == job.organisation_id
 
 
+def shard_view(session: Session, job: Job) -> JobShardsOut | None:
+    """The owner's view of a sharded job's shards (:mod:`app.jobs.shards`; None for a
+    job that runs whole): per round, each shard's state, attempts and end time. For the
+    owner only: when a shard ends depends on its rows."""
+    plan = repository.shard_plan(session, job.id)
+    if plan is None:
+        return None
+    by_round: dict[str, list[ShardOut]] = {}
+    for row in repository.shards_of_job(session, job.id):
+        by_round.setdefault(row.round, []).append(
+            ShardOut(
+                shard=row.shard,
+                state=row.state,  # type: ignore[arg-type]
+                attempts=row.attempts,
+                finished_at=row.finished_at,
+            )
+        )
+    return JobShardsOut(
+        count=plan.shards,
+        rounds=[
+            ShardRoundOut(
+                name=name,
+                reduced=repository.shard_round(session, job.id, name) is not None,
+                done=sum(1 for shard in by_round.get(name, []) if shard.state == "done"),
+                shards=by_round.get(name, []),
+            )
+            for name in plan.rounds
+        ],
+    )
+
+
 def to_out(session: Session, job: Job, viewer: Principal) -> JobOut:
     """The job as ``viewer`` sees it: its owning organisation sees every time stamp,
     others none that could time the private stages (docs/privacy.md)."""
@@ -528,6 +562,7 @@ def to_out(session: Session, job: Job, viewer: Principal) -> JobOut:
         progress=job.progress,
         current_stage=current_stage(job, owner=owner),
         cancel_requested=job.cancel_requested,
+        shards=shard_view(session, job) if owner else None,
         counts=JobCounts(
             sequences=job.sequences_total,
             sequences_drawn=sequences_drawn(job),

@@ -70,6 +70,7 @@ from workers.llm.client import LLMCosts
 from workers.methods.checkpoints import check_key
 from workers.methods.dpkps import prompting
 from workers.methods.dpkps.prompting import DEFAULT_TEMPLATE, PromptOutcome, PromptSpec
+from workers.methods.outcome import RunOutcome
 from workers.methods.progress import Stage, stage_number
 from workers.methods.registry import METHODS, Method
 from workers.privacy.audit import CanarySet, make_canaries
@@ -421,8 +422,17 @@ def run_sequences(ctx: WorkerContext, job_id: uuid.UUID) -> str:
         restarted=started.restarted,
     )
     tracker = StageTracker(ctx, job_id, runner.stages_of(started.spec))
+    return guarded(ctx, job_id, tracker, lambda: _sequences(ctx, started, tracker))
+
+
+def guarded(
+    ctx: WorkerContext, job_id: uuid.UUID, tracker: StageTracker, body: Callable[[], str]
+) -> str:
+    """Run ``body`` (a part of the private stages, its progress reported to ``tracker``)
+    and turn what stops it into the job's end: cancelled, lost, failed (logged without
+    the text of an exception)."""
     try:
-        return _sequences(ctx, started, tracker)
+        return body()
     except JobCancelled:
         log.info("job.cancelled", job_id=str(job_id), stage=tracker.stage)
         return _end("cancelled")
@@ -468,6 +478,10 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
     method = METHODS[spec.method]
     settings, job_id = ctx.settings, started.job_id
     params: Any = spec.params()
+    from app.jobs import shards  # it builds on this module
+
+    if shards.runs_sharded(ctx, spec, params, started.labels):
+        return shards.coordinate(ctx, started, tracker)
     if method.writes_texts:
         concurrency = min(params.concurrency, llm.concurrency(settings, spec.llm))
         params = params.model_copy(update={"concurrency": concurrency})
@@ -526,6 +540,20 @@ def _sequences(ctx: WorkerContext, started: runner.StartedJob, tracker: StageTra
             manifest, started, corpus if done else None, outcome.released(), params.seed
         )
         del corpus
+    return save_outcome(ctx, job_id, spec, outcome, manifest, done=done)
+
+
+def save_outcome(
+    ctx: WorkerContext,
+    job_id: uuid.UUID,
+    spec: AnySpec,
+    outcome: RunOutcome,
+    manifest: dict[str, Any],
+    *,
+    done: bool,
+) -> str:
+    """Save a run's releases (DP outputs) with its public manifest, unless the job was
+    cancelled meanwhile; the job is done, or its prompting stage is queued."""
     try:
         with ctx.database.transaction() as session:
             if runner.cancel_requested(session, job_id):

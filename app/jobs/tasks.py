@@ -1,5 +1,6 @@
 """The Celery tasks of a job. Their names are the wire format (see :mod:`app.worker`);
-their only argument is the job id, and everything else is read from the database.
+their arguments are ids (the job's; a sharded job's round name and shard number), and
+everything else is read from the database.
 
 Both tasks acknowledge late: a task whose worker dies goes back on its queue. What a
 second delivery does is decided by the job's state (:mod:`app.jobs.runner`): the
@@ -28,8 +29,16 @@ from celery import signals
 
 from app.config import get_settings
 from app.db import Database
-from app.jobs import recovery, stages
-from app.worker import RUN_PROMPTS, RUN_SEQUENCES, celery_app, redelivers, waiting_task_ids
+from app.jobs import recovery, shards, stages
+from app.worker import (
+    MAP_SHARD,
+    REDUCE_ROUND,
+    RUN_PROMPTS,
+    RUN_SEQUENCES,
+    celery_app,
+    redelivers,
+    waiting_task_ids,
+)
 
 log = structlog.get_logger("keyseed.jobs")
 _context: stages.WorkerContext | None = None
@@ -105,7 +114,27 @@ def run_prompts(job_id: str) -> str:
     return _run(stages.run_prompts, job_id)
 
 
+def map_shard(job_id: str, round_name: str, shard: int) -> str:
+    """One shard of a sharded job's round (:mod:`app.jobs.shards`): its rows streamed,
+    its raw aggregate stored sealed. Returns a status word, never the aggregate."""
+    if not isinstance(round_name, str) or not isinstance(shard, int) or isinstance(shard, bool):
+        log.error("task.bad_argument", expected="a job id, a round name, a shard number")
+        return "bad_argument"
+    return _run(lambda ctx, job: shards.map_shard(ctx, job, round_name, shard), job_id)
+
+
+def reduce_round(job_id: str, round_name: str) -> str:
+    """A round of a sharded job reduced (its noise drawn once), then the next round or
+    the run's end (:mod:`app.jobs.shards`)."""
+    if not isinstance(round_name, str):
+        log.error("task.bad_argument", expected="a job id and a round name")
+        return "bad_argument"
+    return _run(lambda ctx, job: shards.reduce_round(ctx, job, round_name), job_id)
+
+
 # The Celery tasks (the functions above stay plain functions, callable in-process).
 _OPTIONS: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True}
 sequences_task = celery_app.task(name=RUN_SEQUENCES, **_OPTIONS)(run_sequences)
 prompts_task = celery_app.task(name=RUN_PROMPTS, **_OPTIONS)(run_prompts)
+map_task = celery_app.task(name=MAP_SHARD, **_OPTIONS)(map_shard)
+reduce_task = celery_app.task(name=REDUCE_ROUND, **_OPTIONS)(reduce_round)

@@ -31,7 +31,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -45,11 +45,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.config import LLMEndpointSettings, Settings
 from app.jobs import stages
 from app.jobs.stages import WorkerContext
-from app.models import utcnow
+from app.models import Job, utcnow
 from tests.dashboard.factories import person, sign_in
 from tests.fake_llm import FakeLLM
 from tests.service import factories
+from tests.service.test_sharded_jobs import drive, prefix, sharded
 from tests.service.test_worker import vocabulary
+
+__all__ = ["prefix", "sharded"]  # the sharded worker's fixtures
 
 LABELS = ("cardio", "ortho")
 SPEC: dict[str, Any] = {
@@ -315,14 +318,18 @@ def _flow(
     vocabulary_id: str,
     dashboards: dict[str, TestClient],
     spec: dict[str, Any] = SPEC,
+    *,
+    run: Callable[[WorkerContext, uuid.UUID], str] = stages.run_sequences,
+    upload: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Upload ``rows``, run a job on them to a release, and record what others see."""
+    """Upload ``rows`` (with the form fields ``upload``), run a job on them to a release
+    (its private stages by ``run``), and record what others see."""
     metrics_before = _metrics(client, world)
     mark = _last_event(client, world)
     record: dict[str, Any] = {}
 
     dataset_id = factories.dataset(
-        client, world.owner, content=factories.csv_bytes(rows), labels=labels
+        client, world.owner, content=factories.csv_bytes(rows), labels=labels, **(upload or {})
     )
     job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **spec)
     job_path = f"/v1/jobs/{job_id}"
@@ -330,7 +337,7 @@ def _flow(
     progress: list[dict[str, Any]] = []
     worker.stage_hooks.append(lambda *_: progress.append(_views(client, world, [job_path])))
     started = utcnow()
-    record["sequences stage"] = stages.run_sequences(worker, uuid.UUID(job_id))
+    record["sequences stage"] = run(worker, uuid.UUID(job_id))
     worker.stage_hooks.clear()
     record["at every progress write"] = progress
     record["after the sequences stage"] = _views(client, world, [job_path])
@@ -627,3 +634,65 @@ def test_a_job_with_a_holdout_looks_alike_to_everyone_but_its_owner(
     assert shown["epsilon"] == 0.5 + 0.5 and shown["fraction"] == 0.5
     differing = [key for key in reports[0] if reports[0][key] != reports[1].get(key)]
     assert differing == [], _first_differences(reports[0], reports[1], differing)
+
+
+# -- a sharded job (issue 65) -------------------------------------------------------------
+
+SHARDED = {
+    **SPEC,
+    "kde_method": "centroid",
+    "noise": "gaussian",
+    "epsilon": 1.0,
+    "delta": 1e-6,
+    "epsilon_vocab": None,
+    "epsilon_kde": None,
+    # without it the number of sequences kept is a DP output (the filter's share)
+    "consistency_filter": False,
+}
+
+
+def _sharded_run(ctx: WorkerContext, job_id: uuid.UUID) -> str:
+    """The sequences task of a sharded job, then its chords as a worker runs them."""
+    first = stages.run_sequences(ctx, job_id)
+    drive(ctx)
+    with ctx.database.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return f"{first}, then {job.state} at {job.stage}"
+
+
+@pytest.mark.parametrize("case", ["one added row in a large class", "a row with a new label"])
+def test_a_sharded_job_looks_alike_to_everyone_but_its_owner(
+    case: str,
+    client: TestClient,
+    world: factories.World,
+    sharded: WorkerContext,
+    db: Any,
+) -> None:
+    """A job split in 3 shards (its canaries among them): what others see, its shards
+    included (nothing), is the same on neighbouring uploads; the owner sees each shard."""
+    rows, neighbour, labels = CASES[case]
+    vocabulary_id = vocabulary(client, world.owner)
+    dashboards = dashboard_browsers(client.app, db)
+    flows = [
+        _flow(
+            client,
+            world,
+            sharded,
+            r,
+            labels,
+            vocabulary_id,
+            dashboards,
+            SHARDED,
+            run=_sharded_run,
+            upload={"delta_cap": "1e-5"},
+        )
+        for r in (rows, neighbour)
+    ]
+    one, other = flows
+    assert one["sequences stage"] == "mapping, then running at prompts", one
+    assert one["prompts stage"] == "succeeded", one
+    end = one["the end"]["admin GET /v1/jobs/<id 0>"][1]
+    assert end["shards"] is None
+    differing = [key for key in one if one[key] != other.get(key)]
+    assert differing == [], _first_differences(one, other, differing)
