@@ -305,20 +305,12 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"**Speed-up at concurrency 8: {speedup:.2f}×** (target ≥ {TARGET:g}×: {verdict}).",
         "",
-        "**(c) One core kept busy by another process**, concurrency 8, one run each:",
-        "",
-        "| server | calls/s | p50 (ms) | server CPU ms/call |",
-        "|---|---:|---:|---:|",
-        *(
-            f"| {name} | {s['busy_core']['calls_per_s']:.2f} | {s['busy_core']['p50_ms']:.0f} "
-            f"| {s['busy_core']['server_cpu_ms_per_call']:.0f} |"
-            for name, s in (("old", old), ("new", new))
-        ),
-        "",
-        f"Speed-up with a busy core: {local['speedup_c8_busy_core']:.2f}×. (Before the new "
-        "server gave way to other processes, two threads on one free core ran 2.3-2.8 "
-        "calls/s in the same test, fewer than one thread.)",
-        "",
+        f"**(c) One core kept busy by another process**, concurrency 8, one run each: old "
+        f"{old['busy_core']['calls_per_s']:.2f} calls/s (p50 {old['busy_core']['p50_ms']:.0f} "
+        f"ms), new {new['busy_core']['calls_per_s']:.2f} (p50 {new['busy_core']['p50_ms']:.0f} "
+        f"ms): {local['speedup_c8_busy_core']:.2f}×. (Before the new server gave way to other "
+        "processes, two threads on one free core ran 2.3-2.8 calls/s in the same test, fewer "
+        "than one thread.) "
         f"Server CPU per call at concurrency 8: old {old_cpu:.0f} ms, new {new_cpu:.0f} ms "
         f"({old_cpu / new_cpu:.2f}× less work per call), which the new server spreads over "
         f"{new['threads']} thread(s) where the old one runs on one. "

@@ -180,7 +180,8 @@ def _verdict(r: dict[str, Any]) -> list[str]:
         words.append(
             f"at {largest['documents']:,} documents {path} takes {e['cpu_ratio']}× (target "
             f"≤ 2×) with a peak RSS of {e['peak_rss_mb']:,} MB (target ≤ 1,500 MB, flat): "
-            "the corpus is still read whole, not streamed shard by shard."
+            "`keyseed generate` still reads the corpus whole (a service job of this "
+            "configuration streams it, shard by shard: below)."
         )
     return [" ".join(words)]
 

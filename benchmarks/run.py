@@ -31,6 +31,7 @@ SECTIONS = (
     "bench_prompting",
     "bench_methods",
     "bench_scale",
+    "bench_shards",
     "bench_ingest",
     "bench_load",
     "bench_download",
@@ -46,6 +47,7 @@ LAYOUT: tuple[tuple[str, str] | str, ...] = (
     ("bench_prompting", "markdown"),
     "## Scale\n",
     ("bench_scale", "markdown"),
+    ("bench_shards", "markdown"),
     ("bench_ingest", "markdown"),
     ("bench_load", "markdown"),
     ("bench_download", "markdown"),
@@ -85,9 +87,9 @@ def defaults_index() -> str:
     lines = [
         "## How the defaults were chosen",
         "",
-        "Each default was set by a tuning study on splits that are never reported (AG tune and",
-        "tuning splits of Yelp, OHSUMED and the 20 Newsgroups); each study is a dated note,",
-        "moved unabridged from earlier versions of this file. The notes that changed a default:",
+        "Each default was set by a tuning study on splits that are never reported (AG tune and "
+        "tuning splits of Yelp, OHSUMED and the 20 Newsgroups), each a dated note (moved",
+        "unabridged from earlier versions of this file). The notes that changed a default:",
         "",
     ]
     lines += [
