@@ -154,6 +154,23 @@ def drive(
             run_task(ctx, body["task"], body["args"])
 
 
+def mapping(
+    client: TestClient,
+    world: factories.World,
+    ctx: WorkerContext,
+    count: int,
+    *,
+    units: bool = False,
+) -> tuple[str, str]:
+    """A dataset of ``count`` rows and a job of :data:`SPEC` on it, started by ``ctx``:
+    its spend committed and its shards sent (``mapping``). Returns their ids."""
+    vocabulary_id = vocabulary(client, world.owner)
+    dataset_id = upload(client, world, count, units=units)
+    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    assert stages.run_sequences(ctx, uuid.UUID(job_id)) == "mapping"
+    return dataset_id, job_id
+
+
 def row(db: Database, job_id: str) -> Job:
     with db.session() as session:
         job = session.get(Job, uuid.UUID(job_id))
@@ -249,10 +266,7 @@ def test_one_shard_the_default_runs_the_same_map_and_reduce(
 ) -> None:
     settings = sharded.settings.model_copy(update={"job_shards": 1})
     ctx = WorkerContext(settings, sharded.database, sharded.cipher)
-    vocabulary_id = vocabulary(client, world.owner)
-    dataset_id = upload(client, world, 12)
-    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
-    assert stages.run_sequences(ctx, uuid.UUID(job_id)) == "mapping"
+    _, job_id = mapping(client, world, ctx, 12)
     assert drive(ctx) == [(MAP_SHARD, [job_id, "sums", 0]), (REDUCE_ROUND, [job_id, "sums"])]
     done = row(db, job_id)
     assert done.state == "succeeded" and done.manifest["shards"] == 1
@@ -264,11 +278,8 @@ def test_a_redelivered_shard_or_reduce_does_nothing_and_a_restart_charges_once(
     sharded: WorkerContext,
     db: Database,
 ) -> None:
-    vocabulary_id = vocabulary(client, world.owner)
-    dataset_id = upload(client, world, 24, units=True)
-    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    dataset_id, job_id = mapping(client, world, sharded, 24, units=True)
     job = uuid.UUID(job_id)
-    assert stages.run_sequences(sharded, job) == "mapping"
     assert shards.map_shard(sharded, job, "sums", 0) == "stored"
     assert shards.map_shard(sharded, job, "sums", 0) == "done"  # redelivered: nothing
     # the chord's body before the other shards: it waits (and releases the job)
@@ -307,11 +318,8 @@ def test_a_cancel_stops_the_shards_and_a_cancelled_jobs_shards_do_nothing(
     sharded: WorkerContext,
     db: Database,
 ) -> None:
-    vocabulary_id = vocabulary(client, world.owner)
-    dataset_id = upload(client, world, 40)
-    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    dataset_id, job_id = mapping(client, world, sharded, 40)
     job = uuid.UUID(job_id)
-    assert stages.run_sequences(sharded, job) == "mapping"
     # the maps do not hold the job: a cancel ends it at once
     cancelled = client.post(f"/v1/jobs/{job_id}/cancel", headers=world.owner.headers)
     assert cancelled.status_code in (200, 202), cancelled.text
@@ -329,11 +337,8 @@ def test_a_map_stops_at_its_next_check_once_the_job_is_cancelled(
     sharded: WorkerContext,
     db: Database,
 ) -> None:
-    vocabulary_id = vocabulary(client, world.owner)
-    dataset_id = upload(client, world, 40)
-    job_id = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    _, job_id = mapping(client, world, sharded, 40)
     job = uuid.UUID(job_id)
-    assert stages.run_sequences(sharded, job) == "mapping"
     ticker = shards._Ticker(sharded, job, "sums", 0)
     with sharded.database.transaction() as session:  # claimed by this process
         part = session.get(JobShard, (job, "sums", 0))
