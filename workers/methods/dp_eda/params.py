@@ -28,21 +28,21 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from workers.errors import ConfigError
-from workers.methods.common import MethodParams, max_tokens_field, temperature_field
+from workers.methods.common import (
+    MethodParams,
+    max_tokens_field,
+    share_field,
+    temperature_field,
+)
 
 
 class DPEDAParams(MethodParams):
     """The job's DP-EDA parameters (module docstring); frozen once validated."""
 
-    ld_delta_share: float = Field(
-        description=(
-            "The share of delta spent outright by the T LimitedDomain restrictions (δ·share/T "
-            "each); the rest is the δ at which the Gumbel selections are composed. Default 0.5, >"
-            " 0 to < 1"
-        ),
-        default=0.5,
-        gt=0.0,
-        lt=1.0,
+    ld_delta_share: float = share_field(
+        "The share of delta spent outright by the T LimitedDomain restrictions (δ·share/T "
+        "each); the rest is the δ at which the Gumbel selections are composed",
+        0.5,
     )
     adjacency: Literal["add_remove", "replace_one"] = Field(
         default="add_remove",
