@@ -8,6 +8,7 @@
   public manifest, its LLM costs);
 * :func:`check_label_set`, :func:`check_units`, :func:`check_inputs`: the input checks
   made before any private read (errors name rows, never ids or text);
+* :func:`cached_plan`: a method's ``noise_plan`` (its releases, from public inputs);
 * :func:`checkpoint_json`, :func:`run_identity`, :func:`claim_checkpoints`,
   :func:`save_costs`, :func:`load_costs`: how a run writes its checkpoints and refuses
   another run's;
@@ -21,7 +22,8 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -146,6 +148,25 @@ def check_label_set(label_set: Sequence[str]) -> tuple[str, ...]:
     if len(set(labels)) != len(labels):
         raise ConfigError("the label set repeats a label", field="labels")
     return labels
+
+
+ParamsT = TypeVar("ParamsT", bound=MethodParams)
+PlanT = TypeVar("PlanT")
+
+
+def cached_plan(
+    build: Callable[[ParamsT, tuple[str, ...]], PlanT],
+) -> Callable[[ParamsT, Sequence[str]], PlanT]:
+    """A method's ``noise_plan(params, label_set)``: ``build``, its plan from its
+    parameters and declared labels, on the label set :func:`check_label_set` checks,
+    computed once per parameters and labels (the last 32 asked for are kept)."""
+    cached = lru_cache(maxsize=32)(build)
+
+    def noise_plan(params: ParamsT, label_set: Sequence[str]) -> PlanT:
+        return cached(params, check_label_set(label_set))
+
+    noise_plan.__doc__ = build.__doc__
+    return noise_plan
 
 
 def check_units(units: Sequence[str], documents: int) -> None:

@@ -36,12 +36,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from workers.errors import ConfigError
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.class_counts import ClassCounts
-from workers.methods.common import check_label_set
+from workers.methods.common import cached_plan
 from workers.privacy.calibration import GaussianRelease, check_calibrated
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import release_event
@@ -82,13 +81,9 @@ def plan_aug_pe(params: AugPEParams, label_set: Sequence[str]) -> list[PrivacyEv
     return list(noise_plan(params, label_set).events)
 
 
-def noise_plan(params: AugPEParams, label_set: Sequence[str]) -> NoisePlan:
+@cached_plan
+def noise_plan(params: AugPEParams, labels: tuple[str, ...]) -> NoisePlan:
     """σ and σ_c for the run (module docstring) and the events they make."""
-    return _noise_plan(params, check_label_set(label_set))
-
-
-@lru_cache(maxsize=32)
-def _noise_plan(params: AugPEParams, labels: tuple[str, ...]) -> NoisePlan:
     iterations = params.iterations
     dimensions = [params.candidates(t) for t in range(1, iterations + 1)]
     # The sensitivity OpenDP certifies grows with the dimension (lattice rounding); the

@@ -32,10 +32,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from workers.methods.class_counts import ClassCounts
-from workers.methods.common import check_label_set
+from workers.methods.common import cached_plan
 from workers.methods.pate_tutor.params import PateTutorParams
 from workers.privacy.calibration import GaussianRelease, check_calibrated
 from workers.privacy.events import PrivacyEvent
@@ -73,13 +72,9 @@ def plan_pate_tutor(params: PateTutorParams, label_set: Sequence[str]) -> list[P
     return list(noise_plan(params, label_set).events)
 
 
-def noise_plan(params: PateTutorParams, label_set: Sequence[str]) -> NoisePlan:
+@cached_plan
+def noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
     """σ_KD and σ_t for the run (module docstring) and the events they make."""
-    return _noise_plan(params, check_label_set(label_set))
-
-
-@lru_cache(maxsize=32)
-def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
     # The sensitivity OpenDP certifies for a vector includes its lattice rounding; the
     # scale does not matter for it.
     certified = vote_release(1.0, 1).sensitivity
