@@ -3,7 +3,8 @@
 * :class:`MethodParams`: the parameters every LLM method takes (public document type,
   total (ε, δ), the client's concurrency, the public seed), validated strictly, and
 :func:`max_tokens_field`, :func:`temperature_field`: the sampling parameters each
-  method declares with its own default, and :func:`share_field`, a share of its budget;
+  method declares with its own default, :func:`share_field`, a share of its budget, and
+  :func:`bounded_field`, any parameter whose description ends with its default and bounds;
 * :class:`MethodResult`: what a run releases (records, the events of its releases, a
   public manifest, its LLM costs);
 * :func:`check_label_set`, :func:`check_units`, :func:`check_inputs`: the input checks
@@ -104,28 +105,28 @@ class MethodParams(BaseModel):
         return self.model_dump(mode="json")
 
 
-def _field(what: str, default: float, bounds: str, **limits: Any) -> Any:
+def bounded_field(what: str, default: float, bounds: str, **limits: Any) -> Any:
     """A method's parameter described as ``what``, then its default and its ``bounds``
     in words (``limits``, as pydantic checks them)."""
-    return Field(description=f"{what}. Default {default:g}, {bounds}", default=default, **limits)
+    return Field(description=f"{what}. Default {default:,g}, {bounds}", default=default, **limits)
 
 
 def max_tokens_field(default: int) -> Any:
     """A method's ``max_tokens`` parameter, with the method's default."""
-    return _field(
+    return bounded_field(
         "The most tokens the LLM writes per call", default, "8 to 32,768", ge=8, le=32_768
     )
 
 
 def temperature_field(default: float) -> Any:
     """A method's ``temperature`` parameter, with the method's default."""
-    return _field("The LLM's sampling temperature", default, "0 to 2", ge=0.0, le=2.0)
+    return bounded_field("The LLM's sampling temperature", default, "0 to 2", ge=0.0, le=2.0)
 
 
 def share_field(what: str, default: float) -> Any:
     """A share of the run's budget (``what``), strictly between 0 and 1, with the
     method's default."""
-    return _field(what, default, "> 0 to < 1", gt=0.0, lt=1.0)
+    return bounded_field(what, default, "> 0 to < 1", gt=0.0, lt=1.0)
 
 
 @dataclass
