@@ -264,20 +264,27 @@ class Harness:
             **_costs(costs),
         }
 
+    def _llm_params(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
+        """The parameters every LLM method takes alike: the corpus's document type, the
+        budget, the sampling settings and the seed."""
+        return {
+            "document_type": data.document_type,
+            "epsilon": epsilon,
+            "delta": delta,
+            "max_tokens": self.sizes.max_tokens,
+            "concurrency": self.sizes.concurrency,
+            "seed": SEED,
+        }
+
     def aug_pe(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
         s = self.sizes
         params = AugPEParams(
-            document_type=data.document_type,
-            epsilon=epsilon,
-            delta=delta,
+            **self._llm_params(data, epsilon, delta),
             iterations=s.iterations,
             population=s.population,
             num_released=s.released,
             initial_variation_folds=s.initial_folds,
             variation_folds=s.folds,
-            max_tokens=s.max_tokens,
-            concurrency=s.concurrency,
-            seed=SEED,
         )
         row = self._llm_method("aug-pe", data, params)
         row["histogram_sigma"] = row["noise"]["histogram_sigma"]
@@ -316,17 +323,12 @@ class Harness:
     def pate_tutor(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
         s = self.sizes
         params = PateTutorParams(
-            document_type=data.document_type,
-            epsilon=epsilon,
-            delta=delta,
+            **self._llm_params(data, epsilon, delta),
             teachers=s.teachers,
             queries=s.queries,
             negatives=s.negatives,
             candidates=s.candidates,
             num_released=s.released,
-            max_tokens=s.max_tokens,
-            concurrency=s.concurrency,
-            seed=SEED,
         )
         return self._llm_method("pate-tutor", data, params)
 
@@ -334,17 +336,12 @@ class Harness:
         s = self.sizes
         parents = max(2, s.released // len(data.labels))  # at most k released per class
         params = DPEDAParams(
-            document_type=data.document_type,
-            epsilon=epsilon,
-            delta=delta,
+            **self._llm_params(data, epsilon, delta),
             iterations=s.eda_iterations,
             domain=max(s.eda_domain, parents),
             parents=parents,
             initial_population=s.eda_initial,
             offspring=s.eda_offspring,
-            max_tokens=s.max_tokens,
-            concurrency=s.concurrency,
-            seed=SEED,
         )
         return self._llm_method(
             "dp-eda", data, params, vocabulary=self.vocabulary, cache=self.cache
