@@ -39,6 +39,14 @@ CLAIMED = 1.0
 CANARIES = 64
 COPIES = 100  # DP-EDA: copies of the news corpus, enough votes for LimitedDomain at ε = 1
 WORD = re.compile(r"[a-z]{3,}")
+# what every method's run here takes alike: news articles, the claimed ε, δ, the LLM calls
+RUN: dict[str, Any] = {
+    "document_type": "news article",
+    "epsilon": CLAIMED,
+    "delta": 1e-5,
+    "concurrency": 8,
+    "max_tokens": 16,
+}
 
 
 def _pool() -> list[str]:
@@ -147,16 +155,12 @@ def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
     the news corpus with 64 canaries of ``words`` added by their coins, and its audit."""
     canaries, documents, labels = _input(words)
     params = AugPEParams(
-        document_type="news article",
-        epsilon=CLAIMED,
-        delta=1e-5,
+        **RUN,
         iterations=1,
         population=800,
         initial_variation_folds=0,
         num_released=120,
         nearest_neighbors=3,
-        concurrency=8,
-        max_tokens=16,
     )
     result = _run(run_aug_pe, documents, labels, params, news.LABEL_SET, llm, embedder)
     return _audit(canaries, result)
@@ -235,16 +239,12 @@ def _pate_audit(
     if monkeypatch is not None:
         _leaky_prompts(monkeypatch, pate_runner, "random_messages", documents, labels)
     params = PateTutorParams(
-        document_type="news article",
-        epsilon=CLAIMED,
-        delta=1e-5,
+        **RUN,
         teachers=4,
         queries=80,
         negatives=80,
         candidates=200,
         num_released=160 if monkeypatch is None else 200,
-        concurrency=8,
-        max_tokens=16,
     )
     result = _run(run_pate_tutor, documents, labels, params, label_set, llm, embedder)
     return _audit(canaries, result)
@@ -284,9 +284,7 @@ def _eda_audit(words: list[str], llm: FakeLLM, embedder: Any, **levers: Any) -> 
     documents = [*(documents[:news_rows] * COPIES), *documents[news_rows:]]
     labels = [*(labels[:news_rows] * COPIES), *labels[news_rows:]]
     values: dict[str, Any] = {
-        "document_type": "news article",
-        "epsilon": CLAIMED,
-        "delta": 1e-5,
+        **RUN,
         "vocabulary": "audit-words",
         "iterations": 1,
         "domain": 8,
@@ -298,8 +296,6 @@ def _eda_audit(words: list[str], llm: FakeLLM, embedder: Any, **levers: Any) -> 
         "candidates": 1,
         "rounds": 1,
         "perplexity_percentile": 100.0,
-        "concurrency": 8,
-        "max_tokens": 16,
     }
     params = DPEDAParams(**{**values, **levers})
     vocabulary = Vocabulary.from_phrases("audit-words", words)
