@@ -44,14 +44,18 @@ SHARDS = 3
 LABELS = ("cardio", "ortho")
 CARDIO = ("chest pain", "heart failure", "shortness of breath", "atrial fibrillation")
 ORTHO = ("fracture", "femur", "knee", "arthritis", "joint pain")
-# a shardable job: class centroids of the document embeddings, Gaussian noise, a public Ṽ
-SPEC: dict[str, Any] = {
+# what makes a job shardable: class centroids of the document embeddings, Gaussian noise
+SHARDABLE: dict[str, Any] = {
     "kde_method": "centroid",
     "noise": "gaussian",
     "epsilon": 1.0,
     "delta": 1e-6,
     "epsilon_vocab": None,
     "epsilon_kde": None,
+}
+# a shardable job on a public Ṽ
+SPEC: dict[str, Any] = {
+    **SHARDABLE,
     "vocabulary_size": 8,
     "sequence_length": 3,
     "per_class": 2,
@@ -122,19 +126,7 @@ def drive(
     taken: list[tuple[str, list[Any]]] = []
     while True:
         bodies: dict[str, dict[str, Any]] = {}
-        with celery.connection_for_read() as connection:
-            simple = connection.SimpleQueue(queue)
-            messages = []
-            try:
-                while True:
-                    try:
-                        message = simple.get(timeout=0.5)
-                    except simple.Empty:
-                        break
-                    message.ack()
-                    messages.append(message)
-            finally:
-                simple.close()
+        messages = list(factories.taken_from(celery, queue, timeout=0.5))
         if not messages:
             return taken
         for message in messages:
