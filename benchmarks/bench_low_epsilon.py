@@ -663,16 +663,7 @@ class Bench:
         self.cache = EmbeddingCache(CoreSettings().embedding_cache_dir)
 
     def score(self, texts: list[str], labels: list[str]) -> float:
-        result = train_and_score(
-            texts,
-            labels,
-            self.test_texts,
-            self.test_labels,
-            classifier=DEFAULT_CLASSIFIER,
-            seed=SEED,
-            embedder=self.embedder,  # type: ignore[arg-type]
-        )
-        return result.accuracy
+        return accuracy(texts, labels, self.test_texts, self.test_labels, embedder=self.embedder)
 
     def real(self) -> float:
         return self.score(self.texts, self.labels)
@@ -720,6 +711,28 @@ class Bench:
     ) -> float:
         seqs = self.sequences(epsilon, seed, settings, embedder=embedder)
         return self.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
+
+
+def accuracy(
+    texts: Sequence[str],
+    labels: Sequence[str],
+    test_texts: Sequence[str],
+    test_labels: Sequence[str],
+    *,
+    embedder: Any,
+    classifier: str = DEFAULT_CLASSIFIER,
+) -> float:
+    """The accuracy on the test texts of ``classifier`` (seed :data:`SEED`) trained on
+    ``texts``, the documents embedded by ``embedder``."""
+    return train_and_score(
+        texts,
+        labels,
+        test_texts,
+        test_labels,
+        classifier=classifier,
+        seed=SEED,
+        embedder=embedder,
+    ).accuracy
 
 
 def private_run(harness: Any, config: Any, *, embedder: Any = None) -> GenerationResult:

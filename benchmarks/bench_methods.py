@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+from benchmarks.bench_low_epsilon import accuracy
+from workers.evaluation.classifier import DEFAULT_CLASSIFIER
 from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe import AugPEParams
 from workers.methods.checkpoints import MemoryCheckpoints
@@ -210,15 +211,7 @@ class Harness:
         self.vocabulary = load_vocabulary("english")
 
     def score(self, data: Dataset, texts: list[str], labels: list[str]) -> float:
-        return train_and_score(
-            texts,
-            labels,
-            data.test_texts,
-            data.test_labels,
-            classifier=DEFAULT_CLASSIFIER,
-            seed=SEED,
-            embedder=self.embedder,
-        ).accuracy
+        return accuracy(texts, labels, data.test_texts, data.test_labels, embedder=self.embedder)
 
     def dpkps(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
         started = time.perf_counter()

@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.bench_low_epsilon import private_run, run_cells
+from benchmarks.bench_low_epsilon import accuracy, private_run, run_cells
 from benchmarks.experiments import EXPERIMENTS, configure
-from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+from workers.evaluation.classifier import DEFAULT_CLASSIFIER
 from workers.methods.dpkps.config import GenerationConfig
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
@@ -113,16 +113,14 @@ class Harness:
         self.cache = EmbeddingCache(CoreSettings().embedding_cache_dir)
 
     def score(self, texts: list[str], labels: list[str], classifier: str) -> float:
-        result = train_and_score(
+        return accuracy(
             texts,
             labels,
             self.test_texts,
             self.test_labels,
-            classifier=classifier,
-            seed=SEED,
             embedder=self.embedder,
+            classifier=classifier,
         )
-        return result.accuracy
 
     def sequences(self, config: GenerationConfig) -> list[Any]:
         result = private_run(self, config)
