@@ -29,12 +29,9 @@ import argparse
 import csv
 import json
 import os
-import re
 import statistics
 import sys
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from app.jobs.stages import PrivateCorpus, with_canaries
-from tests.fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM, Turns, asked_class, echoed_text, last_message
 from workers.evaluation.holdout import predict
 from workers.methods.aug_pe import run_aug_pe
 from workers.methods.aug_pe.params import AugPEParams
@@ -70,19 +67,14 @@ class PublicPool:
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
-        self.given: Counter[str] = Counter()
-        self.lock = threading.Lock()
+        self.turns = Turns()
 
     def __call__(self, body: Any) -> str:
-        user = str(body["messages"][-1]["content"])
-        asked = re.search(r'Write one .* of the category "([^"]+)"', user)
-        if asked is None:
-            echoed = re.search(r"(?:Text|Input): (.*?)(?:\n\nAnswer:)?$", user, re.S)
-            return echoed.group(1) if echoed is not None else ""
-        label = asked.group(1)
-        with self.lock:
-            i = self.given[label]
-            self.given[label] += 1
+        user = last_message(body)
+        label = asked_class(user)
+        if label is None:
+            return echoed_text(user) or ""
+        i = self.turns.next(label)
         return self.texts[(LABELS.index(label) + len(LABELS) * i) % len(self.texts)]
 
 

@@ -84,7 +84,7 @@ from benchmarks.experiments import EXPERIMENTS, overrides
 from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
 from workers.methods.dpkps.config import LowEpsilonConfig
 from workers.methods.dpkps.density.cells import combined_scale
-from workers.methods.dpkps.pipeline import SyntheticSequence, generate_sequences
+from workers.methods.dpkps.pipeline import GenerationResult, SyntheticSequence, generate_sequences
 from workers.methods.dpkps.plan import CELLS, KDE, plan
 from workers.settings import CoreSettings
 from workers.text.embeddings import EmbeddingCache, SentenceEmbedder
@@ -663,16 +663,7 @@ class Bench:
         self.cache = EmbeddingCache(CoreSettings().embedding_cache_dir)
 
     def score(self, texts: list[str], labels: list[str]) -> float:
-        result = train_and_score(
-            texts,
-            labels,
-            self.test_texts,
-            self.test_labels,
-            classifier=DEFAULT_CLASSIFIER,
-            seed=SEED,
-            embedder=self.embedder,  # type: ignore[arg-type]
-        )
-        return result.accuracy
+        return accuracy(texts, labels, self.test_texts, self.test_labels, embedder=self.embedder)
 
     def real(self) -> float:
         return self.score(self.texts, self.labels)
@@ -707,25 +698,63 @@ class Bench:
         }
 
     def sequences(
-        self, epsilon: float, seed: int, settings: dict[str, Any]
+        self, epsilon: float, seed: int, settings: dict[str, Any], *, embedder: Any = None
     ) -> list[SyntheticSequence]:
-        """One run's DP keyphrase sequences (the run as :meth:`run` scores it)."""
-        config = self.config(epsilon, seed, settings)
-        result = generate_sequences(
-            self.texts,
-            self.labels,
-            label_set=self.label_set,
-            vocabulary=self.vocabulary,
-            config=config,
-            embedder=self.embedder,  # type: ignore[arg-type]
-            cache=self.cache,
-        )
+        """One run's DP keyphrase sequences (the run as :meth:`run` scores it); the
+        documents embedded by ``embedder`` (default: the bench's MiniLM)."""
+        result = private_run(self, self.config(epsilon, seed, settings), embedder=embedder)
         assert result.report.as_planned and float(result.report.epsilon) <= epsilon
         return list(result.sequences)
 
-    def run(self, epsilon: float, seed: int, settings: dict[str, Any]) -> float:
-        seqs = self.sequences(epsilon, seed, settings)
+    def run(
+        self, epsilon: float, seed: int, settings: dict[str, Any], *, embedder: Any = None
+    ) -> float:
+        seqs = self.sequences(epsilon, seed, settings, embedder=embedder)
         return self.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
+
+
+def accuracy(
+    texts: Sequence[str],
+    labels: Sequence[str],
+    test_texts: Sequence[str],
+    test_labels: Sequence[str],
+    *,
+    embedder: Any,
+    classifier: str = DEFAULT_CLASSIFIER,
+) -> float:
+    """The accuracy on the test texts of ``classifier`` (seed :data:`SEED`) trained on
+    ``texts``, the documents embedded by ``embedder``."""
+    return train_and_score(
+        texts,
+        labels,
+        test_texts,
+        test_labels,
+        classifier=classifier,
+        seed=SEED,
+        embedder=embedder,
+    ).accuracy
+
+
+def private_run(harness: Any, config: Any, *, embedder: Any = None) -> GenerationResult:
+    """DP-KPS's sequences of a harness's private split (its ``texts``, ``labels``,
+    ``label_set``, ``vocabulary`` and ``cache``; the documents embedded by ``embedder``,
+    default the harness's ``embedder``)."""
+    return generate_sequences(
+        harness.texts,
+        harness.labels,
+        label_set=harness.label_set,
+        vocabulary=harness.vocabulary,
+        config=config,
+        embedder=harness.embedder if embedder is None else embedder,
+        cache=harness.cache,
+    )
+
+
+def run_cells(runs: Sequence[float], real: float) -> tuple[str, float, float]:
+    """A report row's cells for the accuracies of repeated runs: the runs (three
+    decimals), their mean, and the mean as a fraction of ``real`` (the real texts')."""
+    mean = statistics.mean(runs)
+    return ", ".join(f"{a:.3f}" for a in runs), mean, mean / real
 
 
 def score_margins(
@@ -1018,11 +1047,10 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---:|---:|---|---:|---:|",
     ]
     for point in r["curve"]:
-        mean = statistics.mean(point["runs"])
-        runs = ", ".join(f"{a:.3f}" for a in point["runs"])
+        runs, mean, fraction = run_cells(point["runs"], point["real"])
         detail.append(
             f"| {REPORTED[point['split']]} | {point['epsilon']:g} | {len(point['runs'])} | "
-            f"{runs} | {mean:.3f} | {mean / point['real']:.2f} |"
+            f"{runs} | {mean:.3f} | {fraction:.2f} |"
         )
     lines = [
         "## What the default gives: accuracy against ε on every reported corpus",

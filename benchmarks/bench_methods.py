@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from workers.evaluation.classifier import DEFAULT_CLASSIFIER, train_and_score
+from benchmarks.bench_low_epsilon import accuracy
+from workers.evaluation.classifier import DEFAULT_CLASSIFIER
 from workers.llm.client import LLMCosts, LLMEndpoint
 from workers.methods.aug_pe import AugPEParams
 from workers.methods.checkpoints import MemoryCheckpoints
@@ -210,15 +211,7 @@ class Harness:
         self.vocabulary = load_vocabulary("english")
 
     def score(self, data: Dataset, texts: list[str], labels: list[str]) -> float:
-        return train_and_score(
-            texts,
-            labels,
-            data.test_texts,
-            data.test_labels,
-            classifier=DEFAULT_CLASSIFIER,
-            seed=SEED,
-            embedder=self.embedder,
-        ).accuracy
+        return accuracy(texts, labels, data.test_texts, data.test_labels, embedder=self.embedder)
 
     def dpkps(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
         started = time.perf_counter()
@@ -264,20 +257,27 @@ class Harness:
             **_costs(costs),
         }
 
+    def _llm_params(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
+        """The parameters every LLM method takes alike: the corpus's document type, the
+        budget, the sampling settings and the seed."""
+        return {
+            "document_type": data.document_type,
+            "epsilon": epsilon,
+            "delta": delta,
+            "max_tokens": self.sizes.max_tokens,
+            "concurrency": self.sizes.concurrency,
+            "seed": SEED,
+        }
+
     def aug_pe(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
         s = self.sizes
         params = AugPEParams(
-            document_type=data.document_type,
-            epsilon=epsilon,
-            delta=delta,
+            **self._llm_params(data, epsilon, delta),
             iterations=s.iterations,
             population=s.population,
             num_released=s.released,
             initial_variation_folds=s.initial_folds,
             variation_folds=s.folds,
-            max_tokens=s.max_tokens,
-            concurrency=s.concurrency,
-            seed=SEED,
         )
         row = self._llm_method("aug-pe", data, params)
         row["histogram_sigma"] = row["noise"]["histogram_sigma"]
@@ -316,17 +316,12 @@ class Harness:
     def pate_tutor(self, data: Dataset, epsilon: float, delta: float) -> dict[str, Any]:
         s = self.sizes
         params = PateTutorParams(
-            document_type=data.document_type,
-            epsilon=epsilon,
-            delta=delta,
+            **self._llm_params(data, epsilon, delta),
             teachers=s.teachers,
             queries=s.queries,
             negatives=s.negatives,
             candidates=s.candidates,
             num_released=s.released,
-            max_tokens=s.max_tokens,
-            concurrency=s.concurrency,
-            seed=SEED,
         )
         return self._llm_method("pate-tutor", data, params)
 
@@ -334,17 +329,12 @@ class Harness:
         s = self.sizes
         parents = max(2, s.released // len(data.labels))  # at most k released per class
         params = DPEDAParams(
-            document_type=data.document_type,
-            epsilon=epsilon,
-            delta=delta,
+            **self._llm_params(data, epsilon, delta),
             iterations=s.eda_iterations,
             domain=max(s.eda_domain, parents),
             parents=parents,
             initial_population=s.eda_initial,
             offspring=s.eda_offspring,
-            max_tokens=s.max_tokens,
-            concurrency=s.concurrency,
-            seed=SEED,
         )
         return self._llm_method(
             "dp-eda", data, params, vocabulary=self.vocabulary, cache=self.cache

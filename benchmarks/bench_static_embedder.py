@@ -44,7 +44,6 @@ from benchmarks.bench_low_epsilon import DELTA, Bench, ag_split
 from benchmarks.static_embedder import StaticEmbedder, load_static
 from workers.methods.dpkps import stages
 from workers.methods.dpkps.density import centroid
-from workers.methods.dpkps.pipeline import generate_sequences
 from workers.settings import CoreSettings
 from workers.text.embeddings import Embedder, SentenceEmbedder
 
@@ -213,21 +212,7 @@ def utility(split: str, epsilons: Sequence[float], runs: int, variants: Sequence
         for seed in range(runs):
             for variant in variants:
                 started = time.perf_counter()
-                config = bench.config(epsilon, seed, {})
-                result = generate_sequences(
-                    bench.texts,
-                    bench.labels,
-                    label_set=bench.label_set,
-                    vocabulary=bench.vocabulary,
-                    config=config,
-                    embedder=embedders[variant],
-                    cache=bench.cache,
-                )
-                assert result.report.as_planned and float(result.report.epsilon) <= epsilon
-                seqs = list(result.sequences)
-                accs[variant].append(
-                    bench.score([" ".join(s.keyphrases) for s in seqs], [s.label for s in seqs])
-                )
+                accs[variant].append(bench.run(epsilon, seed, {}, embedder=embedders[variant]))
                 seconds[variant] += time.perf_counter() - started
                 print(f"{split} eps={epsilon} seed={seed} {variant}: {accs[variant][-1]:.4f}",
                       flush=True)  # fmt: skip

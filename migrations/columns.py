@@ -1,4 +1,4 @@
-"""Column and index definitions the revisions share.
+"""Column, index and table definitions the revisions share.
 
 Frozen with the revisions that use them: a change here changes what every past revision
 makes, so add a helper rather than alter one. Constraint names are left to the naming
@@ -46,6 +46,11 @@ def ref(
     return sa.Column(
         name, sa.Uuid(), sa.ForeignKey(f"{table}.id", ondelete=ondelete), nullable=nullable
     )
+
+
+def job_table(name: str, *columns: sa.SchemaItem) -> None:
+    """A table whose rows belong to a job: ``job_id`` first, and deleted with the job."""
+    op.create_table(name, ref("job_id", "jobs", ondelete="CASCADE"), *columns)
 
 
 def one_of(column: str, *values: str) -> sa.CheckConstraint:

@@ -24,6 +24,9 @@ LONG_FIRST = (
     "tests/proof/test_budget_race.py",
     "tests/proof/test_crashes.py",
     "tests/proof/test_embedded_recovery.py",
+    "tests/core/privacy/test_sharded_neighbouring.py",
+    "tests/core/methods/test_llm_audit.py",
+    "tests/service/test_sharded_jobs.py",
     "tests/core/cli/test_cli.py",
     "tests/service/test_serve.py",
     "tests/core/evaluation/test_evaluation.py",
@@ -31,6 +34,8 @@ LONG_FIRST = (
     "tests/core/privacy/test_neighbouring.py",
     "tests/core/dpkps/test_thresholded_vocabulary.py",
     "tests/core/dpkps/test_label_prior.py",
+    "tests/service/test_llm_method_audit.py",
+    "tests/core/bench/test_static_embedder.py",
 )
 
 

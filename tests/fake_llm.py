@@ -50,10 +50,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -169,6 +170,45 @@ class Topical:
             self.calls += 1
             n = self.calls
         return (self.sports if '"Sports"' in user else self.business).format(n=n)
+
+
+# The LLM methods' prompts (workers/methods/aug_pe/prompts.py), as the ``content_fn`` of a
+# test reads them: a request for a new text of a class (the class quoted), and a variation
+# or a fill-in of a given text (the text after "Text: " or "Input: ").
+ASKED = re.compile(r'Write one .* of the category "([^"]+)"')
+ECHOED = re.compile(r"(?:Text|Input): (.*?)(?:\n\nAnswer:)?$", re.S)
+
+
+def last_message(body: Any) -> str:
+    """The content of the request's last message."""
+    return str(body["messages"][-1]["content"])
+
+
+def asked_class(prompt: str) -> str | None:
+    """The class ``prompt`` asks a new text of, or None when it asks for none."""
+    asked = ASKED.search(prompt)
+    return asked.group(1) if asked is not None else None
+
+
+def echoed_text(prompt: str) -> str | None:
+    """The text ``prompt`` gives to vary or fill in, or None when it gives none."""
+    echoed = ECHOED.search(prompt)
+    return echoed.group(1) if echoed is not None else None
+
+
+class Turns:
+    """How many answers each class has had (thread-safe): :meth:`next` counts one more for
+    ``label`` and returns how many it had before (0, 1, …)."""
+
+    def __init__(self) -> None:
+        self._given: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def next(self, label: str) -> int:
+        with self._lock:
+            n = self._given[label]
+            self._given[label] += 1
+            return n
 
 
 class _Server(ThreadingHTTPServer):
@@ -529,8 +569,12 @@ __all__ = [
     "FakeLLM",
     "RecordedRequest",
     "Topical",
+    "Turns",
+    "asked_class",
     "behaviours",
     "default_content",
+    "echoed_text",
+    "last_message",
     "ok",
     "status",
     "timeout",

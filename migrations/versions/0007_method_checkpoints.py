@@ -14,16 +14,15 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from migrations.columns import ref, timestamp
+from migrations.columns import job_table, timestamp
 
 revision: str = "0007"
 down_revision: str | None = "0006"
 
 
 def upgrade() -> None:
-    op.create_table(
+    job_table(
         "job_checkpoints",
-        ref("job_id", "jobs", ondelete="CASCADE"),
         sa.Column("key", sa.String(128), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
         timestamp("created_at"),

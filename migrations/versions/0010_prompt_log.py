@@ -13,16 +13,15 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from migrations.columns import ref, text, timestamp
+from migrations.columns import job_table, text, timestamp
 
 revision: str = "0010_prompt_log"
 down_revision: str | None = "0009"
 
 
 def upgrade() -> None:
-    op.create_table(
+    job_table(
         "prompt_log",
-        ref("job_id", "jobs", ondelete="CASCADE"),
         sa.Column("seq", sa.Integer(), nullable=False, autoincrement=False),
         text("entry", 64),
         text("hash", 64),

@@ -16,16 +16,15 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from migrations.columns import integer, json, one_of, ref, text, timestamp
+from migrations.columns import integer, job_table, json, one_of, text, timestamp
 
 revision: str = "0011_job_shards"
 down_revision: str | None = "0010_prompt_log"
 
 
 def upgrade() -> None:
-    op.create_table(
+    job_table(
         "job_shard_plans",
-        ref("job_id", "jobs", ondelete="CASCADE"),
         integer("shards"),
         json("rounds"),
         sa.Column("sealed_key", sa.LargeBinary(), nullable=False),
@@ -33,9 +32,8 @@ def upgrade() -> None:
         timestamp("created_at"),
         sa.PrimaryKeyConstraint("job_id"),
     )
-    op.create_table(
+    job_table(
         "job_shards",
-        ref("job_id", "jobs", ondelete="CASCADE"),
         text("round", 16),
         integer("shard"),
         text("state", 16),
@@ -47,9 +45,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("job_id", "round", "shard"),
         one_of("state", "pending", "running", "done"),
     )
-    op.create_table(
+    job_table(
         "job_shard_rounds",
-        ref("job_id", "jobs", ondelete="CASCADE"),
         text("round", 16),
         sa.Column("sealed", sa.LargeBinary(), nullable=False),
         timestamp("created_at"),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import uvicorn
 from app.db import Database
 from app.identity import service as identity
 from app.main import create_app
-from tests.proof.realworker import REDIS_URL, RealWorker, purge, worker_env
+from tests.proof.realworker import REDIS_URL, RealWorker, fresh_prefix, worker_env
 from tests.service.conftest import database_url, make_settings
 
 __all__ = ["Service", "database_url"]
@@ -39,9 +38,7 @@ class Service:
 
 @pytest.fixture(scope="module")
 def prefix() -> Iterator[str]:
-    value = f"keyseed_client_{uuid.uuid4().hex[:10]}:"
-    yield value
-    purge(value)
+    yield from fresh_prefix("client")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from sqlalchemy import select, update
 
 import migrations
 from app.admin import sessions
-from app.config import Settings
 from app.db import Database
 from app.jobs import runner
 from app.ledger import service as ledger
@@ -604,13 +603,7 @@ def test_pages_carry_security_headers_and_load_nothing_from_elsewhere(
 
 
 def test_the_dashboard_on_the_embedded_sqlite_database(tmp_path: Path) -> None:
-    settings = Settings(
-        data_dir=tmp_path,
-        database_url="",
-        data_key="",
-        broker_url="memory://",
-        max_upload_bytes=65536,
-    )
+    settings = factories.embedded_settings(tmp_path)
     migrations.upgrade(settings.sqlalchemy_url)
     embedded = create_app(settings)
     try:

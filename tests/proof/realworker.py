@@ -17,17 +17,21 @@ of the prefix, and the next worker restores them when it starts.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
-from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from tests.service.conftest import DATA_KEY
-from tests.service.test_end_to_end import REDIS_URL, Worker
+from tests.service.test_end_to_end import (
+    REDIS_URL,
+    Worker,
+    base_env,
+    fresh_prefix,
+    purge,
+    worker_env,
+)
 
 __all__ = [
     "REDIS_URL",
@@ -35,39 +39,10 @@ __all__ = [
     "RealWorker",
     "base_env",
     "expire_visibility",
+    "fresh_prefix",
     "purge",
     "worker_env",
 ]
-
-
-def base_env(cache_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a worker: this process's, without its ``KEYSEED_`` settings
-    (so an embedded worker, with nothing more, uses SQLite and the SQLite broker)."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("KEYSEED_") and key not in ("DATABASE_URL", "REDIS_URL")
-    }
-    env.update(
-        KEYSEED_CACHE_DIR=str(cache_dir),
-        KEYSEED_LOG_JSON="true",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-    )
-    env.update(extra)
-    return env
-
-
-def worker_env(database_url: str, prefix: str, cache_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a worker on Redis (keys under ``prefix``) and Postgres."""
-    return base_env(
-        cache_dir,
-        KEYSEED_DATABASE_URL=database_url,
-        KEYSEED_BROKER_URL=REDIS_URL,
-        KEYSEED_BROKER_KEY_PREFIX=prefix,
-        KEYSEED_DATA_KEY=DATA_KEY,
-        **extra,
-    )
 
 
 # a started worker (``RealWorker.start(env, log, name)``): its process group can be
@@ -85,16 +60,6 @@ def expire_visibility(prefix: str) -> int:
         if tags:
             store.zadd(index, dict.fromkeys(tags, 0.0))
         return len(tags)
-    finally:
-        store.close()
-
-
-def purge(prefix: str) -> None:
-    """Delete every broker key of ``prefix``."""
-    store = redis.Redis.from_url(REDIS_URL)
-    try:
-        for key in store.scan_iter(f"{prefix}*"):
-            store.delete(key)
     finally:
         store.close()
 

@@ -97,21 +97,11 @@ def debug_logs(log_lines: list[str]) -> Iterator[list[str]]:
 def _drain_messages(app: FastAPI) -> list[str]:
     """Every message on the app's (in-memory) broker, body and headers, consumed."""
     found: list[str] = []
-    with app.state.celery.connection_for_read() as connection:
-        for name in QUEUES:
-            queue = connection.SimpleQueue(name)
-            try:
-                while True:
-                    try:
-                        message = queue.get(timeout=0.2)
-                    except queue.Empty:
-                        break
-                    message.ack()
-                    body = message.body
-                    found.append(body.decode() if isinstance(body, bytes) else str(body))
-                    found.append(repr(message.headers) + repr(message.properties))
-            finally:
-                queue.close()
+    for name in QUEUES:
+        for message in factories.taken_messages(app, name, timeout=0.2):
+            body = message.body
+            found.append(body.decode() if isinstance(body, bytes) else str(body))
+            found.append(repr(message.headers) + repr(message.properties))
     return found
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from celery import Celery
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from httpx import Response
@@ -324,7 +325,12 @@ def queued_message(app: FastAPI, queue_name: str, job_id: str) -> Message:
 def taken_messages(app: FastAPI, queue_name: str, *, timeout: float) -> Iterator[Message]:
     """The messages on ``queue_name`` of the app's (in-memory) broker, each acknowledged
     as it is taken, as a worker takes them, until none comes within ``timeout`` seconds."""
-    with app.state.celery.connection_for_read() as connection:
+    return taken_from(app.state.celery, queue_name, timeout=timeout)
+
+
+def taken_from(celery: Celery, queue_name: str, *, timeout: float) -> Iterator[Message]:
+    """:func:`taken_messages` from the broker of ``celery`` (a worker's, on Redis…)."""
+    with celery.connection_for_read() as connection:
         queue = connection.SimpleQueue(queue_name)
         try:
             while True:
@@ -336,6 +342,18 @@ def taken_messages(app: FastAPI, queue_name: str, *, timeout: float) -> Iterator
                 yield message
         finally:
             queue.close()
+
+
+def embedded_settings(data_dir: Path) -> Settings:
+    """Settings of the embedded mode: SQLite and the document key in ``data_dir``, the
+    in-memory broker, the tests' upload limit (64 KiB)."""
+    return Settings(
+        data_dir=data_dir,
+        database_url="",
+        data_key="",
+        broker_url="memory://",
+        max_upload_bytes=65536,
+    )
 
 
 def worker_context(

@@ -25,13 +25,7 @@ from workers.llm.attestation import Prompt, read_jsonl, verify
 
 @pytest.fixture
 def embedded(tmp_path: Path) -> Iterator[tuple[FastAPI, Database]]:
-    settings = Settings(
-        data_dir=tmp_path,
-        database_url="",
-        data_key="",
-        broker_url="memory://",
-        max_upload_bytes=65536,
-    )
+    settings = factories.embedded_settings(tmp_path)
     assert settings.embedded and settings.sqlalchemy_url.startswith("sqlite:///")
     migrations.upgrade(settings.sqlalchemy_url)
     app = create_app(settings)

@@ -123,38 +123,92 @@ class Worker:
         return found
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    value = f"keyseed_e2e_{uuid.uuid4().hex[:10]}:"
-    yield value
-    store = redis.Redis.from_url(REDIS_URL)
-    for key in store.scan_iter(f"{value}*"):
-        store.delete(key)
-    store.close()
-
-
-@pytest.fixture
-def worker(database_url: str, prefix: str, tmp_path: Path) -> Iterator[Worker]:
-    log = tmp_path / "worker.log"
+def base_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a worker: this process's, without its ``KEYSEED_`` settings
+    (so an embedded worker, with nothing more, uses SQLite and the SQLite broker)."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith("KEYSEED_") and key not in ("DATABASE_URL", "REDIS_URL")
     }
     env.update(
-        KEYSEED_DATABASE_URL=database_url,
-        KEYSEED_BROKER_URL=REDIS_URL,
-        KEYSEED_BROKER_KEY_PREFIX=prefix,
-        KEYSEED_DATA_KEY=DATA_KEY,
-        KEYSEED_KEYRING_DIR=str(tmp_path / "keyring"),  # the API's: the dataset keys
-        KEYSEED_CACHE_DIR=str(tmp_path / "cache"),
-        KEYSEED_LLM_MAX_TOKENS="64",
-        KEYSEED_PROGRESS_INTERVAL="0.5",
+        KEYSEED_CACHE_DIR=str(cache_dir),
         KEYSEED_LOG_JSON="true",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    handle = Worker.start(env, log, prefix.rstrip(":"), timeout=300)
+    env.update(extra)
+    return env
+
+
+def worker_env(database_url: str, prefix: str, cache_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a worker on Redis (keys under ``prefix``) and Postgres."""
+    return base_env(
+        cache_dir,
+        KEYSEED_DATABASE_URL=database_url,
+        KEYSEED_BROKER_URL=REDIS_URL,
+        KEYSEED_BROKER_KEY_PREFIX=prefix,
+        KEYSEED_DATA_KEY=DATA_KEY,
+        **extra,
+    )
+
+
+def purge(prefix: str) -> None:
+    """Delete every broker key of ``prefix``."""
+    store = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in store.scan_iter(f"{prefix}*"):
+            store.delete(key)
+    finally:
+        store.close()
+
+
+def fresh_prefix(name: str) -> Iterator[str]:
+    """A broker key prefix of its own (``keyseed_<name>_<random>:``), for a fixture to
+    yield; every key under it is deleted afterwards."""
+    value = f"keyseed_{name}_{uuid.uuid4().hex[:10]}:"
+    yield value
+    purge(value)
+
+
+@contextlib.contextmanager
+def redis_api(
+    database_url: str, prefix: str, tmp_path: Path, **overrides: object
+) -> Iterator[TestClient]:
+    """The API on the test database (its keyring that of the workers started by
+    :func:`worker_env` with ``KEYSEED_KEYRING_DIR`` ``tmp_path/keyring``), sending its
+    tasks to Redis under ``prefix``; ``overrides`` to its other settings."""
+    settings = make_settings(
+        database_url,
+        tmp_path / "api",
+        broker_url=REDIS_URL,
+        broker_key_prefix=prefix,
+        keyring_dir=tmp_path / "keyring",
+        **overrides,
+    )
+    app = create_app(settings)
+    try:
+        yield TestClient(app)
+    finally:
+        app.state.database.dispose()
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    yield from fresh_prefix("e2e")
+
+
+@pytest.fixture
+def worker(database_url: str, prefix: str, tmp_path: Path) -> Iterator[Worker]:
+    env = worker_env(
+        database_url,
+        prefix,
+        tmp_path / "cache",
+        KEYSEED_KEYRING_DIR=str(tmp_path / "keyring"),  # the API's: the dataset keys
+        KEYSEED_LLM_MAX_TOKENS="64",
+        KEYSEED_PROGRESS_INTERVAL="0.5",
+    )
+    handle = Worker.start(env, tmp_path / "worker.log", prefix.rstrip(":"), timeout=300)
     try:
         yield handle
     finally:
@@ -165,19 +219,8 @@ def test_a_job_runs_end_to_end_on_a_real_worker(
     database_url: str, prefix: str, worker: Worker, world: factories.World, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    settings = make_settings(
-        database_url,
-        tmp_path / "api",
-        broker_url=REDIS_URL,
-        broker_key_prefix=prefix,
-        keyring_dir=tmp_path / "keyring",
-    )
-    app = create_app(settings)
-    client = TestClient(app)
-    try:
+    with redis_api(database_url, prefix, tmp_path) as client:
         _run(client, world, worker, tmp_path)
-    finally:
-        app.state.database.dispose()
     print(f"end to end in {time.monotonic() - started:.1f} s")
 
 

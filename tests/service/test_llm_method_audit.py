@@ -14,25 +14,30 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from app.config import Settings
 from app.db import Database
 from app.jobs import stages
 from app.jobs.stages import WorkerContext
 from app.models import Job
 from tests.fake_llm import FakeLLM
 from tests.service import factories
-from tests.service.method_jobs import AUG_PE, download, llm_worker, submit
+from tests.service.method_jobs import AUG_PE, download, submit
 from tests.service.method_jobs import job as job_of
-from tests.service.test_llm_method_jobs import EDA, PATE, clinical
-from workers.evaluation import holdout
+from tests.service.test_llm_method_jobs import (
+    EDA,
+    PATE,
+    fake_llm,
+    larger_dataset,
+    upload_vocabulary,
+    worker,
+)
+from tests.service.test_utility_holdout import check_sides
+
+__all__ = ["fake_llm", "worker"]  # fixtures
 
 pytestmark = [pytest.mark.slow]
 
@@ -54,36 +59,10 @@ GENERATION = {
 }
 
 
-@pytest.fixture
-def fake_llm() -> Iterator[FakeLLM]:
-    with FakeLLM(content_fn=clinical) as fake:
-        yield fake
-
-
-@pytest.fixture
-def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) -> WorkerContext:
-    return llm_worker(app, settings, tmp_path, fake_llm)
-
-
-def _dataset(client: TestClient, world: factories.World) -> str:
-    """30 notes a class (DP-EDA's LimitedDomain needs votes), a cap the jobs fit."""
-    rows = [(f"{text} (note {i})", label) for i in range(15) for text, label in factories.ROWS]
-    return factories.dataset(
-        client, world.owner, content=factories.csv_bytes(rows), cap=50, delta_cap="1e-5"
-    )
-
-
 def _spec(client: TestClient, world: factories.World, method: str) -> dict[str, Any]:
     spec = {**SPECS[method], "holdout": HOLDOUT, "audit_canaries": 64}
     if method == "dp-eda":
-        response = client.post(
-            "/v1/vocabularies",
-            headers=world.owner.headers,
-            data={"name": "clinical-audit"},
-            files={"file": ("p.txt", PHRASES)},
-        )
-        assert response.status_code == 201, response.text
-        spec["vocabulary"] = str(response.json()["id"])
+        spec["vocabulary"] = upload_vocabulary(client, world, "clinical-audit", PHRASES)
     return spec
 
 
@@ -96,7 +75,7 @@ def test_an_llm_method_job_with_canaries_and_a_holdout_reports_both(
     fake_llm: FakeLLM,
     db: Database,
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = larger_dataset(client, world)
     job_id = submit(client, world, dataset_id, _spec(client, world, method))
     queued = job_of(client, world, job_id)
     by_mechanism = queued["epsilon"]["by_mechanism"]
@@ -112,11 +91,7 @@ def test_an_llm_method_job_with_canaries_and_a_holdout_reports_both(
     assert job["state"] == "succeeded" and job["epsilon"]["budget_state"] == "committed"
     assert job["epsilon"]["charged"]["epsilon"] == pytest.approx(generation, rel=1e-12)
     ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers).json()
-    reserve = next(e for e in ledger["entries"] if e["kind"] == "reserve")
-    split = holdout.split_name(KEY, 0.3)
-    sides = {(e["mechanism"], e.get("split"), e.get("side")) for e in reserve["events"]}
-    assert ("holdout_accuracy", split, "slice") in sides
-    assert {s for m, _, s in sides if m != "holdout_accuracy"} == {"rest"}
+    split = check_sides(ledger, KEY)
 
     with db.session() as session:
         stored = session.get(Job, uuid.UUID(job_id))
@@ -170,7 +145,7 @@ def test_an_llm_method_job_with_canaries_and_a_holdout_reports_both(
 def test_an_llm_method_job_can_opt_out_of_the_audit(
     client: TestClient, world: factories.World, worker: WorkerContext, db: Database
 ) -> None:
-    dataset_id = _dataset(client, world)
+    dataset_id = larger_dataset(client, world)
     job_id = submit(client, world, dataset_id, {**AUG_PE, "audit_canaries": 0})
     assert stages.run_sequences(worker, uuid.UUID(job_id)) == "succeeded"
     with db.session() as session:

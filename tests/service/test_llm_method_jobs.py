@@ -103,20 +103,27 @@ def worker(app: FastAPI, settings: Settings, tmp_path: Path, fake_llm: FakeLLM) 
     return llm_worker(app, settings, tmp_path, fake_llm)
 
 
-def _larger_dataset(client: TestClient, world: factories.World) -> str:
-    """30 notes a class: enough votes for LimitedDomain's noisy threshold at ε = 40."""
+def larger_dataset(client: TestClient, world: factories.World) -> str:
+    """30 notes a class: enough votes for LimitedDomain's noisy threshold at ε = 40, and a
+    cap (ε 50, δ 1e-5) the jobs fit."""
     rows = [(f"{text} (note {i})", label) for i in range(15) for text, label in factories.ROWS]
     return factories.dataset(
         client, world.owner, content=factories.csv_bytes(rows), cap=50, delta_cap="1e-5"
     )
 
 
-def _vocabulary(client: TestClient, world: factories.World) -> str:
+def upload_vocabulary(
+    client: TestClient,
+    world: factories.World,
+    name: str = "clinical-tiny",
+    phrases: bytes = PHRASES,
+) -> str:
+    """The owner's vocabulary ``name`` of ``phrases`` (one a line); its id."""
     response = client.post(
         "/v1/vocabularies",
         headers=world.owner.headers,
-        data={"name": "clinical-tiny"},
-        files={"file": ("p.txt", PHRASES)},
+        data={"name": name},
+        files={"file": ("p.txt", phrases)},
     )
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
@@ -177,8 +184,8 @@ def test_a_dp_eda_job_runs_is_released_resumes_and_names_its_decoder(
     fake_llm: FakeLLM,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    dataset_id = _larger_dataset(client, world)
-    vocabulary = _vocabulary(client, world)
+    dataset_id = larger_dataset(client, world)
+    vocabulary = upload_vocabulary(client, world)
     spec = {**EDA, "vocabulary": vocabulary}
     job_id = submit(client, world, dataset_id, spec)
     queued = job_of(client, world, job_id)

@@ -49,7 +49,7 @@ from app.models import Job, utcnow
 from tests.dashboard.factories import person, sign_in
 from tests.fake_llm import FakeLLM
 from tests.service import factories
-from tests.service.test_sharded_jobs import drive, prefix, sharded
+from tests.service.test_sharded_jobs import SHARDABLE, drive, prefix, sharded
 from tests.service.test_worker import vocabulary
 
 __all__ = ["prefix", "sharded"]  # the sharded worker's fixtures
@@ -640,12 +640,7 @@ def test_a_job_with_a_holdout_looks_alike_to_everyone_but_its_owner(
 
 SHARDED = {
     **SPEC,
-    "kde_method": "centroid",
-    "noise": "gaussian",
-    "epsilon": 1.0,
-    "delta": 1e-6,
-    "epsilon_vocab": None,
-    "epsilon_kde": None,
+    **SHARDABLE,
     # without it the number of sequences kept is a DP output (the filter's share)
     "consistency_filter": False,
 }

@@ -21,18 +21,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from app.db import Database
 from app.jobs import recovery, shards, stages, tasks
 from app.jobs.stages import WorkerContext
-from app.main import create_app
 from app.models import Job, JobShard, JobShardPlan, JobShardRound
 from app.worker import MAP_SHARD, REDUCE_ROUND, RUN_SEQUENCES, celery_app, create_celery
 from tests.service import factories
-from tests.service.conftest import DATA_KEY, make_settings
-from tests.service.test_end_to_end import REDIS_URL, Worker
+from tests.service.test_end_to_end import (
+    REDIS_URL,
+    Worker,
+    fresh_prefix,
+    redis_api,
+    worker_env,
+)
 from tests.service.test_worker import cache_dir, job_of, ledger, vocabulary, worker
 
 __all__ = ["cache_dir", "worker"]
@@ -41,14 +44,18 @@ SHARDS = 3
 LABELS = ("cardio", "ortho")
 CARDIO = ("chest pain", "heart failure", "shortness of breath", "atrial fibrillation")
 ORTHO = ("fracture", "femur", "knee", "arthritis", "joint pain")
-# a shardable job: class centroids of the document embeddings, Gaussian noise, a public Ṽ
-SPEC: dict[str, Any] = {
+# what makes a job shardable: class centroids of the document embeddings, Gaussian noise
+SHARDABLE: dict[str, Any] = {
     "kde_method": "centroid",
     "noise": "gaussian",
     "epsilon": 1.0,
     "delta": 1e-6,
     "epsilon_vocab": None,
     "epsilon_kde": None,
+}
+# a shardable job on a public Ṽ
+SPEC: dict[str, Any] = {
+    **SHARDABLE,
     "vocabulary_size": 8,
     "sequence_length": 3,
     "per_class": 2,
@@ -85,12 +92,7 @@ def upload(client: TestClient, world: factories.World, count: int, *, units: boo
 
 @pytest.fixture
 def prefix() -> Iterator[str]:
-    value = f"keyseed_shards_{uuid.uuid4().hex[:10]}:"
-    yield value
-    store = redis.Redis.from_url(REDIS_URL)
-    for key in store.scan_iter(f"{value}*"):
-        store.delete(key)
-    store.close()
+    yield from fresh_prefix("shards")
 
 
 @pytest.fixture
@@ -127,19 +129,7 @@ def drive(
     taken: list[tuple[str, list[Any]]] = []
     while True:
         bodies: dict[str, dict[str, Any]] = {}
-        with celery.connection_for_read() as connection:
-            simple = connection.SimpleQueue(queue)
-            messages = []
-            try:
-                while True:
-                    try:
-                        message = simple.get(timeout=0.5)
-                    except simple.Empty:
-                        break
-                    message.ack()
-                    messages.append(message)
-            finally:
-                simple.close()
+        messages = list(factories.taken_from(celery, queue, timeout=0.5))
         if not messages:
             return taken
         for message in messages:
@@ -369,40 +359,19 @@ def test_a_map_stops_at_its_next_check_once_the_job_is_cancelled(
 @pytest.fixture
 def api(database_url: str, prefix: str, tmp_path: Path) -> Iterator[TestClient]:
     """The API on the test database, sending its tasks to Redis under ``prefix``."""
-    settings = make_settings(
-        database_url,
-        tmp_path / "api",
-        broker_url=REDIS_URL,
-        broker_key_prefix=prefix,
-        keyring_dir=tmp_path / "keyring",
-        max_upload_bytes=4_000_000,
-    )
-    app = create_app(settings)
-    try:
-        yield TestClient(app)
-    finally:
-        app.state.database.dispose()
+    with redis_api(database_url, prefix, tmp_path, max_upload_bytes=4_000_000) as client:
+        yield client
 
 
 def start_worker(database_url: str, prefix: str, tmp_path: Path, name: str) -> Worker:
     """A real worker (one pool process), its jobs split in 3 shards."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("KEYSEED_") and key not in ("DATABASE_URL", "REDIS_URL")
-    }
-    env.update(
-        KEYSEED_DATABASE_URL=database_url,
-        KEYSEED_BROKER_URL=REDIS_URL,
-        KEYSEED_BROKER_KEY_PREFIX=prefix,
-        KEYSEED_DATA_KEY=DATA_KEY,
+    env = worker_env(
+        database_url,
+        prefix,
+        tmp_path / "cache",
         KEYSEED_KEYRING_DIR=str(tmp_path / "keyring"),
-        KEYSEED_CACHE_DIR=str(tmp_path / "cache"),
         KEYSEED_JOB_SHARDS=str(SHARDS),
         KEYSEED_PROGRESS_INTERVAL="0.5",
-        KEYSEED_LOG_JSON="true",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
     )
     return Worker.start(env, tmp_path / f"{name}.log", f"{prefix.rstrip(':')}-{name}", timeout=300)
 

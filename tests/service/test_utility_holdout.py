@@ -46,6 +46,17 @@ def _dataset(client: TestClient, world: factories.World, rows: Any = ROWS) -> st
     return factories.dataset(client, world.owner, content=factories.csv_bytes(rows), cap=10)
 
 
+def check_sides(ledger: dict[str, Any], key: str) -> str:
+    """Checks that the ledger's reservation charges the evaluation on the slice of the
+    split of ``key`` (fraction 0.3) and every other event on the rest; the split's name."""
+    reserve = next(e for e in ledger["entries"] if e["kind"] == "reserve")
+    split = holdout.split_name(key, 0.3)
+    sides = {(e["mechanism"], e.get("split"), e.get("side")) for e in reserve["events"]}
+    assert ("holdout_accuracy", split, "slice") in sides
+    assert {s for m, _, s in sides if m != "holdout_accuracy"} == {"rest"}
+    return split
+
+
 def test_a_job_with_a_holdout_publishes_its_accuracy_and_costs_its_generation(
     client: TestClient, world: factories.World, worker: WorkerContext, db: Database
 ) -> None:
@@ -63,11 +74,7 @@ def test_a_job_with_a_holdout_publishes_its_accuracy_and_costs_its_generation(
     assert job["epsilon"]["charged"]["epsilon"] == 1.0
 
     ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=world.owner.headers).json()
-    reserve = next(e for e in ledger["entries"] if e["kind"] == "reserve")
-    split = holdout.split_name(KEY, 0.3)
-    sides = {(e["mechanism"], e.get("split"), e.get("side")) for e in reserve["events"]}
-    assert ("holdout_accuracy", split, "slice") in sides
-    assert {s for m, _, s in sides if m != "holdout_accuracy"} == {"rest"}
+    split = check_sides(ledger, KEY)
     assert ledger["budget"]["spent"] == 1.0
 
     with db.session() as session:

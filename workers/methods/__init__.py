@@ -13,7 +13,8 @@ accounting, embeddings, the LLM client, checkpoints) lives outside the method pa
 * :mod:`workers.methods.checkpoints` — where a method keeps the DP outputs of a run so a
   crashed run resumes without spending again.
 
-:func:`lazy_exports` is how a method package imports its entry points when first used.
+:func:`lazy_exports` is how a package imports its names when first used;
+:func:`method_exports`, how a method package laid out as the LLM methods are does.
 """
 
 from __future__ import annotations
@@ -40,3 +41,17 @@ def lazy_exports(package: str, **modules: Sequence[str]) -> Callable[[str], Any]
         return value
 
     return __getattr__
+
+
+def method_exports(package: str, prefix: str) -> Callable[[str], Any]:
+    """:func:`lazy_exports` for a method package laid out as every LLM method's is:
+    ``<prefix>Params`` in its ``params``, ``plan_<name>`` in its ``accounting``,
+    ``<prefix>Result`` and ``run_<name>`` in its ``runner`` (``<name>``: the package's
+    own, ``aug_pe``)."""
+    name = package.rpartition(".")[2]
+    return lazy_exports(
+        package,
+        accounting=[f"plan_{name}"],
+        params=[f"{prefix}Params"],
+        runner=[f"{prefix}Result", f"run_{name}"],
+    )

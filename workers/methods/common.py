@@ -2,12 +2,14 @@
 
 * :class:`MethodParams`: the parameters every LLM method takes (public document type,
   total (ε, δ), the client's concurrency, the public seed), validated strictly, and
-  :func:`max_tokens_field`, :func:`temperature_field`: the sampling parameters each
-  method declares with its own default;
+:func:`max_tokens_field`, :func:`temperature_field`: the sampling parameters each
+  method declares with its own default, :func:`share_field`, a share of its budget, and
+  :func:`bounded_field`, any parameter whose description ends with its default and bounds;
 * :class:`MethodResult`: what a run releases (records, the events of its releases, a
   public manifest, its LLM costs);
 * :func:`check_label_set`, :func:`check_units`, :func:`check_inputs`: the input checks
   made before any private read (errors name rows, never ids or text);
+* :func:`cached_plan`: a method's ``noise_plan`` (its releases, from public inputs);
 * :func:`checkpoint_json`, :func:`run_identity`, :func:`claim_checkpoints`,
   :func:`save_costs`, :func:`load_costs`: how a run writes its checkpoints and refuses
   another run's;
@@ -21,7 +23,8 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -102,24 +105,28 @@ class MethodParams(BaseModel):
         return self.model_dump(mode="json")
 
 
+def bounded_field(what: str, default: float, bounds: str, **limits: Any) -> Any:
+    """A method's parameter described as ``what``, then its default and its ``bounds``
+    in words (``limits``, as pydantic checks them)."""
+    return Field(description=f"{what}. Default {default:,g}, {bounds}", default=default, **limits)
+
+
 def max_tokens_field(default: int) -> Any:
     """A method's ``max_tokens`` parameter, with the method's default."""
-    return Field(
-        description=f"The most tokens the LLM writes per call. Default {default}, 8 to 32,768",
-        default=default,
-        ge=8,
-        le=32_768,
+    return bounded_field(
+        "The most tokens the LLM writes per call", default, "8 to 32,768", ge=8, le=32_768
     )
 
 
 def temperature_field(default: float) -> Any:
     """A method's ``temperature`` parameter, with the method's default."""
-    return Field(
-        description=f"The LLM's sampling temperature. Default {default:g}, 0 to 2",
-        default=default,
-        ge=0.0,
-        le=2.0,
-    )
+    return bounded_field("The LLM's sampling temperature", default, "0 to 2", ge=0.0, le=2.0)
+
+
+def share_field(what: str, default: float) -> Any:
+    """A share of the run's budget (``what``), strictly between 0 and 1, with the
+    method's default."""
+    return bounded_field(what, default, "> 0 to < 1", gt=0.0, lt=1.0)
 
 
 @dataclass
@@ -142,6 +149,25 @@ def check_label_set(label_set: Sequence[str]) -> tuple[str, ...]:
     if len(set(labels)) != len(labels):
         raise ConfigError("the label set repeats a label", field="labels")
     return labels
+
+
+ParamsT = TypeVar("ParamsT", bound=MethodParams)
+PlanT = TypeVar("PlanT")
+
+
+def cached_plan(
+    build: Callable[[ParamsT, tuple[str, ...]], PlanT],
+) -> Callable[[ParamsT, Sequence[str]], PlanT]:
+    """A method's ``noise_plan(params, label_set)``: ``build``, its plan from its
+    parameters and declared labels, on the label set :func:`check_label_set` checks,
+    computed once per parameters and labels (the last 32 asked for are kept)."""
+    cached = lru_cache(maxsize=32)(build)
+
+    def noise_plan(params: ParamsT, label_set: Sequence[str]) -> PlanT:
+        return cached(params, check_label_set(label_set))
+
+    noise_plan.__doc__ = build.__doc__
+    return noise_plan
 
 
 def check_units(units: Sequence[str], documents: int) -> None:

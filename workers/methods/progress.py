@@ -46,6 +46,9 @@ class Stage:
 
 LOAD = Stage("load", "reading the corpus", False)
 PROMPTS = Stage("prompts", "prompting the LLM", True)
+# Stages several LLM methods share; each ends with RELEASE.
+INITIAL_POPULATION = Stage("initial_population", "initial population (LLM)", True)
+RELEASE = Stage("release", "releasing the texts", True)
 
 _DPKPS = (
     Stage("extract", "extracting keyphrases", False),
@@ -63,22 +66,22 @@ _LLM_METHODS: dict[str, tuple[Stage, ...]] = {
     "aug-pe": (
         LOAD,
         Stage("class_counts", "class counts (DP)", False),
-        Stage("initial_population", "initial population (LLM)", True),
+        INITIAL_POPULATION,
         Stage("iteration", "DP votes and variations", False),
-        Stage("release", "releasing the texts", True),
+        RELEASE,
     ),
     "pate-tutor": (
         LOAD,
         Stage("public_pools", "public candidate pools (LLM)", True),
         Stage("tutor", "DP tutor counts", False),
         Stage("votes", "DP teacher votes", False),
-        Stage("release", "releasing the texts", True),
+        RELEASE,
     ),
     "dp-eda": (
         LOAD,
-        Stage("initial_population", "initial population (LLM)", True),
+        INITIAL_POPULATION,
         Stage("iteration", "DP selections and decoding", False),
-        Stage("release", "releasing the texts", True),
+        RELEASE,
     ),
 }
 

@@ -143,26 +143,34 @@ class GaussianRelease:
         return multiplier * self.sensitivity * math.sqrt(total_weight / self.weight)
 
     def events(self, multiplier: float, total_weight: float) -> list[PrivacyEvent]:
-        scale = self.scale(multiplier, total_weight)
-        return [
-            PrivacyEvent(
-                mechanism=self.mechanism,
-                noise=self.noise,
-                scale=scale,
-                sensitivity=self.sensitivity,
-                norm="l2",
-                dimension=self.dimension,
-                partition=partition,
-                count=self.count,
-                delta=_outright(self.delta),
-            )
-            for partition in (self.partitions or (None,))
-        ]
+        return _events_of(self, scale=self.scale(multiplier, total_weight), norm="l2")
 
 
-def _outright(delta: float | None) -> Decimal | None:
-    """A release's ``delta`` as the event holds it (exact decimal), None for none."""
-    return None if delta is None else exact_decimal(delta, field="delta")
+def _events_of(
+    m: GaussianRelease | PlannedMechanism,
+    *,
+    scale: float,
+    norm: str,
+    epsilon: Decimal | None = None,
+) -> list[PrivacyEvent]:
+    """The events of ``m`` drawn at ``scale``: one per partition (one for the whole data
+    without partitions), each carrying the δ ``m`` spends outright."""
+    delta = None if m.delta is None else exact_decimal(m.delta, field="delta")
+    return [
+        PrivacyEvent(
+            mechanism=m.mechanism,
+            noise=m.noise,
+            scale=scale,
+            sensitivity=m.sensitivity,
+            norm=norm,
+            dimension=m.dimension,
+            partition=partition,
+            count=m.count,
+            epsilon=epsilon,
+            delta=delta,
+        )
+        for partition in (m.partitions or (None,))
+    ]
 
 
 def _events_at(releases: Sequence[GaussianRelease], multiplier: float) -> list[PrivacyEvent]:
@@ -326,21 +334,7 @@ def _pure_events(m: PlannedMechanism, epsilon_share: Decimal) -> list[PrivacyEve
         raise ConfigError("the share is too small to give ε > 1e-12", field="share")
     scale = m.sensitivity / float(per_release)
     scale = math.nextafter(scale, math.inf)  # Δ/scale ≤ per-release ε despite rounding
-    return [
-        PrivacyEvent(
-            mechanism=m.mechanism,
-            noise=m.noise,
-            scale=scale,
-            sensitivity=m.sensitivity,
-            norm=m.norm,
-            dimension=m.dimension,
-            partition=partition,
-            count=m.count,
-            epsilon=per_release,
-            delta=_outright(m.delta),
-        )
-        for partition in (m.partitions or (None,))
-    ]
+    return _events_of(m, scale=scale, norm=m.norm, epsilon=per_release)
 
 
 def split_budget(

@@ -10,7 +10,6 @@ corpora is tests/core/privacy/test_sharded_neighbouring.py.
 
 from __future__ import annotations
 
-import hashlib
 import tracemalloc
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 
 from tests.core.dpkps import config
 from tests.core.dpkps.test_pipeline import TOPICS, corpus
+from tests.core.privacy.test_sharded_neighbouring import HashEmbedder as Hashed
 from workers.errors import ConfigError, InputDataError
 from workers.methods.dpkps import stages
 from workers.methods.dpkps.config import EMBEDDING_DIMENSION, GenerationConfig
@@ -48,24 +48,17 @@ PHRASES = [w for words in TOPICS.values() for w in words] + ["zz unrelated"]
 VOCABULARY = Vocabulary.from_phrases("t", PHRASES)
 
 
-class HashEmbedder:
+class HashEmbedder(Hashed):
     """A deterministic stand-in of the sentence model's shape (384 dimensions, unit
     rows): a text's vector is a function of the text alone, whatever batch it is in,
     so that sums can be compared bit for bit. Records what it was asked to embed."""
-
-    name, dim = "hash-embedder", EMBEDDING_DIMENSION
 
     def __init__(self) -> None:
         self.texts: list[str] = []
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 256) -> Any:
         self.texts.extend(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, text in enumerate(texts):
-            seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-            vector = np.random.default_rng(seed).normal(size=self.dim)
-            out[i] = vector / np.linalg.norm(vector)
-        return out
+        return super().encode(texts, batch_size=batch_size)
 
 
 def rows_of(per_class: int, *, units: bool, seed: int = 0) -> list[Row]:

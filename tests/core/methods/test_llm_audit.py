@@ -18,7 +18,6 @@ below the claim.
 from __future__ import annotations
 
 import re
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -27,10 +26,11 @@ import numpy as np
 import pytest
 
 from tests.core.methods import news
-from tests.fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM, Turns, asked_class, echoed_text, last_message
 from workers.methods.aug_pe import run_aug_pe
 from workers.methods.aug_pe.params import AugPEParams
 from workers.methods.checkpoints import MemoryCheckpoints
+from workers.methods.skeleton import RunInputs
 from workers.privacy.audit import AuditResult, CanarySet, make_canaries, rare_words, run_audit
 
 pytestmark = pytest.mark.slow
@@ -39,6 +39,14 @@ CLAIMED = 1.0
 CANARIES = 64
 COPIES = 100  # DP-EDA: copies of the news corpus, enough votes for LimitedDomain at ε = 1
 WORD = re.compile(r"[a-z]{3,}")
+# what every method's run here takes alike: news articles, the claimed ε, δ, the LLM calls
+RUN: dict[str, Any] = {
+    "document_type": "news article",
+    "epsilon": CLAIMED,
+    "delta": 1e-5,
+    "concurrency": 8,
+    "max_tokens": 16,
+}
 
 
 def _pool() -> list[str]:
@@ -57,25 +65,21 @@ class WordPool:
 
     def __init__(self, words: list[str]) -> None:
         self.words = words
-        self.given: Counter[str] = Counter()
-        self._lock = threading.Lock()
+        self.turns = Turns()
 
     def __call__(self, body: Any) -> str:
-        user = str(body["messages"][-1]["content"])
+        user = last_message(body)
         example = re.search(r"\n\nExample: (.*)$", user, re.S)
         if example is not None:  # a prompt with an example (only a broken run's): echoed
             return example.group(1)
         phrases = re.search(r"using these phrases: (.*?)\.(?: Improve|$)", user, re.S)
         if phrases is not None:  # DP-EDA's decoder: the phrases it was given, echoed
             return " ".join(p.strip() for p in phrases.group(1).split(";"))
-        asked = re.search(r'Write one .* of the category "([^"]+)"', user)
-        if asked is not None:
-            with self._lock:
-                n = self.given[asked.group(1)]
-                self.given[asked.group(1)] += 1
-            return self.words[n % len(self.words)]
-        echoed = re.search(r"(?:Text|Input): (.*?)(?:\n\nAnswer:)?$", user, re.S)
-        text = echoed.group(1).replace("_", " ") if echoed is not None else ""
+        label = asked_class(user)
+        if label is not None:
+            return self.words[self.turns.next(label) % len(self.words)]
+        echoed = echoed_text(user)
+        text = echoed.replace("_", " ") if echoed is not None else ""
         return " ".join(text.split()) or self.words[0]
 
 
@@ -117,35 +121,55 @@ def _input(
     return canaries, documents, [*(label for label, _ in kept), *(c.label for c in added)]
 
 
+def _run(
+    runner: Any,
+    documents: list[str],
+    labels: list[str],
+    params: Any,
+    label_set: list[str],
+    llm: FakeLLM,
+    embedder: Any,
+    **extra: Any,
+) -> Any:
+    """``runner`` (an LLM method's entry point) on ``documents`` with the fake ``llm``,
+    no units and its checkpoints in memory (``extra``: the method's own inputs)."""
+    inputs: RunInputs = {
+        "label_set": label_set,
+        "units": None,
+        "llm": llm.endpoint(),
+        "embedder": embedder,
+        "checkpoints": MemoryCheckpoints(),
+    }
+    return runner(documents, labels, params=params, **inputs, **extra)
+
+
+def _audit(canaries: CanarySet, result: Any) -> AuditResult:
+    """The audit of ``result``'s release, at the ε it claims (checked to be CLAIMED)."""
+    claimed = float(result.manifest["privacy"]["epsilon"])
+    assert claimed == pytest.approx(CLAIMED, abs=1e-6)
+    return run_audit(canaries, result.records, claimed_epsilon=claimed, delta=1e-5)
+
+
 def _aug_pe_audit(words: list[str], llm: FakeLLM, embedder: Any) -> AuditResult:
     """One Aug-PE run (ε = 1, one iteration, 800 one-word candidates, 120 released) on
     the news corpus with 64 canaries of ``words`` added by their coins, and its audit."""
     canaries, documents, labels = _input(words)
     params = AugPEParams(
-        document_type="news article",
-        epsilon=CLAIMED,
-        delta=1e-5,
+        **RUN,
         iterations=1,
         population=800,
         initial_variation_folds=0,
         num_released=120,
         nearest_neighbors=3,
-        concurrency=8,
-        max_tokens=16,
     )
-    result = run_aug_pe(
-        documents,
-        labels,
-        params=params,
-        label_set=news.LABEL_SET,
-        units=None,
-        llm=llm.endpoint(),
-        embedder=embedder,
-        checkpoints=MemoryCheckpoints(),
-    )
-    claimed = float(result.manifest["privacy"]["epsilon"])
-    assert claimed == pytest.approx(CLAIMED, abs=1e-6)
-    return run_audit(canaries, result.records, claimed_epsilon=claimed, delta=1e-5)
+    result = _run(run_aug_pe, documents, labels, params, news.LABEL_SET, llm, embedder)
+    return _audit(canaries, result)
+
+
+def _assert_caught(broken: AuditResult) -> None:
+    """The audit of a broken run: its bound exceeds the claimed ε, and its words warn."""
+    assert broken.epsilon_lower_bound > CLAIMED, broken
+    assert broken.exceeds_claim and "WARNING" in broken.in_words()
 
 
 def test_the_audit_catches_aug_pe_with_its_noise_switched_off(
@@ -156,18 +180,7 @@ def test_the_audit_catches_aug_pe_with_its_noise_switched_off(
     monkeypatch.setattr(samplers, "_add", lambda noise, data, scale: list(data.tolist()))
     broken = _aug_pe_audit(words, llm, embedder)
     assert broken.copied_as_documents == 0  # released texts are LLM candidates, not canaries
-    assert broken.epsilon_lower_bound > CLAIMED, broken
-    assert broken.exceeds_claim and "WARNING" in broken.in_words()
-
-
-def test_the_real_aug_pe_at_the_same_epsilon_stays_within_its_claim(
-    words: list[str], llm: FakeLLM, embedder: Any
-) -> None:
-    # one run, real OpenDP noise: a valid audit exceeds the truth with probability ≤ 5 %,
-    # and one canary's vote (norm 1) is drowned by σ ≈ 4 on every candidate
-    honest = _aug_pe_audit(words, llm, embedder)
-    assert honest.epsilon_lower_bound <= CLAIMED, honest
-    assert not honest.exceeds_claim and honest.copied_as_documents == 0
+    _assert_caught(broken)
 
 
 # -- PATE-tutor ------------------------------------------------------------------------------
@@ -210,7 +223,7 @@ def _pate_audit(
     words: list[str],
     llm: FakeLLM,
     embedder: Any,
-    monkeypatch: pytest.MonkeyPatch | None,
+    monkeypatch: pytest.MonkeyPatch | None = None,
     label_set: list[str] = news.LABEL_SET,
 ) -> AuditResult:
     """One PATE-tutor run (ε = 1, 4 teachers, 200 candidates) on the news corpus of
@@ -226,30 +239,15 @@ def _pate_audit(
     if monkeypatch is not None:
         _leaky_prompts(monkeypatch, pate_runner, "random_messages", documents, labels)
     params = PateTutorParams(
-        document_type="news article",
-        epsilon=CLAIMED,
-        delta=1e-5,
+        **RUN,
         teachers=4,
         queries=80,
         negatives=80,
         candidates=200,
         num_released=160 if monkeypatch is None else 200,
-        concurrency=8,
-        max_tokens=16,
     )
-    result = run_pate_tutor(
-        documents,
-        labels,
-        params=params,
-        label_set=label_set,
-        units=None,
-        llm=llm.endpoint(),
-        embedder=embedder,
-        checkpoints=MemoryCheckpoints(),
-    )
-    claimed = float(result.manifest["privacy"]["epsilon"])
-    assert claimed == pytest.approx(CLAIMED, abs=1e-6)
-    return run_audit(canaries, result.records, claimed_epsilon=claimed, delta=1e-5)
+    result = _run(run_pate_tutor, documents, labels, params, label_set, llm, embedder)
+    return _audit(canaries, result)
 
 
 def test_the_audit_catches_pate_tutor_with_private_documents_in_its_prompts(
@@ -258,16 +256,7 @@ def test_the_audit_catches_pate_tutor_with_private_documents_in_its_prompts(
     # one class: the tutor's noisy shares cannot hold back part of the echoed pool
     broken = _pate_audit(words, llm, embedder, monkeypatch, ["Sports"])
     assert broken.copied_as_documents > 0  # canaries echoed whole into released texts
-    assert broken.epsilon_lower_bound > CLAIMED, broken
-    assert broken.exceeds_claim and "WARNING" in broken.in_words()
-
-
-def test_the_real_pate_tutor_at_the_same_epsilon_stays_within_its_claim(
-    words: list[str], llm: FakeLLM, embedder: Any
-) -> None:
-    honest = _pate_audit(words, llm, embedder, None)
-    assert honest.epsilon_lower_bound <= CLAIMED, honest
-    assert not honest.exceeds_claim and honest.copied_as_documents == 0
+    _assert_caught(broken)
 
 
 # -- DP-EDA ------------------------------------------------------------------------------------
@@ -295,9 +284,7 @@ def _eda_audit(words: list[str], llm: FakeLLM, embedder: Any, **levers: Any) -> 
     documents = [*(documents[:news_rows] * COPIES), *documents[news_rows:]]
     labels = [*(labels[:news_rows] * COPIES), *labels[news_rows:]]
     values: dict[str, Any] = {
-        "document_type": "news article",
-        "epsilon": CLAIMED,
-        "delta": 1e-5,
+        **RUN,
         "vocabulary": "audit-words",
         "iterations": 1,
         "domain": 8,
@@ -309,25 +296,14 @@ def _eda_audit(words: list[str], llm: FakeLLM, embedder: Any, **levers: Any) -> 
         "candidates": 1,
         "rounds": 1,
         "perplexity_percentile": 100.0,
-        "concurrency": 8,
-        "max_tokens": 16,
     }
     params = DPEDAParams(**{**values, **levers})
-    result = run_dp_eda(
-        documents,
-        labels,
-        params=params,
-        label_set=news.LABEL_SET,
-        units=None,
-        llm=llm.endpoint(),
-        embedder=embedder,
-        checkpoints=MemoryCheckpoints(),
-        vocabulary=Vocabulary.from_phrases("audit-words", words),
+    vocabulary = Vocabulary.from_phrases("audit-words", words)
+    result = _run(
+        run_dp_eda, documents, labels, params, news.LABEL_SET, llm, embedder, vocabulary=vocabulary
     )
     assert all(c["released"] for c in result.manifest["classes"].values())  # a release to audit
-    claimed = float(result.manifest["privacy"]["epsilon"])
-    assert claimed == pytest.approx(CLAIMED, abs=1e-6)
-    return run_audit(canaries, result.records, claimed_epsilon=claimed, delta=1e-5)
+    return _audit(canaries, result)
 
 
 def test_the_audit_catches_dp_eda_with_its_noise_and_threshold_switched_off(
@@ -346,13 +322,20 @@ def test_the_audit_catches_dp_eda_with_its_noise_and_threshold_switched_off(
         words, llm, embedder, initial_population=400, domain=100, parents=100, offspring=101,
         nearest_phrases=1,
     )  # fmt: skip
-    assert broken.epsilon_lower_bound > CLAIMED, broken
-    assert broken.exceeds_claim and "WARNING" in broken.in_words()
+    _assert_caught(broken)
 
 
-def test_the_real_dp_eda_at_the_same_epsilon_stays_within_its_claim(
-    words: list[str], llm: FakeLLM, embedder: Any
+# -- each method, real -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "audit", [_aug_pe_audit, _pate_audit, _eda_audit], ids=["aug_pe", "pate_tutor", "dp_eda"]
+)
+def test_the_real_method_at_the_same_epsilon_stays_within_its_claim(
+    audit: Any, words: list[str], llm: FakeLLM, embedder: Any
 ) -> None:
-    honest = _eda_audit(words, llm, embedder)
+    # one run, real OpenDP noise: a valid audit exceeds the truth with probability ≤ 5 %
+    # (Aug-PE: one canary's vote, norm 1, is drowned by σ ≈ 4 on every candidate)
+    honest = audit(words, llm, embedder)
     assert honest.epsilon_lower_bound <= CLAIMED, honest
     assert not honest.exceeds_claim and honest.copied_as_documents == 0

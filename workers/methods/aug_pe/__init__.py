@@ -5,14 +5,14 @@ manifest, LLM costs) and :func:`plan_aug_pe` (the events of a run, from its publ
 parameters alone, so the whole (ε, δ) is reserved before the first private read).
 Design: ``shared/design/aug-pe.md``; each module's docstring says which part it is.
 
-The names are imported when first used (:func:`workers.methods.lazy_exports`).
+The names are imported when first used (:func:`workers.methods.method_exports`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.methods import lazy_exports
+from workers.methods import method_exports
 
 if TYPE_CHECKING:
     from workers.methods.aug_pe.accounting import plan_aug_pe
@@ -22,9 +22,4 @@ if TYPE_CHECKING:
 
 __all__ = ["AugPEParams", "AugPEResult", "plan_aug_pe", "run_aug_pe"]
 
-__getattr__ = lazy_exports(
-    __name__,
-    accounting=["plan_aug_pe"],
-    params=["AugPEParams"],
-    runner=["AugPEResult", "run_aug_pe"],
-)
+__getattr__ = method_exports(__name__, "AugPE")

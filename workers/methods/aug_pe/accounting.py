@@ -36,18 +36,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from workers.errors import ConfigError
 from workers.methods.aug_pe.params import AugPEParams
-from workers.methods.common import check_label_set
-from workers.privacy.calibration import GaussianRelease, calibrate_with_share, check_calibrated
+from workers.methods.class_counts import ClassCounts
+from workers.methods.common import cached_plan
+from workers.privacy.calibration import GaussianRelease, check_calibrated
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import release_event
 
 COUNTS = "aug-pe-class-counts"
 HISTOGRAM = "aug-pe-histogram"
 ACCOUNTANT_NOTE = "exact GDP composition of the Gaussian histograms (dp-accounting PLD)"
+CLASS_COUNTS = ClassCounts(COUNTS, "class-counts")
+# The event of the class counts drawn with Gaussian noise ``sigma``.
+count_release = CLASS_COUNTS.event
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,9 @@ def plan_aug_pe(params: AugPEParams, label_set: Sequence[str]) -> list[PrivacyEv
     return list(noise_plan(params, label_set).events)
 
 
-def noise_plan(params: AugPEParams, label_set: Sequence[str]) -> NoisePlan:
+@cached_plan
+def noise_plan(params: AugPEParams, labels: tuple[str, ...]) -> NoisePlan:
     """σ and σ_c for the run (module docstring) and the events they make."""
-    return _noise_plan(params, check_label_set(label_set))
-
-
-@lru_cache(maxsize=32)
-def _noise_plan(params: AugPEParams, labels: tuple[str, ...]) -> NoisePlan:
     iterations = params.iterations
     dimensions = [params.candidates(t) for t in range(1, iterations + 1)]
     # The sensitivity OpenDP certifies grows with the dimension (lattice rounding); the
@@ -98,38 +97,13 @@ def _noise_plan(params: AugPEParams, labels: tuple[str, ...]) -> NoisePlan:
     histogram = GaussianRelease(
         mechanism=HISTOGRAM, sensitivity=certified, count=iterations, partitions=labels
     )
-    counts = GaussianRelease(
-        mechanism=COUNTS,
-        sensitivity=1.0,
-        dimension=len(labels),
-        noise="gaussian",
-        weight=params.count_share,
+    sigma, count_sigma, events = CLASS_COUNTS.calibrate_with(
+        histogram, len(labels), share=params.count_share, sensitivity=1.0, params=params
     )
-    sigma, count_sigma = calibrate_with_share(
-        histogram,
-        counts if len(labels) > 1 else None,  # one class: nothing to count
-        epsilon=params.epsilon,
-        delta=params.delta,
-    )
-    events: list[PrivacyEvent] = []
-    if count_sigma is not None:
-        events.append(count_release(count_sigma, len(labels)))
     for t, dimension in enumerate(dimensions, start=1):
         events.extend(histogram_release(sigma, dimension, t, label) for label in labels)
     check_calibrated(events, epsilon=params.epsilon, delta=params.delta)
     return NoisePlan(histogram_sigma=sigma, count_sigma=count_sigma, events=tuple(events))
-
-
-def count_release(sigma: float, classes: int) -> PrivacyEvent:
-    """The event of the class counts drawn with Gaussian noise ``sigma``."""
-    return release_event(
-        mechanism=COUNTS,
-        noise="gaussian",
-        scale=sigma,
-        sensitivity=1.0,
-        dimension=classes,
-        name="class-counts",
-    )
 
 
 def histogram_release(sigma: float, dimension: int, iteration: int, label: str) -> PrivacyEvent:

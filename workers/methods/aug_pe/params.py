@@ -30,7 +30,12 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from workers.methods.common import MethodParams, max_tokens_field, temperature_field
+from workers.methods.common import (
+    MethodParams,
+    max_tokens_field,
+    share_field,
+    temperature_field,
+)
 
 MAX_LLM_CALLS = 10_000_000  # per run, retries excluded: far above what a machine can serve
 
@@ -130,14 +135,10 @@ class AugPEParams(MethodParams):
         ge=0.0,
         le=1e9,
     )
-    count_share: float = Field(
-        description=(
-            "The DP class counts' share of the budget, in μ² (the currency Gaussian mechanisms "
-            "add up in); the rest goes to the T vote histograms. Default 0.1, > 0 to < 1"
-        ),
-        default=0.1,
-        gt=0.0,
-        lt=1.0,
+    count_share: float = share_field(
+        "The DP class counts' share of the budget, in μ² (the currency Gaussian mechanisms "
+        "add up in); the rest goes to the T vote histograms",
+        0.1,
     )
     variation: Literal["fill_in_blanks", "paraphrase"] = Field(
         default="fill_in_blanks",

@@ -3,14 +3,14 @@
 Entry points: :func:`run_dp_eda` and :func:`plan_dp_eda` (the events of a run from its
 public parameters alone). Design: ``shared/design/dp-eda.md``.
 
-The names are imported when first used (:func:`workers.methods.lazy_exports`).
+The names are imported when first used (:func:`workers.methods.method_exports`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.methods import lazy_exports
+from workers.methods import method_exports
 
 if TYPE_CHECKING:
     from workers.methods.dp_eda.accounting import plan_dp_eda
@@ -20,9 +20,4 @@ if TYPE_CHECKING:
 
 __all__ = ["DPEDAParams", "DPEDAResult", "plan_dp_eda", "run_dp_eda"]
 
-__getattr__ = lazy_exports(
-    __name__,
-    accounting=["plan_dp_eda"],
-    params=["DPEDAParams"],
-    runner=["DPEDAResult", "run_dp_eda"],
-)
+__getattr__ = method_exports(__name__, "DPEDA")

@@ -26,10 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from workers.errors import ConfigError
-from workers.methods.common import check_label_set
+from workers.methods.common import cached_plan
 from workers.methods.dp_eda.limited_domain import FACTOR, Calibration
 from workers.methods.dp_eda.params import DPEDAParams
 from workers.privacy.accountant import compose
@@ -87,18 +86,15 @@ def plan_dp_eda(params: DPEDAParams, label_set: Sequence[str]) -> list[PrivacyEv
     return list(noise_plan(params, label_set).events)
 
 
-def noise_plan(params: DPEDAParams, label_set: Sequence[str]) -> Plan:
-    return _noise_plan(params, check_label_set(label_set))
-
-
 def _events(params: DPEDAParams, labels: tuple[str, ...], cal: Calibration) -> list[PrivacyEvent]:
     return [
         selection_event(cal, t, label) for t in range(1, params.iterations + 1) for label in labels
     ]
 
 
-@lru_cache(maxsize=32)
-def _noise_plan(params: DPEDAParams, labels: tuple[str, ...]) -> Plan:
+@cached_plan
+def noise_plan(params: DPEDAParams, labels: tuple[str, ...]) -> Plan:
+    """ε_s, δ_LD and the events of the run (module docstring)."""
     per_call = params.delta * params.ld_delta_share / params.iterations
 
     def calibration(epsilon_s: float) -> Calibration:

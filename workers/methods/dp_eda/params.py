@@ -23,26 +23,33 @@ valid under add/remove as well, with twice the noise).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from workers.errors import ConfigError
-from workers.methods.common import MethodParams, max_tokens_field, temperature_field
+from workers.methods.common import (
+    MethodParams,
+    bounded_field,
+    max_tokens_field,
+    share_field,
+    temperature_field,
+)
+
+
+def _population_field(what: str, default: int) -> Any:
+    """A population's size: at least domain + 1 (:meth:`DPEDAParams._above_domain`),
+    checked when left at its default too."""
+    return bounded_field(what, default, "2 to 100,000", validate_default=True, ge=2, le=100_000)
 
 
 class DPEDAParams(MethodParams):
     """The job's DP-EDA parameters (module docstring); frozen once validated."""
 
-    ld_delta_share: float = Field(
-        description=(
-            "The share of delta spent outright by the T LimitedDomain restrictions (δ·share/T "
-            "each); the rest is the δ at which the Gumbel selections are composed. Default 0.5, >"
-            " 0 to < 1"
-        ),
-        default=0.5,
-        gt=0.0,
-        lt=1.0,
+    ld_delta_share: float = share_field(
+        "The share of delta spent outright by the T LimitedDomain restrictions (δ·share/T "
+        "each); the rest is the δ at which the Gumbel selections are composed",
+        0.5,
     )
     adjacency: Literal["add_remove", "replace_one"] = Field(
         default="add_remove",
@@ -78,25 +85,11 @@ class DPEDAParams(MethodParams):
         ge=2,
         le=10_000,
     )
-    initial_population: int = Field(
-        description=(
-            "N_pb, the public initial population per class, at least domain + 1. Default 1,000, 2"
-            " to 100,000"
-        ),
-        default=1000,
-        validate_default=True,  # checked against domain when left at its default
-        ge=2,
-        le=100_000,
+    initial_population: int = _population_field(
+        "N_pb, the public initial population per class, at least domain + 1", 1000
     )
-    offspring: int = Field(
-        description=(
-            "N_cld, the embeddings the EDA samples per iteration, at least domain + 1. Default "
-            "3,000, 2 to 100,000"
-        ),
-        default=3000,
-        validate_default=True,  # checked against domain when left at its default
-        ge=2,
-        le=100_000,
+    offspring: int = _population_field(
+        "N_cld, the embeddings the EDA samples per iteration, at least domain + 1", 3000
     )
     alpha: float = Field(
         description=(

@@ -12,8 +12,8 @@ takes nothing else, so nothing else can reach the LLM by accident. Everything th
 returns is post-processing of ε-DP releases, which is why a failed call can be retried
 as often as the endpoint needs without spending budget.
 
-Errors are short codes (``http_429``, ``timeout``, ``empty_content`` …), and log lines
-hold counts and codes only: neither ever quotes a prompt or a completion.
+Errors and log lines are the client's: short codes and counts, never a prompt or a
+completion.
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ a public manifest, LLM costs) and :func:`plan_pate_tutor` (the events of a run, 
 public parameters alone, so the whole (ε, δ) is reserved before the first private read).
 Design: ``shared/design/pate-tutor.md`` §7–8; each module's docstring says which part it is.
 
-The names are imported when first used (:func:`workers.methods.lazy_exports`).
+The names are imported when first used (:func:`workers.methods.method_exports`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.methods import lazy_exports
+from workers.methods import method_exports
 
 if TYPE_CHECKING:
     from workers.methods.pate_tutor.accounting import plan_pate_tutor
@@ -22,9 +22,4 @@ if TYPE_CHECKING:
 
 __all__ = ["PateTutorParams", "PateTutorResult", "plan_pate_tutor", "run_pate_tutor"]
 
-__getattr__ = lazy_exports(
-    __name__,
-    accounting=["plan_pate_tutor"],
-    params=["PateTutorParams"],
-    runner=["PateTutorResult", "run_pate_tutor"],
-)
+__getattr__ = method_exports(__name__, "PateTutor")

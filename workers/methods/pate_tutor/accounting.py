@@ -32,11 +32,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
-from workers.methods.common import check_label_set
+from workers.methods.class_counts import ClassCounts
+from workers.methods.common import cached_plan
 from workers.methods.pate_tutor.params import PateTutorParams
-from workers.privacy.calibration import GaussianRelease, calibrate_with_share, check_calibrated
+from workers.privacy.calibration import GaussianRelease, check_calibrated
 from workers.privacy.events import PrivacyEvent
 from workers.privacy.noise import release_event
 
@@ -47,6 +47,9 @@ ACCOUNTANT_NOTE = (
     "data-independent: Q Gaussian vote queries (Δ₂ = √2 each) and the Gaussian tutor "
     "counts (Δ₂ = 1, rounded), composed exactly as Gaussians (dp-accounting)"
 )
+TUTOR_COUNTS = ClassCounts(TUTOR, "tutor-class-counts")
+# The event of the tutor's class counts drawn with Gaussian noise ``sigma``.
+tutor_release = TUTOR_COUNTS.event
 
 
 @dataclass(frozen=True)
@@ -69,51 +72,27 @@ def plan_pate_tutor(params: PateTutorParams, label_set: Sequence[str]) -> list[P
     return list(noise_plan(params, label_set).events)
 
 
-def noise_plan(params: PateTutorParams, label_set: Sequence[str]) -> NoisePlan:
+@cached_plan
+def noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
     """σ_KD and σ_t for the run (module docstring) and the events they make."""
-    return _noise_plan(params, check_label_set(label_set))
-
-
-@lru_cache(maxsize=32)
-def _noise_plan(params: PateTutorParams, labels: tuple[str, ...]) -> NoisePlan:
     # The sensitivity OpenDP certifies for a vector includes its lattice rounding; the
     # scale does not matter for it.
     certified = vote_release(1.0, 1).sensitivity
     votes = GaussianRelease(
         mechanism=VOTES, sensitivity=certified, dimension=2, count=params.queries
     )
-    tutor = GaussianRelease(
-        mechanism=TUTOR,
-        sensitivity=tutor_release(1.0, len(labels)).sensitivity,
-        dimension=len(labels),
-        noise="gaussian",
-        weight=params.tutor_share,
-    )
-    # the Q queries together get 1 − tutor_share of μ²
-    vote_sigma, tutor_sigma = calibrate_with_share(
+    # the Q queries together get 1 − tutor_share of μ²; the counts at the sensitivity
+    # OpenDP certifies for them
+    vote_sigma, tutor_sigma, events = TUTOR_COUNTS.calibrate_with(
         votes,
-        tutor if len(labels) > 1 else None,  # one class: nothing to count
-        epsilon=params.epsilon,
-        delta=params.delta,
+        len(labels),
+        share=params.tutor_share,
+        sensitivity=tutor_release(1.0, len(labels)).sensitivity,
+        params=params,
     )
-    events: list[PrivacyEvent] = []
-    if tutor_sigma is not None:
-        events.append(tutor_release(tutor_sigma, len(labels)))
     events.append(vote_release(vote_sigma, params.queries))
     check_calibrated(events, epsilon=params.epsilon, delta=params.delta)
     return NoisePlan(vote_sigma=vote_sigma, tutor_sigma=tutor_sigma, events=tuple(events))
-
-
-def tutor_release(sigma: float, classes: int) -> PrivacyEvent:
-    """The event of the tutor's class counts drawn with Gaussian noise ``sigma``."""
-    return release_event(
-        mechanism=TUTOR,
-        noise="gaussian",
-        scale=sigma,
-        sensitivity=1.0,
-        dimension=classes,
-        name="tutor-class-counts",
-    )
 
 
 def vote_release(sigma: float, queries: int) -> PrivacyEvent:

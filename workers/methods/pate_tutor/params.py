@@ -25,7 +25,12 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from workers.methods.common import MethodParams, max_tokens_field, temperature_field
+from workers.methods.common import (
+    MethodParams,
+    max_tokens_field,
+    share_field,
+    temperature_field,
+)
 
 MAX_POOL = 1_000_000
 
@@ -78,14 +83,10 @@ class PateTutorParams(MethodParams):
         ge=1,
         le=MAX_POOL,
     )
-    tutor_share: float = Field(
-        description=(
-            "The DP label tutor's (class counts') share of the budget in μ²; the rest goes to the"
-            " Q teacher votes. Default 0.1, > 0 to < 1"
-        ),
-        default=0.1,
-        gt=0.0,
-        lt=1.0,
+    tutor_share: float = share_field(
+        "The DP label tutor's (class counts') share of the budget in μ²; the rest goes to the"
+        " Q teacher votes",
+        0.1,
     )
     regularization: float = Field(
         description=(

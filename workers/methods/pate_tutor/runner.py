@@ -38,24 +38,13 @@ from numpy.typing import NDArray
 
 from workers.methods.aug_pe.prompts import random_messages
 from workers.methods.common import MethodResult, checkpoint_json, random_source
+from workers.methods.pate_tutor import mechanism
 from workers.methods.pate_tutor.accounting import (
     ACCOUNTANT_NOTE,
     NoisePlan,
     noise_plan,
     tutor_release,
     vote_release,
-)
-from workers.methods.pate_tutor.mechanism import (
-    assign_teachers,
-    fit_classifier,
-    new_key,
-    noisy_votes,
-    private_probability,
-    pseudo_labels,
-    record_identity,
-    train_teachers,
-    tutor_counts,
-    vote_sums,
 )
 from workers.methods.pate_tutor.params import PateTutorParams
 from workers.methods.proportions import allocate
@@ -131,7 +120,7 @@ class _Run(MethodRun[PateTutorParams, NoisePlan]):
         stored = self.checkpoints.load(TEACHER_KEY)
         if stored is not None:
             return stored
-        key = new_key()
+        key = mechanism.new_key()
         self.checkpoints.save(TEACHER_KEY, key)
         return key
 
@@ -199,7 +188,7 @@ class _Run(MethodRun[PateTutorParams, NoisePlan]):
             index = {label: i for i, label in enumerate(self.labels)}
             pooled = pool(labels, units, label_set=self.labels)
             classes = np.array([index[u.label] for u in pooled], dtype=np.int64)
-            counts = tutor_counts(
+            counts = mechanism.tutor_counts(
                 classes, num_classes=len(self.labels), sigma=self.plan.tutor_sigma
             )
             del classes, pooled
@@ -230,32 +219,32 @@ class _Run(MethodRun[PateTutorParams, NoisePlan]):
         # pool() lists units in order of first appearance, as dict.fromkeys does
         unit_ids = list(dict.fromkeys(units)) if units is not None else None
         identities = [
-            record_identity(
+            mechanism.record_identity(
                 unit=unit_ids[i] if unit_ids is not None else None,
                 label=u.label,
                 text=documents[u.documents[0]],
             )
             for i, u in enumerate(pooled)
         ]
-        teacher_of_unit = assign_teachers(identities, key=key, teachers=p.teachers)
+        teacher_of_unit = mechanism.assign_teachers(identities, key=key, teachers=p.teachers)
         rows = [d for u in pooled for d in u.documents]
         owner = np.array(
             [teacher_of_unit[i] for i, u in enumerate(pooled) for _ in u.documents],
             dtype=np.int64,
         )
         positives = self.embed([documents[d] for d in rows])
-        models = train_teachers(
+        models = mechanism.train_teachers(
             positives,
             owner,
             teachers=p.teachers,
             negatives=negatives,
             regularization=p.regularization,
         )
-        sums = vote_sums(models, queries)
+        sums = mechanism.vote_sums(models, queries)
         del models, positives, owner, identities, pooled
-        noisy = noisy_votes(sums, sigma=self.plan.vote_sigma)
+        noisy = mechanism.noisy_votes(sums, sigma=self.plan.vote_sigma)
         del sums
-        answers = pseudo_labels(noisy)
+        answers = mechanism.pseudo_labels(noisy)
         event = vote_release(self.plan.vote_sigma, p.queries)
         if event != self.plan.vote_event():
             raise RuntimeError("the votes differ from the plan")
@@ -269,12 +258,14 @@ class _Run(MethodRun[PateTutorParams, NoisePlan]):
     ) -> list[tuple[str, str]]:
         """Student on (pool B, ŷ); per class the n_c best of pool C by P(private | x)."""
         p = self.params
-        student = fit_classifier(
+        student = mechanism.fit_classifier(
             self.embed(pools["queries"].texts), answers, regularization=p.regularization
         )
         candidates = pools["candidates"]
         constant = float(answers[0]) if answers.size else 0.0  # all ŷ alike: no student
-        scores = private_probability(student, self.embed(candidates.texts), default=constant)
+        scores = mechanism.private_probability(
+            student, self.embed(candidates.texts), default=constant
+        )
         ties = self.rng(_TIES).random(len(scores))  # public tie-break
         want = allocate(p.num_released, dict(weights))
         records: list[tuple[str, str]] = []

@@ -120,9 +120,8 @@ def release_class_sums(
 def build_centroid_structures(
     classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
 ) -> list[CentroidKDE]:
-    """``Σ_j x_j`` of each class (rows ``x_j``, each of L2 norm ≤ 1) plus Gaussian noise."""
-    if planned.norm != "l2":
-        raise ConfigError("class centroids take Gaussian noise", field="kde_method")
+    """``Σ_j x_j`` of each class (rows ``x_j``, each of L2 norm ≤ 1) plus Gaussian noise
+    (:func:`release_class_sums` refuses any other)."""
     return release_class_sums(
         [(label, class_sum(given, planned.dimension)) for label, given in classes],
         planned=planned,
@@ -176,9 +175,8 @@ def class_moments(rows: NDArray[np.float64]) -> NDArray[np.float64]:
 def build_moment_structures(
     classes: Sequence[tuple[str, NDArray[np.float64]]], *, planned: PrivacyEvent
 ) -> list[CentroidKDE]:
-    """``(Σ_j x_j, triu(Σ_j x_j x_jᵀ))`` of each class plus Gaussian noise (L2 Δ = √2)."""
-    if planned.norm != "l2":
-        raise ConfigError("moments take Gaussian noise", field="kde_method")
+    """``(Σ_j x_j, triu(Σ_j x_j x_jᵀ))`` of each class plus Gaussian noise (L2 Δ = √2;
+    :func:`release_class_sums` refuses any other)."""
     return release_class_sums(
         [(label, class_moments(given)) for label, given in classes], planned=planned, moments=True
     )
