@@ -10,24 +10,32 @@ vocabulary DP-EDA's decoder reads), each in by a fair coin, joined to the privat
 by :func:`app.jobs.stages.with_canaries`.
 
 The "LLM" is a public pool of real news texts (AG News rows the private split does not
-hold, their labels unread). Asked for a new text of a class (Aug-PE's and PATE-tutor's
-random prompt, DP-EDA's initial population) it gives the next text of that class's
-stream of the pool (class k's i-th text is the pool's text k + 4·i; the streams are
-disjoint and fixed); asked for an Aug-PE variation it echoes the text; asked for a DP-EDA
-reconstruction ("... using these phrases: p₁; …; p_m.", a draft or none) it gives the
-class's next pool text followed by the phrases it was given ("<text> p₁, …, p_m."): a
-text of the class that holds the vocabulary phrases nearest the DP-selected embedding,
-as the decoder asks, of which the decoder keeps the candidate nearest its target. So
-what the method's private steps do is all that varies, and every released text is a
-real text (or a real text and public phrases) whose label the method chose.
+hold). Asked for a new text of a class (Aug-PE's and PATE-tutor's random prompt, DP-EDA's
+initial population) it gives the next text of that class's stream of the pool; the
+streams are disjoint and fixed. For Aug-PE the pool's labels are unread (class k's i-th
+text is the pool's text k + 4·i): its selection votes per class, so the released labels
+are the ones its selection chose. PATE-tutor's student scores how private a text looks,
+not its class, and DP-EDA decodes its selections by asking the LLM for a text of the
+class, so both rely on an LLM that answers a class's prompt with a text of that class:
+for them class c's i-th text is the pool's i-th text of AG News class c (about 750 a
+class; a longer stream starts again). Asked for an Aug-PE variation the LLM echoes the
+text; asked for a DP-EDA reconstruction ("... using these phrases: p₁; …; p_m.", with a
+draft or none) it gives the class's next pool text followed by the phrases it was given
+("<text> p₁, …, p_m."): a text of the class that holds the vocabulary phrases nearest the
+DP-selected embedding, as the decoder asks, of which the decoder keeps the candidate
+nearest its target (the draft is not read). So what the method's private steps do is
+all that varies, and every released text is a real text (or a real text and public
+phrases).
 
 Sizes. Aug-PE: one iteration (T = 1), every class's candidates its share of
 ``--population`` pool texts, the ``--released`` best by noisy votes released. PATE-tutor:
 pools A, B, C of ``--negatives``, ``--queries`` and ``--candidates`` pool texts, M =
 ``--teachers``, ``--released`` of pool C kept. DP-EDA: ``--iterations``, ``--domain`` K,
 ``--parents`` k, ``--initial-population`` N_pb, ``--offspring`` N_cld, the decoder
-``llm_reconstruction`` with ``--decode-candidates`` candidates and ``--rounds`` rounds
-(the method's defaults where not given).
+``llm_reconstruction`` with ``--decode-candidates`` candidates and ``--rounds`` rounds,
+reading the built-in ``english`` vocabulary or, with ``--vocabulary-words N``, its first N
+phrases as an uploaded vocabulary (a file: its 300,194 phrases' embeddings take about 20
+CPU minutes to cache); the method's defaults where not given.
 
 For each seed, two runs side by side in one process: the private documents alone, and
 with the canaries. Both runs of a seed draw the same noise (a diagnostic, :func:`seeded`:
@@ -55,6 +63,7 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -95,14 +104,22 @@ def _rows() -> list[tuple[str, str]]:
 
 
 class PublicPool:
-    """The test "LLM": class k's i-th new text is the pool's text k + 4·i; a variation
-    echoes its prompt's text; a DP-EDA reconstruction is the class's next text followed
-    by the phrases its prompt gave."""
+    """The test "LLM": class k's i-th new text is the pool's text k + 4·i, or with
+    ``labels`` the i-th pool text of that class; a variation echoes its prompt's text; a
+    DP-EDA reconstruction is the class's next text followed by the phrases its prompt gave."""
 
-    def __init__(self, texts: list[str]) -> None:
+    def __init__(self, texts: list[str], labels: list[str] | None = None) -> None:
         self.texts = texts
+        pairs = list(zip(texts, labels, strict=True)) if labels is not None else []
+        self.streams = {label: [t for t, y in pairs if y == label] for label in LABELS}
         self.given: Counter[str] = Counter()
         self.lock = threading.Lock()
+
+    def text(self, label: str, i: int) -> str:
+        stream = self.streams[label]
+        if stream:
+            return stream[i % len(stream)]
+        return self.texts[(LABELS.index(label) + len(LABELS) * i) % len(self.texts)]
 
     def __call__(self, body: Any) -> str:
         user = str(body["messages"][-1]["content"])
@@ -114,7 +131,7 @@ class PublicPool:
         with self.lock:
             i = self.given[label]
             self.given[label] += 1
-        text = self.texts[(LABELS.index(label) + len(LABELS) * i) % len(self.texts)]
+        text = self.text(label, i)
         phrases = re.search(r' using these phrases: (.*?)\.(?: Improve on this draft: "|$)', user)
         return text if phrases is None else f"{text} {', '.join(phrases.group(1).split('; '))}."
 
@@ -190,11 +207,16 @@ class Setup:
             stop=self.method.canary_phrases(self.params, len(self.words)),
         )
 
-    def release(self, corpus: PrivateCorpus, pool: list[str], seed: int) -> list[tuple[str, str]]:
+    def release(
+        self, corpus: PrivateCorpus, pool: list[tuple[str, str]], seed: int
+    ) -> list[tuple[str, str]]:
         checkpoints = MemoryCheckpoints()
         if self.method.id == PATE_TUTOR:  # the pair's teacher key: one per seed
             checkpoints.save(TEACHER_KEY, hashlib.sha256(f"teachers {seed}".encode()).digest())
-        with seeded(seed), FakeLLM(content_fn=PublicPool(pool)) as fake:
+        # Aug-PE's selection chooses its texts' labels; the others keep the prompt's
+        labels = None if self.method.id == AUG_PE else [y for _, y in pool]
+        llm = PublicPool([t for t, _ in pool], labels)
+        with seeded(seed), FakeLLM(content_fn=llm) as fake:
             result = self.method.run(
                 corpus.texts,
                 corpus.labels,
@@ -238,7 +260,17 @@ def method_params(method_id: str, args: argparse.Namespace) -> Any:
         for name in sizes
         if getattr(args, name) is not None
     }
+    if method_id == DP_EDA and args.vocabulary_words is not None:
+        given["vocabulary"] = str(first_words(args.vocabulary_words))
     return METHODS[method_id].params(**given)
+
+
+def first_words(count: int) -> Path:
+    """A phrase-per-line file of the built-in ``english`` vocabulary's first ``count``
+    phrases (as an uploaded vocabulary: the same file, so the same embedding cache)."""
+    path = Path(tempfile.gettempdir()) / f"keyseed-english-{count}.txt"
+    path.write_text("\n".join(load_vocabulary("english").phrases[:count]) + "\n", "utf-8")
+    return path
 
 
 def accuracy(released: list[tuple[str, str]], test: list[tuple[str, str]]) -> float:
@@ -261,6 +293,9 @@ def arguments() -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=int, help="DP-EDA")
     parser.add_argument("--decode-candidates", type=int, help="DP-EDA: candidates a round")
     parser.add_argument("--rounds", type=int, help="DP-EDA: rounds a decode")
+    parser.add_argument(
+        "--vocabulary-words", type=int, help="DP-EDA: its decoder reads the first N English words"
+    )
     return parser.parse_args()
 
 
@@ -271,7 +306,7 @@ def main() -> int:
     private = PrivateCorpus(
         [t for t, _ in rows[: args.private]], [y for _, y in rows[: args.private]], None
     )
-    pool = [t for t, _ in rows[POOL_FROM:TEST_FROM]]
+    pool = rows[POOL_FROM:TEST_FROM]
     test = rows[TEST_FROM : TEST_FROM + TEST_ROWS]
     setup = Setup.of(method_id, method_params(method_id, args))
     found = []
