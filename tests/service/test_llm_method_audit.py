@@ -33,6 +33,7 @@ from tests.service.method_jobs import AUG_PE, download, llm_worker, submit
 from tests.service.method_jobs import job as job_of
 from tests.service.test_llm_method_jobs import EDA, PATE, clinical
 from workers.evaluation import holdout
+from workers.methods.registry import METHODS
 
 pytestmark = [pytest.mark.slow]
 
@@ -158,7 +159,9 @@ def test_an_llm_method_job_with_canaries_and_a_holdout_reports_both(
         assert shown["epsilon_lower_bound"] == found["epsilon_lower_bound"] >= 0
         assert shown["claimed_epsilon"] == pytest.approx(report["protection"]["epsilon"])
         assert "lower bound, not a proof" in shown["finding_in_words"] or shown["exceeds_claim"]
-        assert "llm-method-audit.md" in shown["utility_cost"]  # the LLM methods' measurement
+        # the method's own measurement (benchmarks/notes/2026-12-07-llm-method-audit.md)
+        assert f"Measured for {METHODS[method].title} " in shown["utility_cost"]
+        assert "llm-method-audit.md" in shown["utility_cost"]
         if caller is not world.auditor:
             assert report["utility"]["interval"] == [low, high]
             assert report["utility"]["fraction"] == 0.3
