@@ -149,15 +149,8 @@ def seeded(seed: int) -> Iterator[None]:
         values = np.asarray(data, dtype=np.float64)
         return list((values + rng.normal(0.0, scale, size=values.shape)).tolist())
 
-    def top_k(
-        scores: NDArray[Any],
-        *,
-        k: int,
-        scale: float,
-        noise: str = "exponential",
-        monotonic: bool = False,
-    ) -> NDArray[np.int64]:
-        assert noise == "gumbel_top_k"
+    def top_k(scores: NDArray[Any], *, k: int, scale: float, **how: Any) -> NDArray[np.int64]:
+        assert how["noise"] == "gumbel_top_k"  # the scale is the same, monotonic or not
         draw = np.random.default_rng([20_000 + seed, next(calls)])
         values = np.asarray(scores, dtype=np.float64)
         noisy = values + draw.gumbel(0.0, scale, size=values.shape)
