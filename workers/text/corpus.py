@@ -9,11 +9,12 @@ joining are skipped and counted, so a caller can say how many were left out.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -156,6 +157,7 @@ def _jsonl_records(
         yield row, {str(k): "" if v is None else str(v) for k, v in value.items()}
 
 
+@dataclass
 class LabelledRows:
     """The documents of a CSV or JSONL file as ``(text, label, unit)`` rows, read from
     the file each time they are iterated, one row at a time: neither the file nor the
@@ -171,22 +173,19 @@ class LabelledRows:
     rows whose joined text was empty and ``documents`` the rows yielded.
     """
 
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        text_columns: Sequence[str],
-        label_column: str | None,
-        field: str = "input",
-        unit_column: str | None = None,
-    ) -> None:
-        if not text_columns:
+    path: Path
+    _: KW_ONLY
+    text_columns: Sequence[str]
+    label_column: str | None
+    field: str = "input"
+    unit_column: str | None = None
+    skipped_empty: int = dataclasses.field(default=0, init=False)
+    documents: int = dataclasses.field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.text_columns:
             raise InputDataError("name at least one text column", field="text_column")
-        self.path = Path(path)
-        self.text_columns = list(text_columns)
-        self.label_column, self.unit_column, self.field = label_column, unit_column, field
-        self.skipped_empty = 0
-        self.documents = 0
+        self.path = Path(self.path)
 
     def _records(self) -> tuple[bool, Iterator[tuple[int, dict[str, str]]]]:
         file, field = self.path, self.field
@@ -264,7 +263,7 @@ def read_labelled(
     """Documents (text columns joined by ". ") and labels from a CSV or JSONL file, in
     memory: one pass of :class:`LabelledRows` (its format rules and its errors)."""
     rows = LabelledRows(
-        path, text_columns=text_columns, label_column=label_column, field=field,
+        Path(path), text_columns=text_columns, label_column=label_column, field=field,
         unit_column=unit_column,
     )  # fmt: skip
     texts: list[str] = []
