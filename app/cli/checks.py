@@ -5,8 +5,9 @@ ranges (each method's parameter model; DP-KPS's,
 :class:`workers.methods.dpkps.params.DPKPSParams`, maps them to its engine's
 configuration, which checks the options that go together), the output's name and
 folder, the declared labels, and the input file (it exists, is UTF-8, has the named
-columns, no row without a label, only declared labels;
-:func:`workers.text.corpus.read_labelled` and ``check_corpus``). A mistake is reported
+columns, no row without a label, only declared labels: :func:`check_input`, one pass over
+the file that holds one row at a time, :class:`workers.text.corpus.LabelledRows` and
+``check_labels``). A mistake is reported
 in one line that names the option, with exit code 2, before torch and the embedding
 model take their seconds to load.
 """
@@ -205,6 +206,23 @@ def read_few_shot(path: Path | None) -> tuple[str, ...]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputDataError(f"cannot read {path} as UTF-8 text", field="few_shot") from exc
     return tuple(line.strip() for line in lines if line.strip())
+
+
+def check_input(args: argparse.Namespace, label_set: list[str]) -> Any:
+    """The private corpus of ``--input`` as rows read from the file at each pass
+    (:class:`~workers.text.corpus.LabelledRows`), checked in one pass that holds one row
+    at a time, as :func:`read_input` checks it (the same errors, naming rows, never
+    text)."""
+    from workers.text.corpus import LabelledRows, check_labels
+
+    rows = LabelledRows(
+        args.input,
+        text_columns=args.text_columns,
+        label_column=args.label_column,
+        unit_column=args.unit_column,
+    )
+    check_labels((label for _, label, _ in rows), label_set)
+    return rows
 
 
 def read_input(args: argparse.Namespace, label_set: list[str]) -> Any:

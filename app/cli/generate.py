@@ -21,6 +21,15 @@ outputs in ``OUT.checkpoints/`` as it goes: a killed run, started again with the
 arguments, resumes without drawing (or spending) again. The folder is removed once the
 outputs are in place.
 
+The input is never held whole where it need not be: its checks read it a row at a time,
+and a DP-KPS run in a configuration the service shards
+(:func:`workers.methods.dpkps.shards.shardable`: class centroids or moments over a
+public vocabulary, the default) runs as ONE shard of
+:class:`~workers.methods.dpkps.shards.ShardedRun`, reading the file once a round: its
+memory does not grow with the corpus. Its result, manifest and privacy events are those
+of the same run in memory (the same releases, of the same sums). Other runs read the
+corpus into memory.
+
 Its options are declared in :mod:`app.cli.options`. Every check that needs no model
 (options, labels, vocabulary, the input file) runs first, with only the standard
 library and pydantic loaded (:mod:`app.cli.checks`); the numerical stack, the
@@ -40,11 +49,12 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +66,7 @@ from workers.progress_bars import StageBars
 
 if TYPE_CHECKING:
     from workers.llm.client import LLMCosts
+    from workers.methods.dpkps.shards import ShardedRun
     from workers.methods.outcome import RunOutcome
 
 SMALL_CLASS = 20  # fewer documents than this: warn the owner that the class is mostly noise
@@ -243,7 +254,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     settings = CoreSettings()
     few_shot = checks.read_few_shot(args.few_shot) if args.llm != "none" else ()
     endpoint = _endpoint(args, settings)
-    corpus = checks.read_input(args, label_set)
+    rows = checks.check_input(args, label_set)  # one pass over the file, a row at a time
     # Every check that needs no model has passed: the engine loads from here on.
     from workers.llm.local import LocalLLMServer
     from workers.methods.checkpoints import DirectoryCheckpoints
@@ -270,16 +281,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
                     endpoint = stack.enter_context(server).endpoint
                 inputs["llm"] = endpoint
                 inputs["checkpoints"] = DirectoryCheckpoints(checkpoint_dir)
-            result = method.run(
-                corpus.texts,
-                corpus.labels,
-                label_set=label_set,
-                units=corpus.units,
-                params=params,
-                embedder=embedder,
-                progress=progress,
-                **inputs,
-            )
+            result = _run(args, method, params, label_set, rows, embedder, progress, inputs)
         progress.close()
         _warn_owner(method.owner_diagnostics(result))
         outcome = method.outcome(result, params, label_set, args.unit_column)
@@ -303,6 +305,88 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)  # the outputs hold the run now
     _report(args, outcome, manifest, records, manifest_path, started)
     return 0
+
+
+def _run(
+    args: argparse.Namespace,
+    method: Any,
+    params: Any,
+    label_set: list[str],
+    rows: Any,
+    embedder: Any,
+    progress: StageBars,
+    inputs: dict[str, Any],
+) -> Any:
+    """``method``'s run on the corpus of ``rows`` (checked, read from the file at each
+    pass): streamed as one shard where it is DP-KPS in a configuration the sharded run
+    takes (:func:`_streamed`), else on the corpus read into memory, as its registry entry
+    runs it. Either way the same result (:mod:`workers.methods.dpkps.shards`)."""
+    one_shard = _one_shard(args, method, params, label_set, embedder, inputs, progress)
+    if one_shard is not None:
+        return _streamed(one_shard, rows, progress)
+    corpus = checks.read_input(args, label_set)
+    return method.run(
+        corpus.texts,
+        corpus.labels,
+        label_set=label_set,
+        units=corpus.units,
+        params=params,
+        embedder=embedder,
+        progress=progress,
+        **inputs,
+    )
+
+
+def _one_shard(
+    args: argparse.Namespace,
+    method: Any,
+    params: Any,
+    label_set: list[str],
+    embedder: Any,
+    inputs: dict[str, Any],
+    progress: StageBars,
+) -> ShardedRun | None:
+    """DP-KPS's sharded run of ``params`` (:class:`~workers.methods.dpkps.shards.ShardedRun`,
+    its key 32 random bytes, never shown) where its configuration is one it takes
+    (:func:`~workers.methods.dpkps.shards.shardable`: class centroids or moments over a
+    public vocabulary with Gaussian noise, the default); None otherwise."""
+    from workers.methods.dpkps.shards import ShardedRun, shardable
+    from workers.methods.registry import DPKPS
+    from workers.privacy.sampling import KEY_BYTES
+
+    if method.id != DPKPS:
+        return None
+    config = params.generation_config(args.device)
+    if not shardable(config.for_classes(len(label_set))):
+        return None
+    return ShardedRun(
+        config=config,
+        label_set=label_set,
+        vocabulary=inputs["vocabulary"],
+        embedder=embedder,
+        cache=inputs["cache"],
+        planned=None,  # as run_dpkps: the plan of the configuration
+        key=secrets.token_bytes(KEY_BYTES),
+        unit_name=args.unit_column,
+        device=args.device or "auto",
+        progress=progress,
+    )
+
+
+def _streamed(run: ShardedRun, rows: Iterable[Any], progress: StageBars) -> Any:
+    """``run``'s rounds with the whole corpus as its one shard, the file read again for
+    each (a row at a time: what is held is a batch of documents and the class sums),
+    then its post-processing; the :class:`~workers.methods.dpkps.pipeline.GenerationResult`
+    a run in memory gives."""
+    from workers.methods.progress import ROUND_STAGES
+
+    state = None
+    for name in run.rounds:
+        progress(ROUND_STAGES[name], 0.0)
+        state = run.reduce(name, [run.map(name, rows, state)], state)
+        progress(ROUND_STAGES[name], 1.0)
+    assert state is not None  # a run has at least its sums round
+    return run.finish(state, progress=progress)
 
 
 def _run_inputs(

@@ -85,7 +85,7 @@ from app.jobs.stages import (
 )
 from app.models import Dataset, Job, JobShardPlan, utcnow
 from app.worker import MAP_SHARD, REDUCE_ROUND, chords_available
-from workers.methods.progress import stage_number
+from workers.methods.progress import ROUND_STAGES, stage_number
 from workers.methods.registry import METHODS
 from workers.privacy.audit import CanarySet
 
@@ -100,8 +100,6 @@ CHECK_EVERY = 1.0  # seconds between a map's checks that its job may go on
 # documents a map embeds at a time: the engine checks for a cancel before each batch, so
 # a batch must take well under 5 s (256 short notes: ~0.3 s on one idle CPU core)
 MAP_BATCH = 256
-# the stage a round's map and reduce run in (private stages: start and end shown only)
-ROUND_STAGES = {"counts": "private_vocabulary", "sums": "dp_kde"}
 
 
 class ShardStopped(Exception):

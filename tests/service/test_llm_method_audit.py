@@ -36,6 +36,7 @@ from tests.service.test_llm_method_jobs import (
     worker,
 )
 from tests.service.test_utility_holdout import check_sides
+from workers.methods.registry import METHODS
 
 __all__ = ["fake_llm", "worker"]  # fixtures
 
@@ -133,7 +134,9 @@ def test_an_llm_method_job_with_canaries_and_a_holdout_reports_both(
         assert shown["epsilon_lower_bound"] == found["epsilon_lower_bound"] >= 0
         assert shown["claimed_epsilon"] == pytest.approx(report["protection"]["epsilon"])
         assert "lower bound, not a proof" in shown["finding_in_words"] or shown["exceeds_claim"]
-        assert "llm-method-audit.md" in shown["utility_cost"]  # the LLM methods' measurement
+        # the method's own measurement (benchmarks/notes/2026-12-07-llm-method-audit.md)
+        assert f"Measured for {METHODS[method].title} " in shown["utility_cost"]
+        assert "llm-method-audit.md" in shown["utility_cost"]
         if caller is not world.auditor:
             assert report["utility"]["interval"] == [low, high]
             assert report["utility"]["fraction"] == 0.3

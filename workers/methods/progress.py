@@ -61,6 +61,9 @@ _DPKPS = (
 # built, between private reads: the sampling is shown as part of ``dp_kde``, and the
 # ``sequences`` stage (the rest, after the last private read) has no fraction.
 _DPKPS_ITERATIVE = (*_DPKPS[:4], Stage("sequences", "sampling sequences", False))
+# The stage a round of a sharded DP-KPS run (workers/methods/dpkps/shards.py: its map and
+# reduce) is shown in; private stages, their start and end shown only.
+ROUND_STAGES = {"counts": "private_vocabulary", "sums": "dp_kde", "cells": "dp_kde"}
 
 _LLM_METHODS: dict[str, tuple[Stage, ...]] = {
     "aug-pe": (
