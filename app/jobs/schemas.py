@@ -381,11 +381,11 @@ class JobPlanOut(BaseModel):
                     "mechanism": "kde",
                     "partition": "cardio",
                     "noise": "gaussian",
-                    "noise_std": 4.224681681995382,
+                    "noise_std": 4.245749841569569,
                     "unit_contribution": 1.0,
                     "norm": "l2",
                     "documents": 920,
-                    "noise_share": 0.004592,
+                    "noise_share": 0.004615,
                 }
             ],
             "budget_after": {
@@ -397,12 +397,12 @@ class JobPlanOut(BaseModel):
                 "accountant": "pld(dp-accounting 0.6.0)",
             },
             "verdict": {
-                "signal_to_noise": 217.766,
+                "signal_to_noise": 216.687,
                 "level": "strong",
                 "observed_fraction_of_real": [0.85, 0.99],
                 "epsilon_for_strong": None,
-                "summary": "The class signal is about 218× the noise on each released "
-                "score (920 documents a class on average against a noise σ of 4.22): "
+                "summary": "The class signal is about 217× the noise on each released "
+                "score (920 documents a class on average against a noise σ of 4.25): "
                 "expect class separation close to real text's. On the benchmark "
                 "corpora a ratio in this band kept 0.85-0.99 of real-text accuracy "
                 "(BENCHMARKS.md).",

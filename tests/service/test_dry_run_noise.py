@@ -86,7 +86,7 @@ def test_the_owner_gets_a_verdict_in_words_and_others_none(
     dataset_id = factories.dataset(client, world.owner, cap=50, delta_cap="1e-5")
     plan = factories.dry_run(client, world.owner, dataset_id, **GAUSSIAN)
     verdict = plan["verdict"]
-    # two documents a class against σ = 4.22: weak, and no ε up to 10 makes it strong
+    # two documents a class against σ = 4.25: weak, and no ε up to 10 makes it strong
     assert verdict["level"] == "weak"
     kde = [e for e in plan["events"] if e["mechanism"] == "kde"]
     assert abs(verdict["signal_to_noise"] - 2 / max(e["scale"] for e in kde)) < 1e-3

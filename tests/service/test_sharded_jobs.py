@@ -60,7 +60,10 @@ SPEC: dict[str, Any] = {
     "sequence_length": 3,
     "per_class": 2,
     "audit_canaries": 0,
+    "embed_sample": 0,  # every unit embedded: one round, the sums (the mechanics' tests)
 }
+# the default: a sample of about 4,000 units a class, so a counts round comes first
+DEFAULT_SPEC = {name: value for name, value in SPEC.items() if name != "embed_sample"}
 
 
 def rows(count: int, *, units: bool = False) -> list[tuple[str, ...]]:
@@ -181,7 +184,14 @@ def events(job: Job) -> list[dict[str, Any]]:
     return list((job.manifest or {})["privacy"]["events"])
 
 
+@pytest.mark.parametrize(
+    ("spec", "rounds"),
+    [(SPEC, ("sums",)), (DEFAULT_SPEC, ("counts", "sums"))],
+    ids=["every-unit", "default-sample"],
+)
 def test_a_sharded_job_makes_the_releases_of_a_whole_one_without_loading_the_corpus(
+    spec: dict[str, Any],
+    rounds: tuple[str, ...],
     client: TestClient,
     world: factories.World,
     worker: WorkerContext,
@@ -191,8 +201,8 @@ def test_a_sharded_job_makes_the_releases_of_a_whole_one_without_loading_the_cor
 ) -> None:
     vocabulary_id = vocabulary(client, world.owner)
     dataset_id = upload(client, world, 40)
-    whole = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
-    split = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **SPEC)
+    whole = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **spec)
+    split = factories.job(client, world.owner, dataset_id, vocabulary=vocabulary_id, **spec)
     # the whole path (a broker without chords) loads the corpus
     assert stages.run_sequences(worker, uuid.UUID(whole)) == "succeeded"
 
@@ -202,14 +212,15 @@ def test_a_sharded_job_makes_the_releases_of_a_whole_one_without_loading_the_cor
     monkeypatch.setattr(stages, "load_corpus", no_corpus)
     assert stages.run_sequences(sharded, uuid.UUID(split)) == "mapping"
     job = row(db, split)
-    assert (job.state, job.worker_id, job.stage) == ("running", None, "dp_kde")
+    first = "private_vocabulary" if rounds[0] == "counts" else "dp_kde"  # the round's stage
+    assert (job.state, job.worker_id, job.stage) == ("running", None, first)
     assert job_of(client, world, split)["shards"]["rounds"][0]["done"] == 0
     taken = drive(sharded)
 
     # the messages: ids only (the job's, the round's name, the shard's number)
     assert sorted(taken) == sorted(
-        [(MAP_SHARD, [split, "sums", shard]) for shard in range(SHARDS)]
-        + [(REDUCE_ROUND, [split, "sums"])]
+        [(MAP_SHARD, [split, name, shard]) for name in rounds for shard in range(SHARDS)]
+        + [(REDUCE_ROUND, [split, name]) for name in rounds]
     )
     done, other = row(db, split), row(db, whole)
     assert done.state == "succeeded", (done.error_code, done.error_message)
@@ -222,8 +233,8 @@ def test_a_sharded_job_makes_the_releases_of_a_whole_one_without_loading_the_cor
     assert done.manifest["shards"] == SHARDS
     # the raw parts were deleted once the round was released; its state stays sealed
     parts = shard_rows(db, split)
-    assert [(p.shard, p.state, p.attempts, p.sealed) for p in parts] == [
-        (shard, "done", 1, None) for shard in range(SHARDS)
+    assert [(p.round, p.shard, p.state, p.attempts, p.sealed) for p in parts] == [
+        (name, shard, "done", 1, None) for name in rounds for shard in range(SHARDS)
     ]
     with db.session() as session:
         plan = session.get(JobShardPlan, uuid.UUID(split))
@@ -234,7 +245,9 @@ def test_a_sharded_job_makes_the_releases_of_a_whole_one_without_loading_the_cor
     assert [e["kind"] for e in book["entries"]] == ["reserve", "reserve", "commit", "commit"]
     view = job_of(client, world, split)["shards"]
     assert view["count"] == SHARDS
-    assert [(r["name"], r["reduced"], r["done"]) for r in view["rounds"]] == [("sums", True, 3)]
+    assert [(r["name"], r["reduced"], r["done"]) for r in view["rounds"]] == [
+        (name, True, 3) for name in rounds
+    ]
     others = client.get(f"/v1/jobs/{split}", headers=world.auditor.headers).json()
     assert others["shards"] is None
 

@@ -75,10 +75,12 @@ def test_bad_small_epsilon_options_are_422_naming_the_field(
 @pytest.mark.parametrize(
     ("overrides", "mechanisms", "described"),
     [
-        ({"kde_method": "centroid"}, {"kde"}, "class centroids"),
+        # class centroids embed a sample of 4,000 units a class by default: the class
+        # counts are released for its rate
+        ({"kde_method": "centroid"}, {"class_counts", "kde"}, "class centroids"),
         (
             {"kde_method": "centroid", "vocabulary_method": "public", "public_vocabulary_size": 40},
-            {"kde"},
+            {"class_counts", "kde"},
             "first 40 phrases of the public vocabulary",
         ),
         (

@@ -81,6 +81,14 @@ def resolve_model(model: str) -> tuple[str, str]:
     return model, model
 
 
+# Texts a forward pass takes at a time on a CPU. sentence-transformers sorts a call's texts
+# by length and pads each batch to its longest, so on a CPU small batches waste little on
+# padding: 16 embeds AG News texts for 0.42 of the CPU time of 256 and Yelp reviews for
+# 0.39, with the same vectors (to 2e-7), one thread, 2026-12-08
+# (benchmarks/notes/2026-12-08-embed-sample-default.md). A GPU keeps the caller's batch.
+CPU_BATCH = 16
+
+
 class SentenceEmbedder:
     """sentence-transformers model on the GPU when there is one, else on the CPU."""
 
@@ -117,6 +125,8 @@ class SentenceEmbedder:
     def encode(self, texts: Sequence[str], *, batch_size: int = 256) -> NDArray[np.float32]:
         if len(texts) == 0:
             return np.zeros((0, self._dim), dtype=np.float32)
+        if self.device == "cpu":
+            batch_size = min(batch_size, CPU_BATCH)
         out = self._model.encode(
             list(texts),
             batch_size=batch_size,

@@ -442,9 +442,11 @@ def test_a_total_epsilon_delta_gives_gaussian_noise_and_a_full_privacy_block(
     assert privacy["epsilon"] <= 1.0 and privacy["delta"] <= 1e-6
     assert privacy["accountant"].startswith("pld(dp-accounting")
     assert privacy["unit"] == "row"
-    # the Gaussian defaults: class centroids over a public Ṽ, so no vocabulary release
-    assert {e["mechanism"] for e in privacy["events"]} == {"kde"}
-    assert {e["dimension"] for e in privacy["events"]} == {384}
+    # the Gaussian defaults: class centroids over a public Ṽ, so no vocabulary release;
+    # the class counts set the rate of the default sample of units (4,000 a class)
+    assert {e["mechanism"] for e in privacy["events"]} == {"class_counts", "kde"}
+    assert {e["dimension"] for e in privacy["events"] if e["mechanism"] == "kde"} == {384}
+    assert manifest["parameters"]["embed_sample"] == 4000
     assert "phrases of the public vocabulary" in manifest["method"]
     assert {e["noise"] for e in privacy["events"]} == {"gaussian"}
     assert all(e["scale"] > 0 and e["sensitivity"] > 0 for e in privacy["events"])

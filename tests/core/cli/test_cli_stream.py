@@ -67,12 +67,13 @@ def drawn_apart(manifest: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("extra", "rounds"),
     [
-        ((), ("sums",)),
-        (("--unit-column", "patient"), ("sums",)),
+        ((), ("counts", "sums")),  # the default: a sample of units, at rates the counts set
+        (("--unit-column", "patient"), ("counts", "sums")),
         (("--embed-sample", "6"), ("counts", "sums")),
-        (("--centroid-cells", "2"), ("sums", "cells")),
+        (("--embed-sample", "0"), ("sums",)),  # every unit embedded
+        (("--centroid-cells", "2"), ("counts", "sums", "cells")),
     ],
-    ids=["rows", "unit column", "embed sample", "cells"],
+    ids=["rows", "unit column", "embed sample", "every unit", "cells"],
 )
 def test_a_streamed_run_records_what_the_run_in_memory_records(
     corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...],
@@ -155,7 +156,7 @@ def test_the_reader_and_a_rounds_map_hold_memory_flat_in_the_number_of_rows(
             out[:, 0] = 1.0
             return out
 
-    run = make_run(config(epsilon=2.0), Constant(), batch=256)
+    run = make_run(config(epsilon=2.0, embed_sample=0), Constant(), batch=256)
 
     def peak(n: int) -> int:
         path = tmp_path / f"rows-{n}.csv"

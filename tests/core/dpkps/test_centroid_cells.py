@@ -28,7 +28,7 @@ from workers.methods.dpkps.config import (
 )
 from workers.methods.dpkps.density.cells import build_cell_structures, cell_centres, cell_count
 from workers.methods.dpkps.density.centroid import CentroidKDE, build_centroid_structures
-from workers.methods.dpkps.plan import CELLS, KDE, plan
+from workers.methods.dpkps.plan import CELLS, CLASS_COUNTS, KDE, plan
 from workers.privacy.accountant import compose
 from workers.privacy.events import PrivacyEvent
 
@@ -42,7 +42,8 @@ def test_cells_are_planned_from_epsilon_4_and_compose_to_the_budget() -> None:
     for epsilon in (0.25, 1.0, 2.0):
         p = plan(config(epsilon=epsilon), LABELS, 1000)
         assert config(epsilon=epsilon).cells == 1
-        assert {e.mechanism for e in p.events} == {KDE}
+        # the class sums, and the counts that set the default sample's rate (embed_sample)
+        assert {e.mechanism for e in p.events} == {CLASS_COUNTS, KDE}
     for epsilon in (CELLS_FROM_EPSILON, 6.0):
         cfg = config(epsilon=epsilon)
         p = plan(cfg, LABELS, 1000)
@@ -61,7 +62,7 @@ def test_cells_are_planned_from_epsilon_4_and_compose_to_the_budget() -> None:
     assert "up to 8 cells by a second release" in method_description(config(epsilon=6.0))
     assert "cells" not in method_description(config(epsilon=1.0))
     # one cell asked for: the single release of the whole KDE share, as before cells
-    one = plan(config(centroid_cells=1), LABELS, 1000)
+    one = plan(config(centroid_cells=1, embed_sample=0), LABELS, 1000)
     assert {e.mechanism for e in one.events} == {KDE}
 
 

@@ -96,7 +96,7 @@ def test_the_filter_spends_nothing_and_keeps_only_consistent_sequences(
         spy = SumSpy(monkeypatch)
         cfg = GenerationConfig(
             epsilon=0.5, delta=1e-6, noise="gaussian", per_class=60, sequence_length=2,
-            label_prior=0.0, centroid_cells=1, consistency_filter=on, seed=5,
+            label_prior=0.0, centroid_cells=1, consistency_filter=on, seed=5, embed_sample=0,
         )  # fmt: skip
         result = generate_sequences(
             texts, labels, label_set=label_set, vocabulary=vocabulary, config=cfg,

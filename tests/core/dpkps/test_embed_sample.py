@@ -22,7 +22,12 @@ from tests.core.dpkps import LABELS, config
 from tests.core.privacy.test_neighbouring import DELTA, EPSILON, SIGMA_1, projected
 from tests.privacy_audit import estimate_epsilon_at_delta, planned
 from workers.errors import ConfigError
-from workers.methods.dpkps.config import SAMPLE_COUNT_SHARE, method_description
+from workers.methods.dpkps import stages
+from workers.methods.dpkps.config import (
+    DEFAULT_EMBED_SAMPLE,
+    SAMPLE_COUNT_SHARE,
+    method_description,
+)
 from workers.methods.dpkps.density.centroid import (
     build_centroid_structures,
     embed_units,
@@ -82,7 +87,7 @@ def test_the_rate_is_min_of_one_and_m_over_the_released_count() -> None:
 
 
 def test_sampling_releases_the_class_counts_and_keeps_the_budget() -> None:
-    plain = plan(config(), LABELS, 1000)
+    plain = plan(config(embed_sample=0), LABELS, 1000)
     sampled_cfg = config(embed_sample=2000)
     sampled = plan(sampled_cfg, LABELS, 1000)
     assert {e.mechanism for e in plain.events} == {KDE}
@@ -107,6 +112,28 @@ def test_sampling_releases_the_class_counts_and_keeps_the_budget() -> None:
         e.mechanism for e in plan(config(total=300, per_class=None), LABELS, 1000).events
     ]
     assert "Poisson sample of about 2,000 units" in method_description(sampled_cfg)
+
+
+def test_the_default_samples_4000_units_a_class_and_0_keeps_every_unit() -> None:
+    # class centroids (the default) and moments embed a sample of about 4,000 units a
+    # class by default; the plan is the one of embed_sample = 4,000, with the counts
+    # released for the rate; 0 embeds every unit, as every job stored before it recorded
+    default = config()
+    assert default.embed_sample is None and default.sample_size == DEFAULT_EMBED_SAMPLE == 4000
+    assert default.samples_units and default.to_dict()["embed_sample"] == 4000
+    assert plan(default, LABELS, 1000) == plan(config(embed_sample=4000), LABELS, 1000)
+    assert config(kde_method="moments").samples_units
+    assert not config(embed_sample=0).samples_units
+    for other in (config(kde_method="exact"), config(noise="laplace", delta=0.0)):
+        assert other.sample_size == 0 and not other.samples_units  # nothing embedded
+    # a class no larger than the sample is embedded whole (rate 1)
+    counts = stages.counts_from_release(
+        {"a": 3_062.0, "b": 532.0, "c": 4_000.0},
+        next(e for e in plan(default, LABELS, 1000).events if e.mechanism == CLASS_COUNTS),
+        label_set=LABELS,
+        config=default,
+    )
+    assert counts.rates == {"a": 1.0, "b": 1.0, "c": 1.0}
 
 
 @pytest.mark.parametrize(

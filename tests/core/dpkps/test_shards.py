@@ -133,14 +133,18 @@ def test_shards_keep_a_units_documents_together_and_spread_rows() -> None:
 
 def test_which_runs_shard_and_their_rounds_are_functions_of_the_config() -> None:
     cfg = config(epsilon=2.0).for_classes(3)  # the default job: class centroids, public Ṽ
-    assert shardable(cfg) and make_run(cfg).rounds == ("sums",)
+    assert shardable(cfg) and make_run(cfg).rounds == ("counts", "sums")  # 4,000 a class
+    whole = config(epsilon=2.0, embed_sample=0).for_classes(3)
+    assert shardable(whole) and make_run(whole).rounds == ("sums",)
     sampled = config(epsilon=2.0, embed_sample=100).for_classes(3)
     assert shardable(sampled) and make_run(sampled).rounds == ("counts", "sums")
-    cells = config(epsilon=6.0, centroid_cells=4).for_classes(3)
+    cells = config(epsilon=6.0, centroid_cells=4, embed_sample=0).for_classes(3)
     assert make_run(cells).rounds == ("sums", "cells")
-    assert make_run(config(kde_method="moments")).rounds == ("sums",)
+    assert make_run(config(kde_method="moments", embed_sample=0)).rounds == ("sums",)
     total = config(epsilon=2.0, total=90, per_class=None)
-    assert make_run(total).rounds == ("sums",)  # the counts released from the sums' tallies
+    assert make_run(total).rounds == ("counts", "sums")  # by default a sample of 4,000 a class
+    whole = config(epsilon=2.0, total=90, per_class=None, embed_sample=0)
+    assert make_run(whole).rounds == ("sums",)  # the counts released from the sums' tallies
     for other in (
         config(kde_method="exact"),
         config(noise="laplace", delta=0.0, kde_method="random_features"),
@@ -337,7 +341,7 @@ def test_map_reads_its_rows_lazily_one_batch_at_a_time() -> None:
             return super().encode(texts, batch_size=batch_size)
 
     embedder = Watching()
-    run = make_run(config(epsilon=2.0), embedder, batch=50)
+    run = make_run(config(epsilon=2.0, embed_sample=0), embedder, batch=50)
     run.map("sums", stream(), None)
     assert pulled == len(rows) == len(embedder.texts)
 
@@ -349,7 +353,7 @@ def test_map_memory_is_flat_in_the_number_of_rows() -> None:
             out[:, 0] = 1.0
             return out
 
-    run = make_run(config(epsilon=2.0), Constant(), batch=256)
+    run = make_run(config(epsilon=2.0, embed_sample=0), Constant(), batch=256)
 
     def peak(n: int) -> int:
         texts = ((f"note {i} about the heart", LABELS[i % 3], None) for i in range(n))
@@ -365,7 +369,7 @@ def test_map_memory_is_flat_in_the_number_of_rows() -> None:
 
 
 def test_parts_and_states_are_plain_data_and_damage_is_refused() -> None:
-    run = make_run(config(epsilon=2.0))
+    run = make_run(config(epsilon=2.0, embed_sample=0))
     part = run.map("sums", iter(rows_of(3, units=False)), None)
     meta, arrays = decode(part)
     assert meta["kind"] == "part" and meta["round"] == "sums"
@@ -394,7 +398,7 @@ def test_rows_grouped_by_unit_give_the_same_totals_with_units_closed_early() -> 
         assert all(np.array_equal(loose[name], tight[name]) for name in loose)
     # a unit that comes back after another is refused, not counted twice
     with pytest.raises(ConfigError):
-        make_run(config(epsilon=2.0)).map("sums", iter(rows), None, grouped=True)
+        make_run(config(epsilon=2.0, embed_sample=0)).map("sums", iter(rows), None, grouped=True)
 
 
 def test_map_calls_its_cancel_check_and_stops_when_it_raises() -> None:
@@ -409,7 +413,7 @@ def test_map_calls_its_cancel_check_and_stops_when_it_raises() -> None:
         if calls > 3:
             raise Cancelled
 
-    run = make_run(config(epsilon=2.0), batch=64)
+    run = make_run(config(epsilon=2.0, embed_sample=0), batch=64)
     with pytest.raises(Cancelled):
         run.map("sums", iter(rows_of(400, units=False)), None, tick=tick)
     assert calls == 4

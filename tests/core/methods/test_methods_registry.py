@@ -157,7 +157,9 @@ def test_a_job_stored_with_a_removed_lever_reads_and_plans_as_the_engine_now_run
 def test_a_stored_spec_with_a_research_value_plans_its_releases_as_submitted() -> None:
     # the moments density and the thresholded vocabulary (Gaussian, exact kernel): the
     # planned releases of a job stored with them, their dimension and δ_thr as before
-    moments = job_spec({**SPEC, "noise": "gaussian", "kde_method": "moments"}).params()
+    # (every job stored before the default sample of 2026-12-08 recorded embed_sample 0)
+    stored_moments = {**SPEC, "noise": "gaussian", "kde_method": "moments", "embed_sample": 0}
+    moments = job_spec(stored_moments).params()
     (kde,) = {e.dimension for e in METHODS[DPKPS].plan(moments, LABELS, 30_000)}
     assert kde == 384 + 384 * 385 // 2
     stored = {**SPEC, "noise": "gaussian", "kde_method": "exact", "vocabulary_method": "threshold"}

@@ -63,10 +63,16 @@ SUBSPACE_FROM_CLASSES = 20
 # A Poisson sample of units embedded (class centroids and moments; issue 65;
 # workers/privacy/sampling.py): each class's units are kept independently with probability
 # q_c = min(1, m / ñ_c), ñ_c the class's released (DP) count, so about m units a class are
-# embedded whatever the corpus holds. 0: every unit (the default). When the run releases no
-# class counts (no ``total``), the counts are released for the rate, with this share of μ²
+# embedded whatever the corpus holds. None (the default): m = DEFAULT_EMBED_SAMPLE for
+# class centroids and moments; 0: every unit. 4,000 is above the largest class of every
+# reported corpus (Yelp categories' 3,062 Restaurants reviews, with six count-noise σ to
+# spare at ε = 0.25), so the reported curve is measured at q = 1, every unit embedded; a
+# sample of 4,000 has the signal-to-noise of a class of about 1,100 units at ε = 1 even at
+# ε = 0.25, where AG report's 750 a class already reach 0.95 of real text
+# (benchmarks/notes/2026-12-08-embed-sample-default.md). Where the run releases no class
+# counts for a ``total``, they are released for the rate with SAMPLE_COUNT_SHARE of μ²
 # (about 0.5 % more noise on the class sums; the counts' σ is ten times the sums').
-DEFAULT_EMBED_SAMPLE = 0
+DEFAULT_EMBED_SAMPLE = 4_000
 MAX_EMBED_SAMPLE = 10_000_000
 SAMPLE_COUNT_SHARE = 0.01
 
@@ -154,7 +160,7 @@ def method_description(config: GenerationConfig) -> str:
         kde = f"random Fourier features ({config.mode} sequences)"
     if config.samples_units:
         kde += (
-            f"; a Poisson sample of about {config.embed_sample:,} units a class embedded, at "
+            f"; a Poisson sample of about {config.sample_size:,} units a class embedded, at "
             "a rate set by the released class counts"
         )
     if config.selection_factor > 1:  # validated: only with a direction per class
@@ -393,9 +399,9 @@ class GenerationConfig:
     subspace: int | None = DEFAULT_SUBSPACE  # centroid: release in the top-k principal
     # directions of Ṽ's public embeddings (each unit rescaled there to its own norm); 0: the
     # whole space; None: by the number of declared classes (for_classes)
-    embed_sample: int = DEFAULT_EMBED_SAMPLE  # centroid, moments: m, about this many units
-    # of each class embedded (a Poisson sample at q_c = min(1, m / ñ_c), ñ_c the released
-    # class count); 0: every unit
+    embed_sample: int | None = None  # centroid, moments: m, about this many units of each
+    # class embedded (a Poisson sample at q_c = min(1, m / ñ_c), ñ_c the released class
+    # count); 0: every unit; None: DEFAULT_EMBED_SAMPLE (sample_size)
     num_features: int = 1024  # I: random Fourier features
     bandwidth: float = 0.3  # σ of the Gaussian kernel on unit vectors
     temperature: float | None = None  # τ: p ∝ clip(score)^(1/τ); None: per kde_method
@@ -523,7 +529,8 @@ class GenerationConfig:
             raise ConfigError("must be below 1 (the cells need a share)", field="cell_share")
         _check_between(self.cell_kappa, field="cell_kappa", high=1000, low_open=True)
         _check_between(self.label_prior, field="label_prior", high=MAX_LABEL_PRIOR)
-        _check_int(self.embed_sample, name="embed_sample", low=0, high=MAX_EMBED_SAMPLE)
+        if self.embed_sample is not None:
+            _check_int(self.embed_sample, name="embed_sample", low=0, high=MAX_EMBED_SAMPLE)
         if self.embed_sample and not self.embeds_documents:
             raise ConfigError(
                 "a sample of units is embedded for class centroids or moments: give "
@@ -726,9 +733,17 @@ class GenerationConfig:
         return self.total is not None
 
     @property
+    def sample_size(self) -> int:
+        """m of ``embed_sample``: the one given, else :data:`DEFAULT_EMBED_SAMPLE` where
+        the run embeds documents (class centroids or moments), else 0."""
+        if self.embed_sample is not None:
+            return self.embed_sample
+        return DEFAULT_EMBED_SAMPLE if self.embeds_documents else 0
+
+    @property
     def samples_units(self) -> bool:
         """Whether only a Poisson sample of the units is embedded (``embed_sample``)."""
-        return self.embeds_documents and self.embed_sample > 0
+        return self.embeds_documents and self.sample_size > 0
 
     @property
     def releases_class_counts(self) -> bool:
@@ -752,6 +767,7 @@ class GenerationConfig:
         out["centroid_cells"] = self.cells
         out["sequence_selection"] = self.selection_factor
         out["consistency_filter"] = self.filters_sequences
+        out["embed_sample"] = self.sample_size
         # None until resolved by the label set (for_classes): the plan's events say which
         out["subspace"] = (
             None

@@ -41,6 +41,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from workers.methods.dpkps.config import (
     CELLS_FROM_EPSILON,
     DEFAULT_CELLS,
+    DEFAULT_EMBED_SAMPLE,
     DEFAULT_SELECTION,
     DEFAULT_TEMPERATURE,
     EMBEDDING_DIMENSION,
@@ -366,16 +367,17 @@ class DPKPSParams(BaseModel):
         f"default: {SUGGESTED_SUBSPACE} with {SUBSPACE_FROM_CLASSES} or more declared labels "
         "and one cell per class, else the whole space)",
     )
-    embed_sample: int = Field(
+    embed_sample: int | None = Field(
         default=_ENGINE["embed_sample"],
         ge=0,
         le=MAX_EMBED_SAMPLE,
         description="with kde_method centroid: embed only a Poisson sample of "
         "about this many units of each class (each unit kept independently with probability "
         "min(1, m / the class's released count)), so the embedding work is bounded whatever "
-        "the corpus holds; the class counts are released for the rate (a small share of the "
-        "budget, unless a total releases them anyway) and each class sum is charged as "
-        "before (0, the default: every unit)",
+        "the corpus holds; each class sum is charged as before, and the class counts are "
+        "released for the rate (a small share of the budget, unless a total releases them "
+        f"anyway). 0: every unit; null, the default: {DEFAULT_EMBED_SAMPLE:,} (every class "
+        "of every reported corpus is smaller, so they are embedded whole)",
     )
     temperature: float | None = Field(
         default=_ENGINE["temperature"],

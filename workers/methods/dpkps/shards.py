@@ -100,6 +100,9 @@ _FIXED = float(2**FIXED_BITS)
 _FORMAT = "keyseed.dpkps.shards/1"
 MIN_KEY_BYTES, MAX_KEY_BYTES = 16, 64  # BLAKE2b's key: the job's secret
 MOMENT_CHUNK = 64  # units whose outer products are formed at a time (74,688 floats each)
+# documents a map embeds between two ticks: about a second of one CPU thread's MiniLM on
+# AG-size documents, so a cancel stops a shard within seconds even mid-batch
+TICK_DOCUMENTS = 32
 
 
 def _noop(stage: str, fraction: float) -> None:
@@ -318,7 +321,7 @@ class _UnitStream:
 
     def _encoded(self, texts: list[str]) -> NDArray[np.float64]:
         """The documents' embeddings scaled into the unit ball (as :func:`unit_vectors`)."""
-        encoded = encode_in_chunks(self.run.embedder, texts, tick=self.tick)
+        encoded = encode_in_chunks(self.run.embedder, texts, tick=self.tick, chunk=TICK_DOCUMENTS)
         return unit_vectors([(i,) for i in range(len(texts))], encoded)
 
     def vectors(

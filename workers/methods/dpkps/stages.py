@@ -335,7 +335,7 @@ def counts_from_release(
     rates = None
     if config.samples_units:
         rates = {
-            label: sampling_rate(config.embed_sample, float(noisy[label])) for label in label_set
+            label: sampling_rate(config.sample_size, float(noisy[label])) for label in label_set
         }
     if not config.uses_class_counts:
         assert config.per_class is not None
