@@ -57,7 +57,9 @@ def the_plan(multiplier: float) -> Plan:
 
 
 def run(key: bytes, multiplier: float) -> ShardedRun:
-    cfg = config(epsilon=1.0, delta=1e-6, subspace=2, centroid_cells=1, sequence_length=3)
+    cfg = config(
+        epsilon=1.0, delta=1e-6, subspace=2, centroid_cells=1, sequence_length=3, embed_sample=0
+    )
     return ShardedRun(
         config=cfg, label_set=LABELS, vocabulary=Vocabulary.from_phrases("t", PHRASES),
         embedder=HashEmbedder(), cache=None, planned=the_plan(multiplier), key=key,
