@@ -235,6 +235,8 @@ class StoredJobSpec(JobSpec):
         if not isinstance(data, Mapping):
             return handler(data)
         public, levers = stored_levers(data)
+        # stored before embed_sample existed (2026-12-07): the run embedded every unit
+        public.setdefault("embed_sample", 0)
         spec = handler(public)
         spec._stored_levers = levers
         return spec

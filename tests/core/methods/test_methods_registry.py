@@ -79,7 +79,8 @@ def test_a_job_stored_before_the_registry_reads_and_plans_as_before() -> None:
     spec = job_spec(stored)
     assert isinstance(spec, JobSpec) and spec.method == DPKPS
     fields = {k: v for k, v in stored.items() if k in ENGINE_FIELDS}
-    config = GenerationConfig(**fields).validate()
+    # stored before embed_sample existed: every unit embedded, as the run was reserved
+    config = GenerationConfig(**fields, embed_sample=0).validate()
     assert spec.params().generation_config() == config
     assert METHODS[spec.method].plan(spec.params(), LABELS, 5_000) == list(
         plan(config, LABELS, 5_000).events
@@ -103,7 +104,8 @@ def test_a_job_stored_with_research_levers_reads_and_runs_with_them() -> None:
     spec = job_spec(stored)
     assert isinstance(spec, JobSpec) and spec.method == DPKPS
     fields = {k: v for k, v in stored.items() if k in ENGINE_FIELDS}
-    config = GenerationConfig(**fields).validate()
+    # stored before embed_sample existed: every unit embedded, as the run was reserved
+    config = GenerationConfig(**fields, embed_sample=0).validate()
     params = spec.params()
     assert params.generation_config() == config  # the run's configuration, levers included
     assert (config.kde_method, config.noise_floor, config.class_contrast) == ("moments", 1.0, 2.0)
@@ -167,6 +169,20 @@ def test_a_stored_spec_with_a_research_value_plans_its_releases_as_submitted() -
     assert [(e.mechanism, e.delta) for e in events if e.delta is not None] == [
         ("vocabulary", Decimal("5E-7"))
     ]
+
+
+def test_a_job_stored_before_the_default_sample_plans_as_it_was_reserved() -> None:
+    # a spec stored before embed_sample existed (no such key) or while its default was 0
+    # embedded every unit: no count release; one submitted now stores null, the sample
+    centroid = {**SPEC, "noise": "gaussian", "kde_method": "centroid"}
+    entry = METHODS[DPKPS]
+    for stored in (centroid, {**centroid, "embed_sample": 0}):
+        events = entry.plan(job_spec(stored).params(), LABELS, 30_000)
+        assert {e.mechanism for e in events} == {"kde"}
+    submitted = JobSpec.model_validate({**centroid, "llm": "none"}).model_dump(mode="json")
+    assert submitted["embed_sample"] is None
+    events = entry.plan(job_spec(submitted).params(), LABELS, 30_000)
+    assert {e.mechanism for e in events} == {"class_counts", "kde"}
 
 
 def test_a_new_spec_naming_a_research_lever_is_refused_naming_it() -> None:
