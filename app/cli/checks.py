@@ -211,8 +211,7 @@ def read_few_shot(path: Path | None) -> tuple[str, ...]:
 def check_input(args: argparse.Namespace, label_set: list[str]) -> Any:
     """The private corpus of ``--input`` as rows read from the file at each pass
     (:class:`~workers.text.corpus.LabelledRows`), checked in one pass that holds one row
-    at a time, as :func:`read_input` checks it (the same errors, naming rows, never
-    text)."""
+    at a time (errors name rows, never text)."""
     from workers.text.corpus import LabelledRows, check_labels
 
     rows = LabelledRows(
@@ -223,19 +222,3 @@ def check_input(args: argparse.Namespace, label_set: list[str]) -> Any:
     )
     check_labels((label for _, label, _ in rows), label_set)
     return rows
-
-
-def read_input(args: argparse.Namespace, label_set: list[str]) -> Any:
-    """The private corpus of ``--input``, checked against the declared labels: the
-    file exists, is UTF-8 CSV or JSONL, has the named columns and no row without a label
-    (or unit), and every label is a declared one (errors name rows, never text)."""
-    from workers.text.corpus import check_corpus, read_labelled
-
-    corpus = read_labelled(
-        args.input,
-        text_columns=args.text_columns,
-        label_column=args.label_column,
-        unit_column=args.unit_column,
-    )
-    check_corpus(corpus.texts, corpus.labels, label_set)  # what the run checks again
-    return corpus

@@ -324,7 +324,7 @@ def _run(
     one_shard = _one_shard(args, method, params, label_set, embedder, inputs, progress)
     if one_shard is not None:
         return _streamed(one_shard, rows, progress)
-    corpus = checks.read_input(args, label_set)
+    corpus = rows.read()  # checked already: one more pass, into memory
     return method.run(
         corpus.texts,
         corpus.labels,

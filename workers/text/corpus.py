@@ -251,6 +251,22 @@ class LabelledRows:
             raise InputDataError(f"{self.path} holds no document with text", field=self.field)
         self.skipped_empty, self.documents = skipped, documents
 
+    def read(self) -> LabelledCorpus:
+        """One pass, held in memory."""
+        texts: list[str] = []
+        labels: list[str] = []
+        units: list[str] = []
+        for text, label, unit in self:
+            texts.append(text)
+            labels.append(label)
+            units.append(unit or "")
+        return LabelledCorpus(
+            texts=texts,
+            labels=labels,
+            skipped_empty=self.skipped_empty,
+            units=units if self.unit_column else None,
+        )
+
 
 def read_labelled(
     path: str | Path,
@@ -266,19 +282,7 @@ def read_labelled(
         Path(path), text_columns=text_columns, label_column=label_column, field=field,
         unit_column=unit_column,
     )  # fmt: skip
-    texts: list[str] = []
-    labels: list[str] = []
-    units: list[str] = []
-    for text, label, unit in rows:
-        texts.append(text)
-        labels.append(label)
-        units.append(unit or "")
-    return LabelledCorpus(
-        texts=texts,
-        labels=labels,
-        skipped_empty=rows.skipped_empty,
-        units=units if unit_column else None,
-    )
+    return rows.read()
 
 
 def check_corpus(documents: Sequence[str], labels: Sequence[str], label_set: Sequence[str]) -> None:
